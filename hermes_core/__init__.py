@@ -1,0 +1,86 @@
+"""hermes-sessions: session lifecycle for chat-agent gateways.
+
+The public API is :data:`__all__`; plugins implement hooks with :data:`hookimpl`.
+"""
+
+from __future__ import annotations
+
+from importlib.metadata import PackageNotFoundError, version
+
+from hermes_core.config import GatewayConfig
+from hermes_core.errors import (
+    ConfigError,
+    HermesError,
+    InvalidValueError,
+    PlatformConflictError,
+    PluginError,
+    UnknownPlatformError,
+)
+from hermes_core.keys import (
+    KeyResolution,
+    build_session_key,
+    is_shared_multi_user_session,
+    resolve_session_key,
+)
+from hermes_core.models import (
+    HomeChannel,
+    MessageEvent,
+    MessageType,
+    SessionContext,
+    SessionEntry,
+    SessionSource,
+)
+from hermes_core.plugins import (
+    HermesPluginManager,
+    PlatformRegistry,
+    PluginInfo,
+    create_plugin_manager,
+    hookimpl,
+)
+from hermes_core.specs import (
+    EvictionCandidate,
+    EvictionPolicy,
+    LifecycleEvent,
+    PlatformSpec,
+    RecoveryContext,
+    RecoveryStep,
+    StoreSpec,
+)
+
+try:
+    __version__: str | None = version("hermes-sessions")
+except PackageNotFoundError:  # running from an uninstalled source tree
+    __version__ = None
+
+__all__ = [
+    "ConfigError",
+    "EvictionCandidate",
+    "EvictionPolicy",
+    "GatewayConfig",
+    "HermesError",
+    "HermesPluginManager",
+    "HomeChannel",
+    "InvalidValueError",
+    "KeyResolution",
+    "LifecycleEvent",
+    "MessageEvent",
+    "MessageType",
+    "PlatformConflictError",
+    "PlatformRegistry",
+    "PlatformSpec",
+    "PluginError",
+    "PluginInfo",
+    "RecoveryContext",
+    "RecoveryStep",
+    "SessionContext",
+    "SessionEntry",
+    "SessionSource",
+    "StoreSpec",
+    "UnknownPlatformError",
+    "__version__",
+    "build_session_key",
+    "create_plugin_manager",
+    "hookimpl",
+    "is_shared_multi_user_session",
+    "resolve_session_key",
+]

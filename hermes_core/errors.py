@@ -1,0 +1,43 @@
+"""Named errors of hermes-sessions.
+
+Every error a caller can cause is a :class:`HermesError`; errors about a bad value also subclass
+:class:`ValueError` so generic callers can catch them, and carry the offending field.
+"""
+
+from __future__ import annotations
+
+
+class HermesError(Exception):
+    """Base class of every error raised by hermes-sessions."""
+
+
+class InvalidValueError(HermesError, ValueError):
+    """A value supplied by a caller, a file or a platform is not acceptable.
+
+    ``field`` names the offending field (dotted for nested data); the message says what to change.
+    """
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(message)
+        self.field = field
+
+
+class UnknownPlatformError(InvalidValueError):
+    """A platform name that no loaded plugin registers."""
+
+
+class ConfigError(InvalidValueError):
+    """A configuration key holds a value that is not accepted; names the key and the file."""
+
+    def __init__(self, key: str, message: str, *, source: str | None = None) -> None:
+        super().__init__(key, message)
+        self.key = key
+        self.source = source
+
+
+class PluginError(HermesError):
+    """A plugin could not be loaded, registered or validated."""
+
+
+class PlatformConflictError(PluginError):
+    """Two plugins registered the same platform name."""

@@ -1,0 +1,15 @@
+"""Built-in plugins of hermes-sessions, registered exactly like third-party ones.
+
+``BUILTIN_PLUGINS`` lists (plugin name, module) pairs; ``create_plugin_manager`` registers them
+first, in this order. The same names are declared in the ``hermes.plugins`` entry-point group.
+"""
+
+from __future__ import annotations
+
+BUILTIN_PLUGINS: tuple[tuple[str, str], ...] = (
+    ("platforms", "hermes_plugins.platforms"),
+    ("telegram", "hermes_plugins.telegram"),
+    ("discord", "hermes_plugins.discord"),
+    ("slack", "hermes_plugins.slack"),
+    ("whatsapp", "hermes_plugins.whatsapp"),
+)

@@ -1,0 +1,18 @@
+"""Slack: the workspace (``scope_id``) is a key component when set, so channels with the same id
+in two workspaces never share a session.
+"""
+
+from __future__ import annotations
+
+from hermes_core import GatewayConfig, PlatformSpec, SessionSource, hookimpl
+
+
+def workspace_scope(source: SessionSource) -> str | None:
+    """The workspace id as the key's scope component."""
+    return source.scope_id
+
+
+@hookimpl
+def hermes_register_platforms(config: GatewayConfig) -> list[PlatformSpec]:
+    """Register ``slack`` with its workspace scope (not PII-safe)."""
+    return [PlatformSpec(name="slack", scope=workspace_scope)]

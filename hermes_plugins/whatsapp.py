@@ -1,0 +1,154 @@
+"""WhatsApp: one person, one key, whichever identifier form the bridge reports (SPEC §4.6).
+
+A person may appear as ``<digits>@s.whatsapp.net`` (optionally ``:<device>``), ``+<digits>`` or
+``<digits>@lid``. DM chat ids and participants are canonicalised to the shortest alias found
+through the bridge's ``lid-mapping-*.json`` files (read only, never written here).
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import re
+import stat
+import threading
+from collections import deque
+from pathlib import Path
+
+from hermes_core import GatewayConfig, PlatformSpec, hookimpl
+
+MAX_ALIASES = 64
+MAX_MAPPING_BYTES = 4096
+_LOOKUP_RE = re.compile(r"^[A-Za-z0-9@.+\-]+$")
+_CACHE_LIMIT = 10_000
+
+
+def normalize_whatsapp_identifier(value: object) -> str:
+    """Strip, drop the first ``+``, cut at the first ``:`` (device) and ``@`` (server)."""
+    text = "" if value is None else str(value)
+    text = text.strip().replace("+", "", 1)
+    return text.split(":", 1)[0].split("@", 1)[0]
+
+
+@functools.lru_cache(maxsize=16)
+def _candidates(hermes_home: Path | None) -> tuple[Path, Path]:
+    """Modern and legacy mapping directories of a state directory (None: ``$HERMES_HOME``)."""
+    home = hermes_home or Path(os.environ.get("HERMES_HOME") or "~/.hermes").expanduser()
+    return home / "platforms" / "whatsapp" / "session", home / "whatsapp" / "session"
+
+
+def _existing_mapping_dir(hermes_home: Path | None) -> tuple[Path, int] | None:
+    """The mapping directory in use and its mtime, or None when neither location exists."""
+    for directory in _candidates(hermes_home):
+        try:
+            info = os.stat(directory)
+        except OSError:
+            continue
+        if stat.S_ISDIR(info.st_mode):
+            return directory, info.st_mtime_ns
+    return None
+
+
+def whatsapp_mapping_dir(hermes_home: Path | None = None) -> Path:
+    """``platforms/whatsapp/session`` under the state directory if it exists, else the legacy
+    ``whatsapp/session`` if that exists, else the modern path."""
+    found = _existing_mapping_dir(hermes_home)
+    return found[0] if found else _candidates(hermes_home)[0]
+
+
+def _read_alias(path: Path) -> str | None:
+    """The JSON string in a mapping file; None when missing, unsafe, too big or not a string."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError:
+        return None
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode) or info.st_size > MAX_MAPPING_BYTES:
+            return None
+        raw = os.read(fd, MAX_MAPPING_BYTES + 1)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    try:
+        value = json.loads(raw.decode("utf-8-sig"))
+    except (UnicodeDecodeError, ValueError):
+        return None
+    return value if isinstance(value, str) else None
+
+
+def _walk(start: str, directory: Path) -> tuple[str, ...]:
+    """Breadth-first alias walk from ``start`` (included first), at most MAX_ALIASES ids."""
+    seen = [start]
+    queue = deque(seen)
+    while queue and len(seen) < MAX_ALIASES:
+        current = queue.popleft()
+        if not _LOOKUP_RE.match(current):
+            continue
+        for name in (f"lid-mapping-{current}.json", f"lid-mapping-{current}_reverse.json"):
+            target = _read_alias(directory / name)
+            alias = normalize_whatsapp_identifier(target) if target is not None else ""
+            if alias and alias not in seen and len(seen) < MAX_ALIASES:
+                seen.append(alias)
+                queue.append(alias)
+    return tuple(seen)
+
+
+class _AliasCache:
+    """Alias walks per mapping directory, valid while the directory's mtime is unchanged."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._entries: dict[Path, tuple[int, dict[str, tuple[str, ...]]]] = {}
+
+    def aliases(self, normalized: str, hermes_home: Path | None) -> tuple[str, ...]:
+        found = _existing_mapping_dir(hermes_home)
+        if found is None:
+            return (normalized,)
+        directory, mtime = found
+        with self._lock:
+            stamp, walks = self._entries.get(directory, (None, {}))
+            if stamp != mtime or len(walks) > _CACHE_LIMIT:
+                walks = {}
+                self._entries[directory] = (mtime, walks)
+            cached = walks.get(normalized)
+        if cached is None:
+            cached = _walk(normalized, directory)
+            with self._lock:
+                walks[normalized] = cached
+        return cached
+
+
+_CACHE = _AliasCache()
+
+
+def whatsapp_aliases(value: object, *, hermes_home: Path | None = None) -> tuple[str, ...]:
+    """Every alias of ``value`` (normalised input first), or ``()`` for an empty id."""
+    normalized = normalize_whatsapp_identifier(value)
+    if not normalized:
+        return ()
+    return _CACHE.aliases(normalized, hermes_home)
+
+
+def canonical_whatsapp_identifier(value: object, *, hermes_home: Path | None = None) -> str:
+    """The canonical id of a WhatsApp person: the shortest alias, ties broken lexicographically,
+    so a phone number beats a 15-digit LID; the normalised input when no mapping exists."""
+    aliases = whatsapp_aliases(value, hermes_home=hermes_home)
+    return min(aliases, key=lambda alias: (len(alias), alias)) if aliases else ""
+
+
+@hookimpl
+def hermes_register_platforms(config: GatewayConfig) -> list[PlatformSpec]:
+    """Register ``whatsapp`` (PII-safe) with canonicalisers reading ``config.hermes_home``."""
+    canonical = functools.partial(canonical_whatsapp_identifier, hermes_home=config.hermes_home)
+    return [
+        PlatformSpec(
+            name="whatsapp",
+            pii_safe=True,
+            canonical_dm_chat_id=canonical,
+            canonical_participant=canonical,
+            aliases=functools.partial(whatsapp_aliases, hermes_home=config.hermes_home),
+        )
+    ]

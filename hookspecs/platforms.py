@@ -1,0 +1,44 @@
+"""Platform registration: key rules, identifier canonicalisation and the PII-redaction contract."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from hermes_hookspecs import hookspec
+
+if TYPE_CHECKING:
+    from hermes_core.config import GatewayConfig
+    from hermes_core.specs import PlatformSpec
+
+
+@hookspec
+def hermes_register_platforms(config: GatewayConfig) -> list[PlatformSpec]:
+    """Return the platforms this plugin provides, as :class:`hermes_core.PlatformSpec` objects.
+
+    **When:** once per plugin manager, when ``create_plugin_manager`` validates the loaded plugins
+    (the registry is then cached; registering or unregistering a plugin rebuilds it).
+
+    **Mode:** every implementation is called; results are collected per plugin. Return an empty
+    list when the plugin provides no platform.
+
+    **Arguments:** ``config``, the gateway configuration (for instance to locate files under
+    ``config.hermes_home``).
+
+    **Returns:** a list of ``PlatformSpec``. A spec names the platform (``^[a-z0-9_]+$``) and MAY
+    supply a display label, a scope key component, a DM chat-id canonicaliser, a participant
+    canonicaliser, a description override, prompt notes and an identifier validator. Anything not
+    supplied follows the generic key rule of the core. Canonicalisers are pure, deterministic and do
+    no network I/O; they run on every inbound message.
+
+    **PII-redaction safety contract:** ``PlatformSpec.pii_safe`` says whether the platform's
+    user and chat ids may be replaced by pseudonyms in the system prompt (default false: ids stay
+    raw, e.g. because mentions need them). When redaction is on, the participant canonicaliser
+    also normalises the ids that are pseudonymised, so aliases of one person get one pseudonym.
+    Redaction fails closed: if a canonicaliser or any other hook consulted for redaction raises,
+    no prompt is produced and the error names the plugin.
+
+    **Failure policy:** a name claimed by two plugins raises ``PlatformConflictError`` naming both
+    plugins and their distributions. An implementation that raises, or returns something other than
+    a list of ``PlatformSpec``, is logged with the plugin's name and its platforms are not
+    registered; with ``strict=True`` it is a ``PluginError``.
+    """

@@ -1,0 +1,35 @@
+"""Storage backends, chosen by the scheme of ``storage.url``."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from hermes_hookspecs import hookspec
+
+if TYPE_CHECKING:
+    from hermes_core.config import GatewayConfig
+    from hermes_core.specs import StoreSpec
+
+
+@hookspec
+def hermes_register_stores(config: GatewayConfig) -> list[StoreSpec]:
+    """Return the storage backends this plugin provides, as :class:`hermes_core.StoreSpec` objects.
+
+    **When:** once per plugin manager, the first time a store is opened (the result is cached).
+
+    **Mode:** every implementation is called; results are collected per plugin.
+
+    **Arguments:** ``config``, the gateway configuration.
+
+    **Returns:** a list of ``StoreSpec``. A spec names the backend, the URL schemes it serves
+    (``sqlite``, ``postgresql+psycopg``, ...) and a factory that opens the backend for a URL. A
+    backend implements the whole persistence contract: routing rows with revisions and turn-marker
+    compare-and-swap, sessions and append-only transcripts with soft delete, search, the delivery
+    ledger, the durable queue, restart counters, turn leases (or ``single_instance=True``), the
+    durability tiers and an integrity check for ``doctor``.
+
+    **Failure policy:** a scheme claimed by two plugins is a ``PluginError`` naming both. An unknown
+    scheme in ``storage.url`` is a startup error naming it. An implementation that raises is logged
+    with the plugin's name and its backends are unavailable; with ``strict=True`` it is an error.
+    A factory that raises when opening is the store's error: it is never swallowed.
+    """

@@ -1,0 +1,87 @@
+"""Shared fixtures: every test runs with its own ``$HERMES_HOME`` and no stray HERMES_* settings."""
+
+from __future__ import annotations
+
+import os
+import textwrap
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+_CONFIG_ENV = (
+    "HERMES_AGENT_TIMEOUT",
+    "HERMES_AUTO_CONTINUE_FRESHNESS",
+    "GATEWAY_MULTIPLEX_PROFILES",
+    "HERMES_GATEWAY_BUSY_ACK_ENABLED",
+    "HERMES_DISABLE_PLUGINS",
+    "HERMES_PLUGINS_AUTOLOAD",
+    "HERMES_CRASH_AT",
+)
+
+
+@pytest.fixture(autouse=True)
+def hermes_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A fresh state directory as ``$HERMES_HOME``; the developer's settings never leak in."""
+    home = tmp_path / "hermes-home"
+    home.mkdir(mode=0o700)
+    monkeypatch.setenv("HERMES_HOME", str(home))
+    for name in _CONFIG_ENV:
+        monkeypatch.delenv(name, raising=False)
+    return home
+
+
+FakeDistribution = Callable[..., Path]
+
+
+@pytest.fixture
+def fake_distribution(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> FakeDistribution:
+    """Install a fake distribution (dist-info + modules) on ``sys.path`` for entry-point tests.
+
+    ``fake_distribution(name, entry_points={"ep": "module"}, modules={"module": "source"})``
+    returns the site directory; importlib.metadata discovers it like a pip-installed package.
+    """
+    counter = iter(range(1000))
+
+    def install(
+        name: str,
+        *,
+        entry_points: dict[str, str],
+        modules: dict[str, str] | None = None,
+        version: str = "1.0",
+        extra_path: Path | None = None,
+    ) -> Path:
+        site = tmp_path / f"site-{next(counter)}"
+        info = site / f"{name.replace('-', '_')}-{version}.dist-info"
+        info.mkdir(parents=True)
+        (info / "METADATA").write_text(
+            f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n", encoding="utf-8"
+        )
+        lines = "\n".join(f"{ep} = {target}" for ep, target in entry_points.items())
+        (info / "entry_points.txt").write_text(f"[hermes.plugins]\n{lines}\n", encoding="utf-8")
+        for module, source in (modules or {}).items():
+            (site / f"{module}.py").write_text(textwrap.dedent(source), encoding="utf-8")
+        monkeypatch.syspath_prepend(str(site))
+        if extra_path is not None:
+            monkeypatch.syspath_prepend(str(extra_path))
+        return site
+
+    return install
+
+
+@pytest.fixture
+def local_timezone() -> Iterator[Callable[[str], None]]:
+    """Switch the process's local time zone (``TZ`` + ``tzset``); restored afterwards."""
+    previous = os.environ.get("TZ")
+
+    def switch(name: str) -> None:
+        os.environ["TZ"] = name
+        time.tzset()
+
+    yield switch
+    if previous is None:
+        os.environ.pop("TZ", None)
+    else:
+        os.environ["TZ"] = previous
+    time.tzset()

@@ -1,0 +1,265 @@
+"""Golden session keys: one row per rule of SPEC §4. A changed key silently loses every live
+session, so any change here must be deliberate."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from hermes_core import (
+    InvalidValueError,
+    SessionSource,
+    UnknownPlatformError,
+    build_session_key,
+    is_shared_multi_user_session,
+    resolve_session_key,
+)
+from hermes_core.keys import profile_from_namespace, profile_namespace
+
+TG_GROUP = "-1002285219667"
+WA_PHONE = "60123456789"
+WA_LID = "999999999999999"
+
+# (row id, source fields, options, expected key, rule, shared)
+GOLDEN: list[tuple[str, dict[str, Any], dict[str, Any], str, str, bool]] = [
+    ("dm-chat", {"platform": "telegram", "chat_id": "99"}, {},
+     "agent:main:telegram:dm:99", "dm-chat", False),
+    ("dm-chat ignores user", {"platform": "telegram", "chat_id": "99", "user_id": "42"}, {},
+     "agent:main:telegram:dm:99", "dm-chat", False),
+    ("dm-chat with thread", {"platform": "telegram", "chat_id": "99", "thread_id": "7"}, {},
+     "agent:main:telegram:dm:99:7", "dm-chat", False),
+    ("dm ignores prospective thread",
+     {"platform": "telegram", "chat_id": "99", "prospective_thread_id": "p1"}, {},
+     "agent:main:telegram:dm:99", "dm-chat", False),
+    ("dm-participant", {"platform": "telegram", "chat_id": "", "user_id": "jordan"}, {},
+     "agent:main:telegram:dm:jordan", "dm-participant", False),
+    ("dm participant before thread",
+     {"platform": "telegram", "chat_id": "", "user_id": "jordan", "thread_id": "7"}, {},
+     "agent:main:telegram:dm:jordan:7", "dm-participant", False),
+    ("dm-participant prefers alt id",
+     {"platform": "signal", "chat_id": "", "user_id": "+15550001", "user_id_alt": "uuid-a"}, {},
+     "agent:main:signal:dm:uuid-a", "dm-participant", False),
+    ("dm-thread", {"platform": "telegram", "chat_id": "", "thread_id": "7"}, {},
+     "agent:main:telegram:dm:7", "dm-thread", False),
+    ("dm-sink", {"platform": "telegram", "chat_id": ""}, {},
+     "agent:main:telegram:dm", "dm-sink", False),
+    ("group-per-user",
+     {"platform": "telegram", "chat_id": TG_GROUP, "chat_type": "group", "user_id": "alice"}, {},
+     f"agent:main:telegram:group:{TG_GROUP}:alice", "group-per-user", False),
+    ("group-shared by flag",
+     {"platform": "telegram", "chat_id": TG_GROUP, "chat_type": "group", "user_id": "alice"},
+     {"group_sessions_per_user": False},
+     f"agent:main:telegram:group:{TG_GROUP}", "group-shared", True),
+    ("group without sender id is shared",
+     {"platform": "telegram", "chat_id": TG_GROUP, "chat_type": "group"}, {},
+     f"agent:main:telegram:group:{TG_GROUP}", "group-shared", True),
+    ("group alt id",
+     {"platform": "signal", "chat_id": "grp", "chat_type": "group", "user_id": "+1555",
+      "user_id_alt": "uuid-b"}, {},
+     "agent:main:signal:group:grp:uuid-b", "group-per-user", False),
+    ("channel per user",
+     {"platform": "discord", "chat_id": "c1", "chat_type": "channel", "user_id": "u1"}, {},
+     "agent:main:discord:channel:c1:u1", "group-per-user", False),
+    ("custom chat type",
+     {"platform": "telegram", "chat_id": "c", "chat_type": "forum", "user_id": "u"}, {},
+     "agent:main:telegram:forum:c:u", "group-per-user", False),
+    ("forum topic shared",
+     {"platform": "telegram", "chat_id": TG_GROUP, "chat_type": "group", "user_id": "alice",
+      "thread_id": "17585"}, {},
+     f"agent:main:telegram:group:{TG_GROUP}:17585", "thread-shared", True),
+    ("forum topic per user",
+     {"platform": "telegram", "chat_id": TG_GROUP, "chat_type": "group", "user_id": "42",
+      "thread_id": "17585"}, {"thread_sessions_per_user": True},
+     f"agent:main:telegram:group:{TG_GROUP}:17585:42", "thread-per-user", False),
+    ("thread per-user flag needs group flag",
+     {"platform": "telegram", "chat_id": TG_GROUP, "chat_type": "group", "user_id": "42",
+      "thread_id": "17585"},
+     {"group_sessions_per_user": False, "thread_sessions_per_user": True},
+     f"agent:main:telegram:group:{TG_GROUP}:17585", "thread-shared", True),
+    ("thread per user without sender id is shared",
+     {"platform": "telegram", "chat_id": TG_GROUP, "chat_type": "group", "thread_id": "17585"},
+     {"thread_sessions_per_user": True},
+     f"agent:main:telegram:group:{TG_GROUP}:17585", "thread-shared", True),
+    ("discord thread",
+     {"platform": "discord", "chat_id": "channel-1", "chat_type": "thread",
+      "thread_id": "msg-100", "user_id": "u1"}, {},
+     "agent:main:discord:thread:channel-1:msg-100", "thread-shared", True),
+    ("discord prospective thread",
+     {"platform": "discord", "chat_id": "channel-1", "chat_type": "channel",
+      "prospective_thread_id": "msg-100", "user_id": "u1"}, {},
+     "agent:main:discord:thread:channel-1:msg-100", "thread-shared", True),
+    ("discord guild never in key",
+     {"platform": "discord", "chat_id": "c1", "chat_type": "group", "user_id": "u1",
+      "scope_id": "guild-9"}, {},
+     "agent:main:discord:group:c1:u1", "group-per-user", False),
+    ("slack thread with workspace",
+     {"platform": "slack", "chat_id": "C1", "chat_type": "group", "thread_id": "1111",
+      "user_id": "U1", "scope_id": "T1"}, {},
+     "agent:main:slack:group:T1:C1:1111", "thread-shared", True),
+    ("slack workspace from guild alias",
+     {"platform": "slack", "chat_id": "C1", "chat_type": "group", "user_id": "U1",
+      "guild_id": "T1"}, {},
+     "agent:main:slack:group:T1:C1:U1", "group-per-user", False),
+    ("slack without workspace",
+     {"platform": "slack", "chat_id": "C1", "chat_type": "group", "user_id": "U1"}, {},
+     "agent:main:slack:group:C1:U1", "group-per-user", False),
+    ("slack dm with workspace",
+     {"platform": "slack", "chat_id": "D1", "scope_id": "T1"}, {},
+     "agent:main:slack:dm:T1:D1", "dm-chat", False),
+    ("whatsapp dm jid", {"platform": "whatsapp", "chat_id": "15551234567@s.whatsapp.net"}, {},
+     "agent:main:whatsapp:dm:15551234567", "dm-chat", False),
+    ("whatsapp dm device jid",
+     {"platform": "whatsapp", "chat_id": f"{WA_PHONE}:47@s.whatsapp.net"}, {},
+     f"agent:main:whatsapp:dm:{WA_PHONE}", "dm-chat", False),
+    ("whatsapp dm plus form", {"platform": "whatsapp", "chat_id": f"+{WA_PHONE}"}, {},
+     f"agent:main:whatsapp:dm:{WA_PHONE}", "dm-chat", False),
+    ("whatsapp dm lid without mapping", {"platform": "whatsapp", "chat_id": f"{WA_LID}@lid"}, {},
+     f"agent:main:whatsapp:dm:{WA_LID}", "dm-chat", False),
+    ("whatsapp group id never canonicalised, participant is",
+     {"platform": "whatsapp", "chat_id": "120363@g.us", "chat_type": "group",
+      "user_id": f"{WA_PHONE}:3@s.whatsapp.net"}, {},
+     f"agent:main:whatsapp:group:120363@g.us:{WA_PHONE}", "group-per-user", False),
+    ("profile", {"platform": "telegram", "chat_id": "99"}, {"profile": "coder"},
+     "agent:coder:telegram:dm:99", "dm-chat", False),
+    ("profile main", {"platform": "telegram", "chat_id": "99"}, {"profile": "main"},
+     "agent:main~:telegram:dm:99", "dm-chat", False),
+    ("profile default", {"platform": "telegram", "chat_id": "99"}, {"profile": "default"},
+     "agent:main:telegram:dm:99", "dm-chat", False),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("fields", "options", "key", "rule", "shared"),
+    [row[1:] for row in GOLDEN],
+    ids=[row[0] for row in GOLDEN],
+)
+def test_golden_keys(
+    fields: dict[str, Any], options: dict[str, Any], key: str, rule: str, shared: bool
+) -> None:
+    source = SessionSource(**fields)
+    assert build_session_key(source, **options) == key
+    resolution = resolve_session_key(source, **options)
+    assert (resolution.rule, resolution.shared) == (rule, shared)
+    flags = {name: value for name, value in options.items() if name != "profile"}
+    assert is_shared_multi_user_session(source, **flags) is shared
+
+
+def _write_mapping(directory: Path, name: str, target: str) -> None:
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / name).write_text(json.dumps(target), encoding="utf-8")
+
+
+@pytest.mark.parametrize(
+    "mapping_dir", ["platforms/whatsapp/session", "whatsapp/session"], ids=["modern", "legacy"]
+)
+def test_whatsapp_lid_with_mapping_file(hermes_home: Path, mapping_dir: str) -> None:
+    _write_mapping(
+        hermes_home / mapping_dir,
+        f"lid-mapping-{WA_LID}_reverse.json",
+        f"{WA_PHONE}@s.whatsapp.net",
+    )
+    lid_dm = SessionSource(platform="whatsapp", chat_id=f"{WA_LID}@lid")
+    phone_dm = SessionSource(platform="whatsapp", chat_id=f"+{WA_PHONE}")
+    assert build_session_key(lid_dm) == f"agent:main:whatsapp:dm:{WA_PHONE}"
+    assert build_session_key(lid_dm) == build_session_key(phone_dm)
+
+
+def test_whatsapp_lid_participant_in_group_uses_mapping(hermes_home: Path) -> None:
+    _write_mapping(
+        hermes_home / "platforms/whatsapp/session",
+        f"lid-mapping-{WA_LID}_reverse.json",
+        f"{WA_PHONE}@s.whatsapp.net",
+    )
+    source = SessionSource(
+        platform="whatsapp", chat_id="120363@g.us", chat_type="group", user_id=f"{WA_LID}@lid"
+    )
+    assert build_session_key(source) == f"agent:main:whatsapp:group:120363@g.us:{WA_PHONE}"
+
+
+def test_thread_keys_equal_for_prospective_and_real_thread() -> None:
+    channel = SessionSource(
+        platform="discord", chat_id="c1", chat_type="channel", prospective_thread_id="t9"
+    )
+    in_thread = SessionSource(platform="discord", chat_id="c1", chat_type="thread", thread_id="t9")
+    for flags in ({}, {"group_sessions_per_user": False}, {"thread_sessions_per_user": True}):
+        assert build_session_key(channel, **flags) == build_session_key(in_thread, **flags)
+
+
+def test_unregistered_platform_is_a_named_error() -> None:
+    source = SessionSource(platform="myspace", chat_id="1")
+    with pytest.raises(UnknownPlatformError, match=r"'myspace' is not a registered platform"):
+        build_session_key(source)
+
+
+@pytest.mark.parametrize(
+    ("fields", "problem"),
+    [
+        ({"chat_id": "a..b"}, "'..'"),
+        ({"chat_id": "a\x00b"}, "control characters"),
+        ({"chat_id": "x" * 1100}, "1-1024"),
+    ],
+)
+def test_source_producing_an_invalid_key_is_refused(fields: dict[str, str], problem: str) -> None:
+    source = SessionSource(platform="telegram", **fields)
+    with pytest.raises(InvalidValueError, match=problem) as info:
+        build_session_key(source)
+    assert info.value.field == "source"
+
+
+def test_invalid_profile_is_refused() -> None:
+    source = SessionSource(platform="telegram", chat_id="99")
+    with pytest.raises(InvalidValueError, match=r"profile '\.\./x' is not valid"):
+        build_session_key(source, profile="../x")
+
+
+@pytest.mark.parametrize("profile", ["default", "main", "coder", "a.b-c_1"])
+def test_namespace_inverse(profile: str) -> None:
+    namespace = profile_namespace(profile)
+    assert profile_from_namespace(namespace) == profile
+
+
+def _oracle_shared(source: SessionSource, group_flag: bool, thread_flag: bool) -> bool:
+    """SPEC §5's table, written independently of the key code."""
+    if source.chat_type == "dm":
+        return False
+    has_sender = bool(source.user_id_alt or source.user_id)
+    if source.thread_id or source.prospective_thread_id:
+        return not (group_flag and thread_flag and has_sender)
+    return not group_flag or not has_sender
+
+
+def _ids(*values: str) -> st.SearchStrategy[str | None]:
+    return st.one_of(st.none(), st.just(""), st.sampled_from(values))
+
+
+@given(
+    platform=st.sampled_from(["telegram", "discord", "slack", "signal", "matrix"]),
+    chat_type=st.sampled_from(["dm", "group", "channel", "thread", "forum"]),
+    chat_id=st.sampled_from(["", "c1", "-100"]),
+    user_id=_ids("u1", "u42"),
+    user_id_alt=_ids("alt-1"),
+    thread_id=_ids("t1", "t2"),
+    prospective=_ids("p1"),
+    group_flag=st.booleans(),
+    thread_flag=st.booleans(),
+)
+def test_predicate_matches_spec_table_and_key(
+    platform: str, chat_type: str, chat_id: str, user_id: str | None, user_id_alt: str | None,
+    thread_id: str | None, prospective: str | None, group_flag: bool, thread_flag: bool,
+) -> None:  # fmt: skip
+    source = SessionSource(
+        platform=platform, chat_type=chat_type, chat_id=chat_id, user_id=user_id,
+        user_id_alt=user_id_alt, thread_id=thread_id, prospective_thread_id=prospective,
+    )  # fmt: skip
+    flags = {"group_sessions_per_user": group_flag, "thread_sessions_per_user": thread_flag}
+    shared = is_shared_multi_user_session(source, **flags)
+    assert shared is _oracle_shared(source, group_flag, thread_flag)
+    participant = source.user_id_alt or source.user_id
+    key = build_session_key(source, **flags)
+    if chat_type != "dm" and participant:
+        assert key.endswith(f":{participant}") is not shared
