@@ -17,7 +17,6 @@ from importlib.metadata import entry_points
 from typing import Any
 
 import pluggy
-from hermes_hookspecs import PROJECT_NAME, SPEC_MODULES
 
 from hermes_core.config import GatewayConfig
 from hermes_core.errors import PlatformConflictError, PluginError, UnknownPlatformError
@@ -28,6 +27,7 @@ from hermes_core.specs import (
     RecoveryStep,
     StoreSpec,
 )
+from hermes_hookspecs import PROJECT_NAME, SPEC_MODULES
 
 logger = logging.getLogger(__name__)
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 import textwrap
 import time
 from collections.abc import Callable, Iterator
@@ -36,13 +37,16 @@ FakeDistribution = Callable[..., Path]
 
 
 @pytest.fixture
-def fake_distribution(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> FakeDistribution:
+def fake_distribution(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[FakeDistribution]:
     """Install a fake distribution (dist-info + modules) on ``sys.path`` for entry-point tests.
 
     ``fake_distribution(name, entry_points={"ep": "module"}, modules={"module": "source"})``
     returns the site directory; importlib.metadata discovers it like a pip-installed package.
     """
     counter = iter(range(1000))
+    installed: list[str] = []
 
     def install(
         name: str,
@@ -62,12 +66,15 @@ def fake_distribution(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> FakeDi
         (info / "entry_points.txt").write_text(f"[hermes.plugins]\n{lines}\n", encoding="utf-8")
         for module, source in (modules or {}).items():
             (site / f"{module}.py").write_text(textwrap.dedent(source), encoding="utf-8")
+        installed.extend([*(modules or {}), *entry_points.values()])
         monkeypatch.syspath_prepend(str(site))
         if extra_path is not None:
             monkeypatch.syspath_prepend(str(extra_path))
         return site
 
-    return install
+    yield install
+    for module in installed:  # the next test's fake module of the same name must be imported anew
+        sys.modules.pop(module.split(":")[0], None)
 
 
 @pytest.fixture

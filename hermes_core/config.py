@@ -1,0 +1,531 @@
+"""GatewayConfig: the validated, frozen configuration of hermes-sessions (SPEC Appendix A).
+
+Built only by :meth:`GatewayConfig.from_yaml`, :meth:`GatewayConfig.from_dict` and
+:meth:`GatewayConfig.load`; precedence is environment > file > default. An invalid file value is a
+:class:`~hermes_core.errors.ConfigError` naming the dotted key, the file and what is accepted, so a
+typo never silently falls back to a default; an invalid environment value warns once and is ignored.
+
+Section fields hold what the file said (paths already expanded; ``None`` where the default depends
+on other settings); the properties of :class:`GatewayConfig` give the effective values.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import math
+import os
+import re
+import reprlib
+from collections.abc import Callable, Mapping
+from pathlib import Path, PurePath
+from typing import Annotated, Any, Literal, get_args, get_origin
+
+import yaml
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    model_validator,
+)
+from pydantic.fields import FieldInfo
+
+from hermes_core.errors import ConfigError
+
+__all__ = [
+    "LEGACY_RESET_WARNING", "AgentCacheConfig", "AgentConfig", "BusyQueueConfig",
+    "DeliveryLedgerConfig", "DisplayConfig", "GatewayConfig", "GatewaySection",
+    "HomeChannelConfig", "HousekeepingConfig", "MemoryBudgetSetting", "PlatformConfig",
+    "PluginsConfig", "PrivacyConfig", "StorageConfig",
+]  # fmt: skip
+
+logger = logging.getLogger(__name__)
+
+LEGACY_RESET_WARNING = (
+    "session_reset settings are ignored: hermes-sessions never ends a conversation because of "
+    "idle time or the clock; use /new or /reset."
+)
+_LEGACY_KEYS = ("session_reset", "reset_by_type", "reset_by_platform")
+_FLAGS = ("group_sessions_per_user", "thread_sessions_per_user")
+_TRUE_WORDS = frozenset({"1", "true", "yes", "on"})
+_FALSE_WORDS = frozenset({"0", "false", "no", "off"})
+_MEMORY_OFF = frozenset({"0", "false", "off", "none", "disabled", ""})
+_HOME_VAR = re.compile(r"\$(?:\{HERMES_HOME\}|HERMES_HOME\b)")
+_URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
+_SECRET_KEYS = frozenset({"storage.url"})  # may carry credentials: never echoed in messages
+_SECTION = "a mapping of settings (null means defaults)"
+
+MemoryBudgetSetting = Literal["auto"] | float | None
+
+_warned: set[str] = set()
+
+
+def _warn_once(tag: str, message: str, *args: object) -> None:
+    """Log ``message`` as a warning the first time ``tag`` is seen in this process."""
+    if tag not in _warned:
+        _warned.add(tag)
+        logger.warning(message, *args)
+
+
+def _reset_warnings() -> None:
+    """Forget which warnings were logged (for tests of the once-per-process behaviour)."""
+    _warned.clear()
+
+
+def _hermes_home(environ: Mapping[str, str]) -> Path:
+    """``$HERMES_HOME`` (default ``~/.hermes``), user-expanded and absolute, symlinks kept."""
+    raw = environ.get("HERMES_HOME", "")
+    return Path(os.path.abspath(os.path.expanduser(raw if raw.strip() else "~/.hermes")))
+
+
+def _expand(value: str, info: ValidationInfo) -> str:
+    """Replace ``$HERMES_HOME`` with the home the constructor put in the validation context."""
+    home = (info.context or {}).get("hermes_home") or _hermes_home(os.environ)
+    return _HOME_VAR.sub(lambda _: str(home), value)
+
+
+def _path(value: Any, info: ValidationInfo) -> Any:
+    """A non-empty path (string or path object), with ``$HERMES_HOME`` and ``~`` expanded."""
+    if isinstance(value, str | PurePath):
+        if not str(value).strip():
+            raise ValueError("empty path")
+        return Path(os.path.expanduser(_expand(str(value), info)))
+    return value  # None, or a value that strict validation rejects
+
+
+def _url(value: Any, info: ValidationInfo) -> Any:
+    """A ``scheme://`` URL, with ``$HERMES_HOME`` expanded and ``~`` right after ``:///``."""
+    if not isinstance(value, str):
+        return value
+    if not _URL.match(value):
+        raise ValueError("not a URL")
+    head, sep, rest = _expand(value, info).partition(":///")
+    return head + sep + (os.path.expanduser(rest) if sep and rest.startswith("~") else rest)
+
+
+def _memory_budget(value: object) -> MemoryBudgetSetting:
+    """Interpret ``memory_high_mb`` (SPEC §11.4): ``"auto"``, ``None`` (off) or a positive MB."""
+    word = value.strip().lower() if isinstance(value, str) else None
+    if value is True or word in ("auto", "true"):
+        return "auto"
+    if value is None or value is False or word in _MEMORY_OFF:
+        return None
+    try:
+        number = float(value) if isinstance(value, int | float | str) else math.nan
+    except (ValueError, OverflowError):
+        number = math.nan
+    if not math.isfinite(number) or number < 0:
+        raise ValueError("not a memory budget")
+    return number or None
+
+
+def _check_memory_budget(value: Any) -> Any:
+    _memory_budget(value)
+    return value
+
+
+def _as_tuple(value: Any) -> Any:
+    return tuple(value) if isinstance(value, list) else value
+
+
+def _int_to_str(value: Any) -> Any:
+    return str(value) if isinstance(value, int) and not isinstance(value, bool) else value
+
+
+# Value types. Each description is the "what is accepted" text of error messages.
+_Flag = Annotated[bool, Field(description="true or false (a YAML boolean)")]
+_OptFlag = Annotated[bool | None, Field(description="true, false or null (null inherits)")]
+_Count = Annotated[int, Field(gt=0, description="a positive integer")]
+_CountOrZero = Annotated[int, Field(ge=0, description="an integer >= 0")]
+_Secs = Annotated[float, Field(gt=0, allow_inf_nan=False, description="a positive number")]
+_SecsOrZero = Annotated[float, Field(ge=0, allow_inf_nan=False, description="a number >= 0")]
+_AnySecs = Annotated[float, Field(allow_inf_nan=False, description="a number")]
+_PathValue = Annotated[
+    Path | None,
+    BeforeValidator(_path),
+    Field(description="a non-empty path string ($HERMES_HOME and ~ expand)"),
+]
+_Words = Annotated[tuple[Annotated[str, Field(pattern=r"^\S+$")], ...], BeforeValidator(_as_tuple)]
+
+
+class _Section(BaseModel):
+    """A section this library owns outright: strict values, unknown keys rejected."""
+
+    model_config = ConfigDict(frozen=True, strict=True, extra="forbid")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _null_means_defaults(cls, data: Any) -> Any:
+        if data is None:
+            return {}
+        return dict(data) if isinstance(data, Mapping) else data
+
+
+class _SharedSection(_Section):
+    """A section shared with the host: unknown keys belong to the host and are ignored."""
+
+    model_config = ConfigDict(extra="ignore")
+
+
+class HomeChannelConfig(_SharedSection):
+    """``platforms.<name>.home_channel``: default destination of scheduled deliveries."""
+
+    chat_id: Annotated[str, BeforeValidator(_int_to_str)] = Field(
+        min_length=1, description="a non-empty chat id (string or integer)"
+    )
+    name: str = Field("Home", description="a channel name (string)")
+
+
+class PlatformConfig(_SharedSection):
+    """``platforms.<name>``; a ``None`` flag inherits the top-level value."""
+
+    enabled: _Flag = False
+    home_channel: HomeChannelConfig | None = Field(None, description="{chat_id, name} or null")
+    group_sessions_per_user: _OptFlag = None
+    thread_sessions_per_user: _OptFlag = None
+
+
+class StorageConfig(_Section):
+    """``storage``; ``url`` is ``None`` unless set (SQLite under ``$HERMES_HOME``)."""
+
+    url: Annotated[str | None, BeforeValidator(_url)] = Field(
+        None, description="a URL such as sqlite:///path/state.db or postgresql://host/db"
+    )
+    sqlite_synchronous: Literal["normal", "full"] = Field(
+        "normal", description="one of: normal, full"
+    )
+    turn_lease_secs: _Secs = 120.0
+
+
+class BusyQueueConfig(_Section):
+    """``gateway.busy_queue`` (SPEC §8.2, §8.3); a zero burst window disables merging."""
+
+    max_pending: _Count = 32
+    burst_window_secs: _SecsOrZero = 2.0
+
+
+class DeliveryLedgerConfig(_Section):
+    """``gateway.delivery_ledger`` (SPEC §7.5); a bare boolean means ``{enabled: <bool>}``."""
+
+    enabled: _Flag = True
+    max_attempts: _Count = 3
+    stale_reply_max_age_secs: _Secs = 86400.0
+    retention_days: _SecsOrZero = 7.0
+    max_rows: _Count = 500
+    lease_secs: _Secs = 120.0
+
+    @model_validator(mode="before")
+    @classmethod
+    def _bare_boolean(cls, data: Any) -> Any:
+        return {"enabled": data} if isinstance(data, bool) else data
+
+
+class HousekeepingConfig(_Section):
+    """``gateway.housekeeping`` (SPEC §10); an initial delay of 0 runs the first pass at once."""
+
+    initial_delay_secs: _SecsOrZero = 60.0
+    interval_secs: _Secs = 300.0
+    prune_interval_secs: _Secs = 3600.0
+
+
+class GatewaySection(_SharedSection):
+    """``gateway``; ``sessions_dir``, ``write_sessions_json``, ``instance_id``: None unless set."""
+
+    sessions_dir: _PathValue = None
+    write_sessions_json: _OptFlag = None
+    sessions_json_interval_secs: _Secs = 60.0
+    reset_triggers: _Words = Field(
+        ("/new", "/reset"), description="a list of non-empty strings without spaces"
+    )
+    session_store_max_age_days: _CountOrZero = 90
+    multiplex_profiles: _Flag = False
+    instance_id: str | None = Field(None, pattern=r"\S", description="a non-empty string")
+    startup_restore_timeout_secs: _Secs = 120.0
+    busy_ack_enabled: _Flag = True
+    busy_queue: BusyQueueConfig = BusyQueueConfig()
+    delivery_ledger: DeliveryLedgerConfig = Field(
+        DeliveryLedgerConfig(), description=f"true, false or {_SECTION}"
+    )
+    housekeeping: HousekeepingConfig = HousekeepingConfig()
+
+
+class DisplayConfig(_SharedSection):
+    """``display``."""
+
+    busy_input_mode: Literal["interrupt", "queue", "steer"] = Field(
+        "interrupt", description="one of: interrupt, queue, steer"
+    )
+
+
+class AgentCacheConfig(_Section):
+    """``agent.agent_cache`` (SPEC §11.1); ``memory_high_mb`` is kept as given."""
+
+    max_size: _Count = 128
+    idle_ttl_secs: _Secs = 3600.0
+    memory_high_mb: Annotated[
+        bool | int | float | str | None, BeforeValidator(_check_memory_budget)
+    ] = Field(
+        "auto", description="auto, true, a positive number of MB, or 0/false/off/none/disabled/null"
+    )
+    max_evictions_per_pass: _Count = 16
+    protect_recent: _CountOrZero = 8
+
+    @property
+    def memory_budget_setting(self) -> MemoryBudgetSetting:
+        """``"auto"``, ``None`` (pressure eviction disabled) or a positive budget in MB."""
+        return _memory_budget(self.memory_high_mb)
+
+
+class AgentConfig(_SharedSection):
+    """``agent``; a freshness window <= 0 means every interrupted turn is fresh (SPEC §7.1)."""
+
+    gateway_timeout: _Secs = 1800.0
+    restart_drain_timeout: _Secs = 60.0
+    gateway_auto_continue_freshness: _AnySecs = 3600.0
+    agent_cache: AgentCacheConfig = AgentCacheConfig()
+
+
+class PrivacyConfig(_Section):
+    """``privacy`` (SPEC §9.4); ``pii_hmac_key_file`` is ``None`` unless set."""
+
+    redact_pii: _Flag = False
+    redact_pii_mode: Literal["hmac", "sha256"] = Field("hmac", description="one of: hmac, sha256")
+    pii_hmac_key_file: _PathValue = None
+
+
+class PluginsConfig(_Section):
+    """``plugins`` (SPEC §13)."""
+
+    disable: _Words = Field((), description="a list of plugin names (strings without spaces)")
+    autoload: _Flag = True
+
+
+class GatewayConfig(_SharedSection):
+    """The whole configuration: ``config.yaml`` plus the environment, validated and frozen."""
+
+    hermes_home: Path
+    source: str | None = None
+    group_sessions_per_user: _Flag = True
+    thread_sessions_per_user: _Flag = False
+    platforms: Annotated[
+        dict[str, PlatformConfig], BeforeValidator(lambda v: {} if v is None else v)
+    ] = Field(default_factory=dict, description="a mapping of platform names to their settings")
+    storage: StorageConfig = StorageConfig()
+    gateway: GatewaySection = GatewaySection()
+    display: DisplayConfig = DisplayConfig()
+    agent: AgentConfig = AgentConfig()
+    privacy: PrivacyConfig = PrivacyConfig()
+    plugins: PluginsConfig = PluginsConfig()
+
+    @classmethod
+    def from_yaml(
+        cls, path: str | os.PathLike[str], *, environ: Mapping[str, str] | None = None
+    ) -> GatewayConfig:
+        """Load a YAML file plus the environment; an empty file means defaults."""
+        name = os.fspath(path)
+        try:
+            data = yaml.safe_load(Path(name).read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            raise ConfigError("", f"{name}: configuration file not found", source=name) from None
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ConfigError("", f"{name}: cannot read the file: {exc}", source=name) from exc
+        except yaml.YAMLError as exc:
+            raise ConfigError("", f"{name}: not valid YAML: {exc}", source=name) from exc
+        return cls._build({} if data is None else data, name, name, environ)
+
+    @classmethod
+    def from_dict(
+        cls,
+        data: Mapping[str, Any],
+        *,
+        source: str = "<dict>",
+        environ: Mapping[str, str] | None = None,
+    ) -> GatewayConfig:
+        """Validate a parsed mapping plus the environment; ``source`` names it in errors."""
+        return cls._build(data, source, source, environ)
+
+    @classmethod
+    def load(cls, *, environ: Mapping[str, str] | None = None) -> GatewayConfig:
+        """``$HERMES_HOME/config.yaml`` if it exists, else defaults; the environment applies."""
+        env = os.environ if environ is None else environ
+        path = _hermes_home(env) / "config.yaml"
+        if path.exists():
+            return cls.from_yaml(path, environ=env)
+        return cls._build({}, "<defaults>", None, env)
+
+    @classmethod
+    def _build(
+        cls, data: object, name: str, source: str | None, environ: Mapping[str, str] | None
+    ) -> GatewayConfig:
+        """Validate ``data`` (errors say ``name``), then apply the environment overrides."""
+        env = os.environ if environ is None else environ
+        if not isinstance(data, Mapping):
+            message = f"{name}: the top level must be a mapping, not {type(data).__name__}"
+            raise ConfigError("", message, source=name)
+        if _has_legacy_settings(data):
+            _warn_once("session_reset", LEGACY_RESET_WARNING)
+        home = _hermes_home(env)
+        try:
+            config = cls.model_validate(
+                {**data, "hermes_home": home, "source": source}, context={"hermes_home": home}
+            )
+        except ValidationError as exc:
+            raise _config_error(exc, name) from None
+        return _apply_environment(config, env)
+
+    @property
+    def storage_url(self) -> str:
+        """``storage.url``, default ``sqlite:///<hermes_home>/state.db``."""
+        return self.storage.url or f"sqlite:///{self.hermes_home / 'state.db'}"
+
+    @property
+    def sessions_dir(self) -> Path:
+        """``gateway.sessions_dir``, default ``<hermes_home>/sessions``."""
+        return self.gateway.sessions_dir or self.hermes_home / "sessions"
+
+    @property
+    def write_sessions_json(self) -> bool:
+        """``gateway.write_sessions_json``, default true exactly when the URL scheme is SQLite."""
+        explicit = self.gateway.write_sessions_json
+        return self.storage_url.lower().startswith("sqlite") if explicit is None else explicit
+
+    @property
+    def pii_hmac_key_file(self) -> Path:
+        """``privacy.pii_hmac_key_file``, default ``<hermes_home>/pii_hmac.key``."""
+        return self.privacy.pii_hmac_key_file or self.hermes_home / "pii_hmac.key"
+
+    def session_flags(self, platform: str) -> tuple[bool, bool]:
+        """Effective (group_sessions_per_user, thread_sessions_per_user) for ``platform``."""
+        group, thread = (self._flag(platform, name) for name in _FLAGS)
+        return group[0], thread[0]
+
+    def flag_origins(self, platform: str) -> tuple[str, str]:
+        """Where each flag comes from: ``"default"``, ``"top level"`` or ``"platform override"``."""
+        group, thread = (self._flag(platform, name) for name in _FLAGS)
+        return group[1], thread[1]
+
+    def _flag(self, platform: str, name: str) -> tuple[bool, str]:
+        override = getattr(self.platforms.get(platform, PlatformConfig()), name)
+        if override is not None:
+            return override, "platform override"
+        return getattr(self, name), "top level" if name in self.model_fields_set else "default"
+
+    def connected_platforms(self) -> tuple[str, ...]:
+        """Names of platforms with ``enabled: true``, sorted."""
+        return tuple(sorted(name for name, p in self.platforms.items() if p.enabled))
+
+
+def _has_legacy_settings(data: Mapping[Any, Any]) -> bool:
+    """Whether a §6.3 legacy reset setting is present (top level, ``gateway``, a platform)."""
+    gateway, platforms = data.get("gateway"), data.get("platforms")
+    scopes = [data, gateway if isinstance(gateway, Mapping) else {}]
+    if any(key in scope for scope in scopes for key in _LEGACY_KEYS):
+        return True
+    return isinstance(platforms, Mapping) and any(
+        isinstance(p, Mapping) and "session_reset" in p for p in platforms.values()
+    )
+
+
+def _field_at(loc: tuple[int | str, ...]) -> tuple[type[BaseModel] | None, FieldInfo | None]:
+    """The model reached along ``loc`` and the last field on the way (the one that failed)."""
+    model: type[BaseModel] | None = GatewayConfig
+    field: FieldInfo | None = None
+    in_mapping = False
+    for part in loc:
+        if in_mapping:  # ``part`` is a key of a mapping field (a platform name)
+            in_mapping, field = False, None
+            continue
+        found = model.model_fields.get(str(part)) if model else None
+        if found is None:  # an unknown key, or an item of a list
+            break
+        field = found
+        in_mapping = get_origin(field.annotation) is dict
+        model = _model_in(get_args(field.annotation)[1] if in_mapping else field.annotation)
+    return model, field
+
+
+def _model_in(annotation: Any) -> type[BaseModel] | None:
+    """The model class in ``annotation`` (``X`` or ``X | None``), if any."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    return next(filter(None, map(_model_in, get_args(annotation))), None)
+
+
+def _config_error(exc: ValidationError, source: str) -> ConfigError:
+    """The first pydantic error as a ConfigError naming the key, the file and what is accepted."""
+    error = exc.errors()[0]
+    loc = tuple(part for part in error["loc"] if part != "[key]")
+    key = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in loc).lstrip(".")
+    model, field = _field_at(loc)
+    if error["type"] == "extra_forbidden" and model is not None:
+        message = f"unknown key {key}; accepted keys: {', '.join(model.model_fields)}"
+        return ConfigError(key, f"{source}: {message}", source=source)
+    if error["loc"][-1:] == ("[key]",):
+        accepted = "keys that are strings"
+    else:
+        accepted = field.description if field and field.description else _SECTION
+    if error["type"] == "missing":
+        problem = f"{key} is missing"
+    elif key in _SECRET_KEYS:
+        problem = f"invalid value for {key}"
+    else:
+        problem = f"invalid value for {key}: {_show(error['input'])}"
+    return ConfigError(key, f"{source}: {problem}; expected {accepted}", source=source)
+
+
+def _show(value: object) -> str:
+    """A short repr of a rejected value."""
+    try:
+        return reprlib.repr(value)
+    except ValueError:  # an integer too long to print
+        return f"<{type(value).__name__}>"
+
+
+def _env_bool(raw: str) -> bool:
+    word = raw.strip().lower()
+    if word not in _TRUE_WORDS | _FALSE_WORDS:
+        raise ValueError(raw)
+    return word in _TRUE_WORDS
+
+
+def _env_seconds(raw: str, *, positive: bool = False) -> float:
+    number = float(raw)
+    if not math.isfinite(number) or (positive and number <= 0):
+        raise ValueError(raw)
+    return number
+
+
+def _env_names(raw: str) -> tuple[str, ...]:
+    return tuple(name.strip() for name in raw.split(",") if name.strip())
+
+
+_BOOL_WORDS = "1/true/yes/on or 0/false/no/off"
+_ENVIRONMENT: tuple[tuple[str, tuple[str, str], Callable[[str], object], str], ...] = (
+    ("HERMES_AGENT_TIMEOUT", ("agent", "gateway_timeout"),
+     functools.partial(_env_seconds, positive=True), "a positive number of seconds"),
+    ("HERMES_AUTO_CONTINUE_FRESHNESS", ("agent", "gateway_auto_continue_freshness"),
+     _env_seconds, "a number of seconds"),
+    ("GATEWAY_MULTIPLEX_PROFILES", ("gateway", "multiplex_profiles"), _env_bool, _BOOL_WORDS),
+    ("HERMES_GATEWAY_BUSY_ACK_ENABLED", ("gateway", "busy_ack_enabled"), _env_bool, _BOOL_WORDS),
+    ("HERMES_DISABLE_PLUGINS", ("plugins", "disable"), _env_names, "comma-separated names"),
+    ("HERMES_PLUGINS_AUTOLOAD", ("plugins", "autoload"), _env_bool, _BOOL_WORDS),
+)  # fmt: skip
+
+
+def _apply_environment(config: GatewayConfig, environ: Mapping[str, str]) -> GatewayConfig:
+    """Apply the A.1 overrides; a blank variable is unset, an invalid one warns once."""
+    for variable, (section, key), parse, accepted in _ENVIRONMENT:
+        raw = environ.get(variable, "")
+        if not raw.strip():
+            continue
+        try:
+            value = parse(raw)
+        except ValueError:
+            _warn_once(f"env:{variable}", "ignoring %s=%r: expected %s", variable, raw, accepted)
+            continue
+        updated = getattr(config, section).model_copy(update={key: value})
+        config = config.model_copy(update={section: updated})
+    return config

@@ -1,0 +1,307 @@
+"""Plugin manager: built-ins, entry points, validation, typed getters, failure policies."""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import logging
+from pathlib import Path
+
+import pytest
+
+from conftest import FakeDistribution
+from hermes_core import (
+    EvictionPolicy,
+    GatewayConfig,
+    LifecycleEvent,
+    PlatformConflictError,
+    PlatformSpec,
+    PluginError,
+    RecoveryContext,
+    RecoveryStep,
+    SessionSource,
+    StoreSpec,
+    UnknownPlatformError,
+    build_session_key,
+    create_plugin_manager,
+    hookimpl,
+)
+from hermes_hookspecs import SPEC_MODULES
+
+EXAMPLE_SRC = Path(__file__).resolve().parents[1] / "examples" / "hermes-irc" / "src"
+BUILTINS = ["platforms", "telegram", "discord", "slack", "whatsapp"]
+
+
+def _config(
+    hermes_home: Path, data: dict[str, object] | None = None, **environ: str
+) -> GatewayConfig:
+    return GatewayConfig.from_dict(data or {}, environ={"HERMES_HOME": str(hermes_home), **environ})
+
+
+def _install_irc(fake_distribution: FakeDistribution) -> None:
+    fake_distribution(
+        "hermes-irc", version="0.1.0", entry_points={"irc": "hermes_irc"}, extra_path=EXAMPLE_SRC
+    )
+
+
+def test_builtins_are_listed_with_distribution(hermes_home: Path) -> None:
+    manager = create_plugin_manager(_config(hermes_home), load_entrypoints=False)
+    infos = manager.list_plugins()
+    assert [info.name for info in infos] == BUILTINS
+    assert all(info.builtin and info.distribution == "hermes-sessions" for info in infos)
+    assert all(info.hooks == ("hermes_register_platforms",) for info in infos)
+    assert set(manager.platforms()) == {
+        "local", "telegram", "discord", "slack", "whatsapp", "signal", "matrix", "email", "sms",
+        "bluebubbles",
+    }  # fmt: skip
+    pii_safe = {name for name, spec in manager.platforms().items() if spec.pii_safe}
+    assert pii_safe == {"telegram", "whatsapp", "signal", "bluebubbles"}
+
+
+def test_example_plugin_is_discovered_through_its_entry_point(
+    hermes_home: Path, fake_distribution: FakeDistribution
+) -> None:
+    _install_irc(fake_distribution)
+    manager = create_plugin_manager(_config(hermes_home), strict=True)
+    irc = next(info for info in manager.list_plugins() if info.name == "irc")
+    assert (irc.distribution, irc.version, irc.builtin) == ("hermes-irc", "0.1.0", False)
+    assert manager.platforms().owners["irc"] == "irc"
+    source = SessionSource(
+        platform="irc", chat_id="#hermes", chat_type="group", scope_id="libera", user_id="Alice[m]"
+    )
+    assert (
+        build_session_key(source, plugins=manager) == "agent:main:irc:group:libera:#hermes:alice{m}"
+    )
+    dm = SessionSource(platform="irc", chat_id="BOB", scope_id="oftc")
+    assert build_session_key(dm, plugins=manager) == "agent:main:irc:dm:oftc:bob"
+
+
+def test_entry_points_are_skipped_when_not_loaded(
+    hermes_home: Path, fake_distribution: FakeDistribution
+) -> None:
+    _install_irc(fake_distribution)
+    for manager in (
+        create_plugin_manager(_config(hermes_home), load_entrypoints=False),
+        create_plugin_manager(_config(hermes_home, {"plugins": {"autoload": False}})),
+        create_plugin_manager(_config(hermes_home, HERMES_PLUGINS_AUTOLOAD="0")),
+        create_plugin_manager(_config(hermes_home, HERMES_DISABLE_PLUGINS="irc, other")),
+    ):
+        assert "irc" not in manager.platforms()
+        source = SessionSource(platform="irc", chat_id="x")
+        with pytest.raises(UnknownPlatformError, match="'irc' is not a registered platform"):
+            build_session_key(source, plugins=manager)
+
+
+def test_disabled_builtin_is_not_registered(hermes_home: Path) -> None:
+    manager = create_plugin_manager(_config(hermes_home, {"plugins": {"disable": ["slack"]}}))
+    assert "slack" not in [info.name for info in manager.list_plugins()]
+    assert "slack" not in manager.platforms()
+
+
+def test_broken_plugin_is_skipped_with_a_warning_naming_it(
+    hermes_home: Path, fake_distribution: FakeDistribution, caplog: pytest.LogCaptureFixture
+) -> None:
+    fake_distribution(
+        "hermes-broken", entry_points={"broken": "broken_plugin"},
+        modules={"broken_plugin": "raise ImportError('missing dependency frobnicate')\n"},
+    )  # fmt: skip
+    with caplog.at_level(logging.WARNING, logger="hermes_core.plugins"):
+        manager = create_plugin_manager(_config(hermes_home))
+    assert "telegram" in manager.platforms()
+    message = caplog.text
+    assert "'broken' (hermes-broken)" in message
+    assert "frobnicate" in message
+    with pytest.raises(PluginError, match=r"'broken' \(hermes-broken\).*frobnicate"):
+        create_plugin_manager(_config(hermes_home), strict=True)
+
+
+def test_platform_claimed_twice_names_both_plugins(
+    hermes_home: Path, fake_distribution: FakeDistribution
+) -> None:
+    fake_distribution(
+        "hermes-dup",
+        entry_points={"dup": "dup_plugin"},
+        modules={
+            "dup_plugin": """
+                from hermes_core import PlatformSpec, hookimpl
+
+                @hookimpl
+                def hermes_register_platforms(config):
+                    return [PlatformSpec(name="telegram")]
+            """
+        },
+    )
+    with pytest.raises(PlatformConflictError) as info:
+        create_plugin_manager(_config(hermes_home))
+    message = str(info.value)
+    assert "'telegram' (hermes-sessions)" in message
+    assert "'dup' (hermes-dup)" in message
+
+
+@pytest.mark.parametrize(
+    ("source", "problem"),
+    [
+        (
+            "@hookimpl\ndef hermes_register_platfroms(config):\n    return []\n",
+            "unknown hooks hermes_register_platfroms",
+        ),
+        (
+            "@hookimpl\ndef hermes_register_platforms(config):\n    return 'telegram'\n",
+            "must return a list of PlatformSpec",
+        ),
+        (
+            "@hookimpl\ndef hermes_register_platforms(config):\n    raise RuntimeError('boom')\n",
+            "raised RuntimeError",
+        ),
+    ],
+    ids=["misspelled-hook", "wrong-return", "raises"],
+)
+def test_bad_third_party_plugin_policy(
+    hermes_home: Path,
+    fake_distribution: FakeDistribution,
+    caplog: pytest.LogCaptureFixture,
+    source: str,
+    problem: str,
+) -> None:
+    fake_distribution(
+        "hermes-bad", entry_points={"bad": "bad_plugin"},
+        modules={"bad_plugin": "from hermes_core import hookimpl\n" + source},
+    )  # fmt: skip
+    with caplog.at_level(logging.WARNING, logger="hermes_core.plugins"):
+        manager = create_plugin_manager(_config(hermes_home))
+    assert problem in caplog.text
+    assert "'bad' (hermes-bad)" in caplog.text
+    assert "telegram" in manager.platforms()
+    with pytest.raises(PluginError, match=problem):
+        create_plugin_manager(_config(hermes_home), strict=True)
+
+
+class _Observer:
+    def __init__(self) -> None:
+        self.seen: list[str] = []
+
+    @hookimpl
+    def hermes_on_lifecycle_event(self, event: LifecycleEvent) -> None:
+        self.seen.append(event.kind)
+
+
+class _FailingObserver:
+    @hookimpl
+    def hermes_on_lifecycle_event(self, event: LifecycleEvent) -> None:
+        raise RuntimeError("observer exploded")
+
+
+def test_failing_observer_is_logged_and_others_still_run(
+    hermes_home: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    manager = create_plugin_manager(_config(hermes_home), load_entrypoints=False)
+    first, second = _Observer(), _Observer()
+    manager.register(first, name="first")
+    manager.register(_FailingObserver(), name="failing")
+    manager.register(second, name="second")
+    with caplog.at_level(logging.ERROR, logger="hermes_core.plugins"):
+        manager.notify(LifecycleEvent(kind="session_created", session_key="k", session_id="s"))
+    assert first.seen == second.seen == ["session_created"]
+    assert "'failing'" in caplog.text
+    assert "observer exploded" in caplog.text
+
+
+def _step(name: str, order: int, phase: str = "startup") -> RecoveryStep:
+    def run(context: RecoveryContext) -> None:
+        context.report[name] = order
+
+    return RecoveryStep(name=name, order=order, run=run, phase=phase)  # type: ignore[arg-type]
+
+
+class _Steps:
+    def __init__(self, *steps: RecoveryStep) -> None:
+        self.steps = list(steps)
+
+    @hookimpl
+    def hermes_register_recovery_steps(self, config: GatewayConfig) -> list[RecoveryStep]:
+        return self.steps
+
+
+def test_recovery_steps_sorted_by_order_then_name(hermes_home: Path) -> None:
+    manager = create_plugin_manager(_config(hermes_home), load_entrypoints=False)
+    manager.register(_Steps(_step("b", 200), _step("z", 100)), name="one")
+    manager.register(_Steps(_step("a", 200), _step("flush", 50, "shutdown")), name="two")
+    assert [step.name for step in manager.recovery_steps()] == ["z", "a", "b"]
+    assert [step.name for step in manager.recovery_steps("shutdown")] == ["flush"]
+    manager.register(_Steps(_step("a", 1)), name="three")
+    with pytest.raises(PluginError, match="recovery step 'a' is registered twice"):
+        manager.recovery_steps()
+
+
+class _Policy:
+    def __init__(self, name: str) -> None:
+        self.policy = EvictionPolicy(name=name, plan=lambda candidates, reason, limit: [])
+
+    @hookimpl
+    def hermes_eviction_policy(self, config: GatewayConfig) -> EvictionPolicy:
+        return self.policy
+
+
+def test_one_eviction_policy_replaces_and_two_conflict(hermes_home: Path) -> None:
+    manager = create_plugin_manager(_config(hermes_home), load_entrypoints=False)
+    assert manager.eviction_policy() is None
+    manager.register(_Policy("mine"), name="mine")
+    policy = manager.eviction_policy()
+    assert policy is not None
+    assert policy.name == "mine"
+    manager.register(_Policy("theirs"), name="theirs")
+    with pytest.raises(PluginError, match="only one eviction policy"):
+        manager.eviction_policy()
+
+
+class _Stores:
+    def __init__(self, name: str, *schemes: str) -> None:
+        self.spec = StoreSpec(name=name, schemes=schemes, open=lambda url, config: (name, url))
+
+    @hookimpl
+    def hermes_register_stores(self, config: GatewayConfig) -> list[StoreSpec]:
+        return [self.spec]
+
+
+def test_stores_by_scheme_and_scheme_conflict(hermes_home: Path) -> None:
+    manager = create_plugin_manager(_config(hermes_home), load_entrypoints=False)
+    manager.register(_Stores("mem", "memory", "mem"), name="mem")
+    stores = manager.stores()
+    assert stores["memory"].open("memory://x", manager.config) == ("mem", "memory://x")
+    assert stores["mem"] is stores["memory"]
+    manager.register(_Stores("other", "mem"), name="other")
+    with pytest.raises(PluginError, match="storage scheme 'mem' is registered twice"):
+        manager.stores()
+
+
+class _Platforms:
+    def __init__(self, *names: str) -> None:
+        self.names = names
+
+    @hookimpl
+    def hermes_register_platforms(self, config: GatewayConfig) -> list[PlatformSpec]:
+        return [PlatformSpec(name=name) for name in self.names]
+
+
+def test_registry_is_rebuilt_when_plugins_change(hermes_home: Path) -> None:
+    manager = create_plugin_manager(_config(hermes_home), load_entrypoints=False)
+    assert "irc" not in manager.platforms()
+    extra = _Platforms("irc")
+    manager.register(extra, name="extra")
+    assert "irc" in manager.platforms()
+    manager.unregister(extra)
+    assert "irc" not in manager.platforms()
+    manager.register(_Platforms("telegram"), name="again")
+    with pytest.raises(PlatformConflictError, match="'again' \\(not from a distribution\\)"):
+        manager.platforms()
+
+
+@pytest.mark.parametrize("module_name", SPEC_MODULES)
+def test_every_hook_is_documented(module_name: str) -> None:
+    module = importlib.import_module(module_name)
+    hooks = [obj for name, obj in vars(module).items() if name.startswith("hermes_")]
+    assert hooks, f"{module_name} defines no hook"
+    for hook in hooks:
+        doc = inspect.getdoc(hook) or ""
+        for section in ("**When:**", "**Mode:**", "**Arguments:**", "**Failure policy:**"):
+            assert section in doc, f"{hook.__name__} lacks {section}"
