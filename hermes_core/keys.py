@@ -167,12 +167,9 @@ def config_profile(source: SessionSource, config: GatewayConfig) -> str | None:
 def resolve_for_config(
     source: SessionSource, config: GatewayConfig, plugins: HermesPluginManager | None = None
 ) -> KeyResolution:
-    """Resolve with the effective per-platform flags and profile of ``config``."""
+    """Resolve with the effective per-platform flags and profile of ``config``; ``plugins`` None
+    uses the built-in platforms for ``config.hermes_home``."""
     group_per_user, thread_per_user = config.session_flags(source.platform)
-    return resolve_session_key(
-        source,
-        group_sessions_per_user=group_per_user,
-        thread_sessions_per_user=thread_per_user,
-        profile=config_profile(source, config),
-        plugins=plugins,
-    )
+    spec = platform_registry(plugins, hermes_home=config.hermes_home).require(source.platform)
+    namespace = profile_namespace(config_profile(source, config))
+    return _resolve(source, spec, group_per_user, thread_per_user, namespace)

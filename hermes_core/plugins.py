@@ -14,6 +14,7 @@ import os
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from importlib.metadata import entry_points
+from pathlib import Path
 from typing import Any
 
 import pluggy
@@ -329,16 +330,20 @@ def _own_version() -> str | None:
     return __version__
 
 
-def platform_registry(plugins: HermesPluginManager | None = None) -> PlatformRegistry:
-    """The platforms of ``plugins``, or the built-in platforms when None."""
+def platform_registry(
+    plugins: HermesPluginManager | None = None, *, hermes_home: Path | None = None
+) -> PlatformRegistry:
+    """The platforms of ``plugins``; when None, the built-in platforms for ``hermes_home``
+    (default ``$HERMES_HOME``; WhatsApp reads its mapping files there)."""
     if plugins is not None:
         return plugins.platforms()
-    return _builtin_registry(os.environ.get("HERMES_HOME", ""))
+    home = str(hermes_home) if hermes_home is not None else os.environ.get("HERMES_HOME", "")
+    return _builtin_registry(home)
 
 
 @functools.lru_cache(maxsize=8)
 def _builtin_registry(hermes_home: str) -> PlatformRegistry:
-    """Built-in platforms for a state directory (WhatsApp reads its mapping files there)."""
+    """Built-in platforms for one state directory, cached (no entry points, nothing disabled)."""
     environ = {"HERMES_HOME": hermes_home} if hermes_home else {}
     config = GatewayConfig.from_dict({}, source="<built-in defaults>", environ=environ)
     return create_plugin_manager(config, load_entrypoints=False, strict=True).platforms()

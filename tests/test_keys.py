@@ -186,7 +186,12 @@ def test_thread_keys_equal_for_prospective_and_real_thread() -> None:
         platform="discord", chat_id="c1", chat_type="channel", prospective_thread_id="t9"
     )
     in_thread = SessionSource(platform="discord", chat_id="c1", chat_type="thread", thread_id="t9")
-    for flags in ({}, {"group_sessions_per_user": False}, {"thread_sessions_per_user": True}):
+    variants: list[dict[str, Any]] = [
+        {},
+        {"group_sessions_per_user": False},
+        {"thread_sessions_per_user": True},
+    ]
+    for flags in variants:
         assert build_session_key(channel, **flags) == build_session_key(in_thread, **flags)
 
 
@@ -256,7 +261,10 @@ def test_predicate_matches_spec_table_and_key(
         platform=platform, chat_type=chat_type, chat_id=chat_id, user_id=user_id,
         user_id_alt=user_id_alt, thread_id=thread_id, prospective_thread_id=prospective,
     )  # fmt: skip
-    flags = {"group_sessions_per_user": group_flag, "thread_sessions_per_user": thread_flag}
+    flags: dict[str, Any] = {
+        "group_sessions_per_user": group_flag,
+        "thread_sessions_per_user": thread_flag,
+    }
     shared = is_shared_multi_user_session(source, **flags)
     assert shared is _oracle_shared(source, group_flag, thread_flag)
     participant = source.user_id_alt or source.user_id

@@ -6,6 +6,7 @@ import importlib
 import inspect
 import logging
 from pathlib import Path
+from typing import Literal
 
 import pytest
 
@@ -206,11 +207,11 @@ def test_failing_observer_is_logged_and_others_still_run(
     assert "observer exploded" in caplog.text
 
 
-def _step(name: str, order: int, phase: str = "startup") -> RecoveryStep:
+def _step(name: str, order: int, phase: Literal["startup", "shutdown"] = "startup") -> RecoveryStep:
     def run(context: RecoveryContext) -> None:
         context.report[name] = order
 
-    return RecoveryStep(name=name, order=order, run=run, phase=phase)  # type: ignore[arg-type]
+    return RecoveryStep(name=name, order=order, run=run, phase=phase)
 
 
 class _Steps:

@@ -1,0 +1,204 @@
+"""The ``hermes-sessions`` console script (SPEC §4.9, §12.4).
+
+Errors a user can cause print one line, ``hermes-sessions: error: <message>``, and exit 2 (a
+traceback too under ``--debug``); exit 1 is kept for commands that report problems found.
+Argparse usage errors keep argparse's own behaviour (usage, exit 2).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import traceback
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from hermes_core import __version__
+from hermes_core.config import GatewayConfig
+from hermes_core.errors import HermesError, InvalidValueError
+from hermes_core.explain import explain_session_key, format_explanation
+from hermes_core.keys import resolve_for_config
+from hermes_core.models import SessionSource
+from hermes_core.plugins import HermesPluginManager, create_plugin_manager
+
+PROG = "hermes-sessions"
+EXIT_ERROR = 2
+
+Handler = Callable[[argparse.Namespace, GatewayConfig], int]
+
+# One option per SessionSource field, derived from the model so a new field gets its option.
+_SOURCE_FIELDS = tuple(SessionSource.model_fields.items())
+_SOURCE_FLAGS = tuple(name for name, field in _SOURCE_FIELDS if field.annotation is bool)
+_SOURCE_VALUES = tuple(name for name, field in _SOURCE_FIELDS if field.annotation is not bool)
+_SOURCE_HELP = {
+    "platform": "registered platform name (required unless --source-json is given)",
+    "chat_id": 'chat id (default: ""); negative ids work: --chat-id -100123',
+    "chat_type": "dm (default), group, channel, thread or another type",
+}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the command line ``argv`` (default: ``sys.argv[1:]``); returns the exit status."""
+    try:
+        args = _parser().parse_args(argv)
+        source_parser = getattr(args, "source_parser", None)  # set by the commands taking a source
+        if source_parser is not None and args.source_json is None and args.platform is None:
+            source_parser.error("--platform is required unless --source-json is given")
+    except SystemExit as exc:  # --help, --version and usage errors: argparse has printed them
+        return 0 if exc.code is None else exc.code if isinstance(exc.code, int) else EXIT_ERROR
+    handler: Handler = args.handler
+    try:
+        config = GatewayConfig.from_yaml(args.config) if args.config else GatewayConfig.load()
+        return handler(args, config)
+    except HermesError as exc:
+        if args.debug:
+            traceback.print_exc()
+        message = " ".join(str(exc).split())  # one line, whatever the message holds
+        print(f"{PROG}: error: {message}", file=sys.stderr)
+        return EXIT_ERROR
+
+
+def _parser() -> argparse.ArgumentParser:
+    """The argument parser: global options and one subcommand per command."""
+    parser = argparse.ArgumentParser(
+        prog=PROG,
+        description="Session lifecycle for chat-agent gateways: inspect keys and plugins.",
+        allow_abbrev=False,
+    )
+    parser.add_argument("--version", action="version", version=f"{PROG} {__version__ or 'unknown'}")
+    parser.add_argument("--debug", action="store_true", help="print tracebacks of errors")
+    parser.add_argument(
+        "--config",
+        metavar="PATH",
+        help="YAML configuration file (default: $HERMES_HOME/config.yaml if present)",
+    )
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    source = _source_options()
+
+    plugins = commands.add_parser("plugins", help="list the loaded plugins", allow_abbrev=False)
+    plugins.add_argument("--json", action="store_true", help="print a JSON list")
+    plugins.set_defaults(handler=_plugins_command)
+
+    key = commands.add_parser(
+        "key", parents=[source], help="print the session key of a source", allow_abbrev=False
+    )
+    key.set_defaults(handler=_key_command, source_parser=key)
+
+    explain = commands.add_parser(
+        "explain",
+        parents=[source],
+        help="explain how a source is keyed (writes nothing)",
+        allow_abbrev=False,
+    )
+    explain.add_argument("--json", action="store_true", help="print one JSON object")
+    explain.set_defaults(handler=_explain_command, source_parser=explain)
+    return parser
+
+
+def _source_options() -> argparse.ArgumentParser:
+    """Parent parser with the source options shared by ``key`` and ``explain``."""
+    parent = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+    group = parent.add_argument_group(
+        "source", "one option per SessionSource field; options override --source-json fields"
+    )
+    group.add_argument(
+        "--source-json", metavar="FILE", help="SessionSource JSON object ('-' reads stdin)"
+    )
+    for name, _ in _SOURCE_FIELDS:
+        option = "--" + name.replace("_", "-")
+        help_text = _SOURCE_HELP.get(name, f"source field {name}")
+        if name in _SOURCE_FLAGS:
+            # None when absent, so an absent flag never overrides --source-json.
+            group.add_argument(option, action="store_true", default=None, help=help_text)
+        else:
+            group.add_argument(option, metavar=name.upper(), help=help_text)
+    return parent
+
+
+def _plugins_command(args: argparse.Namespace, config: GatewayConfig) -> int:
+    """``plugins [--json]``: the loaded plugins, built-ins first."""
+    infos = create_plugin_manager(config).list_plugins()
+    if args.json:
+        rows = [
+            {
+                "name": info.name,
+                "distribution": info.distribution,
+                "version": info.version,
+                "builtin": info.builtin,
+                "hooks": list(info.hooks),
+            }
+            for info in infos
+        ]
+        print(json.dumps(rows, indent=2, ensure_ascii=False))
+        return 0
+    table = [("NAME", "DISTRIBUTION", "VERSION", "BUILT-IN", "HOOKS")]
+    table += [
+        (
+            info.name,
+            info.distribution or "-",
+            info.version or "-",
+            "yes" if info.builtin else "no",
+            ", ".join(info.hooks) or "-",
+        )
+        for info in infos
+    ]
+    widths = [max(len(row[column]) for row in table) for column in range(4)]
+    for row in table:
+        cells = [cell.ljust(width) for cell, width in zip(row, widths, strict=False)]
+        print("  ".join([*cells, row[4]]))
+    return 0
+
+
+def _key_command(args: argparse.Namespace, config: GatewayConfig) -> int:
+    """``key <source>``: only the key."""
+    plugins = create_plugin_manager(config)
+    print(resolve_for_config(_source(args, plugins), config, plugins).key)
+    return 0
+
+
+def _explain_command(args: argparse.Namespace, config: GatewayConfig) -> int:
+    """``explain <source> [--json]``: how the source is keyed, as lines or one JSON object."""
+    plugins = create_plugin_manager(config)
+    explanation = explain_session_key(_source(args, plugins), config, plugins)
+    if args.json:
+        print(json.dumps(explanation, indent=2, ensure_ascii=False))
+    else:
+        print("\n".join(format_explanation(explanation)))
+    return 0
+
+
+def _source(args: argparse.Namespace, plugins: HermesPluginManager) -> SessionSource:
+    """The source given by ``--source-json`` and the field options (options win).
+
+    Parsed with ``SessionSource.from_dict`` so bad values raise the library's named errors.
+    ``is_bot`` and ``role_authorized`` are never read from data (SPEC §1), so the flags are
+    applied to the parsed source.
+    """
+    data = {"chat_id": ""} if args.source_json is None else _read_source_json(args.source_json)
+    data.update(
+        {name: getattr(args, name) for name in _SOURCE_VALUES if getattr(args, name) is not None}
+    )
+    source = SessionSource.from_dict(data, plugins=plugins)
+    flags = {name: True for name in _SOURCE_FLAGS if getattr(args, name)}
+    return source.replace(**flags) if flags else source
+
+
+def _read_source_json(name: str) -> dict[str, Any]:
+    """The JSON object in file ``name`` (``-``: stdin); unreadable or malformed → named error."""
+    label = "standard input" if name == "-" else name
+    try:
+        text = sys.stdin.read() if name == "-" else Path(name).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc
+        raise InvalidValueError("source_json", f"{label}: cannot read the file: {reason}") from exc
+    try:
+        data = json.loads(text)
+    except ValueError as exc:
+        raise InvalidValueError("source_json", f"{label}: not valid JSON: {exc}") from exc
+    if not isinstance(data, dict):
+        raise InvalidValueError(
+            "source_json", f"{label}: the source must be a JSON object, not {type(data).__name__}"
+        )
+    return data
