@@ -23,6 +23,7 @@ from hermes_core.timeutil import format_utc, parse_utc, utc_now
 
 if TYPE_CHECKING:
     from hermes_core.plugins import HermesPluginManager
+    from hermes_core.specs import PlatformSpec
 
 PLATFORM_NAME_RE = re.compile(r"^[a-z0-9_]+$")
 _SESSION_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
@@ -109,14 +110,13 @@ def _flag(value: object) -> bool:
     return bool(value)
 
 
-def _registered_platform(name: object, plugins: HermesPluginManager | None, field: str) -> str:
-    """The platform name if a loaded plugin registers it, else :class:`UnknownPlatformError`."""
+def _platform_spec(name: object, plugins: HermesPluginManager | None, field: str) -> PlatformSpec:
+    """The spec of a registered platform, else :class:`UnknownPlatformError`."""
     from hermes_core.plugins import platform_registry
 
     if not isinstance(name, str) or not name:
         raise InvalidValueError(field, f"{field} is required and must be a platform name.")
-    platform_registry(plugins).require(name, field=field)
-    return name
+    return platform_registry(plugins).require(name, field=field)
 
 
 _SOURCE_ID_FIELDS = (
@@ -232,10 +232,10 @@ class SessionSource(_Model):
         """Parse untrusted data; the platform must be registered in ``plugins`` (None: built-in)."""
         if not isinstance(data, Mapping):
             raise InvalidValueError("source", "source must be a JSON object (mapping).")
-        platform = _registered_platform(data.get("platform"), plugins, "platform")
+        spec = _platform_spec(data.get("platform"), plugins, "platform")
         if "chat_id" not in data:
             raise InvalidValueError("chat_id", 'chat_id is required (use "" when there is none).')
-        values: dict[str, Any] = {"platform": platform}
+        values: dict[str, Any] = {"platform": spec.name}
         for name in _SOURCE_ID_FIELDS:
             values[name] = _id_string(name, data.get(name))
         values["chat_id"] = values["chat_id"] or ""
@@ -245,7 +245,10 @@ class SessionSource(_Model):
         values["chat_type"] = "dm" if chat_type is None else _text("chat_type", chat_type)
         values["profile"] = _text("profile", data.get("profile"))
         values["auto_thread_created"] = _flag(data.get("auto_thread_created", False))
-        return cls(**values)
+        source = cls(**values)
+        if spec.validate_source is not None:
+            spec.validate_source(source)
+        return source
 
 
 class HomeChannel(_Model):

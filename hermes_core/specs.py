@@ -43,7 +43,8 @@ class PlatformSpec(BaseModel):
     prompt_notes: Callable[[SessionSource, SessionEntry | None], Sequence[str]] | None = None
     """Extra prompt lines (e.g. continuity or tool guidance); untrusted values must be quoted."""
     validate_source: Callable[[SessionSource], None] | None = None
-    """Raises ``InvalidValueError`` when an id has the wrong shape for this platform."""
+    """Raises ``InvalidValueError`` when an id has the wrong shape for this platform; run on
+    untrusted input (``SessionSource.from_dict``, so also stored entries and events)."""
 
     @field_validator("name")
     @classmethod

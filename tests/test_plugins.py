@@ -14,6 +14,7 @@ from conftest import FakeDistribution
 from hermes_core import (
     EvictionPolicy,
     GatewayConfig,
+    InvalidValueError,
     LifecycleEvent,
     PlatformConflictError,
     PlatformSpec,
@@ -306,3 +307,23 @@ def test_every_hook_is_documented(module_name: str) -> None:
         doc = inspect.getdoc(hook) or ""
         for section in ("**When:**", "**Mode:**", "**Arguments:**", "**Failure policy:**"):
             assert section in doc, f"{hook.__name__} lacks {section}"
+
+
+def _numeric_ids(source: SessionSource) -> None:
+    if not source.chat_id.lstrip("-").isdigit():
+        raise InvalidValueError("chat_id", f"chat_id {source.chat_id!r} must be numeric on strict")
+
+
+class _StrictPlatform:
+    @hookimpl
+    def hermes_register_platforms(self, config: GatewayConfig) -> list[PlatformSpec]:
+        return [PlatformSpec(name="strict", validate_source=_numeric_ids)]
+
+
+def test_identifier_validator_runs_on_untrusted_input(hermes_home: Path) -> None:
+    manager = create_plugin_manager(_config(hermes_home), load_entrypoints=False)
+    manager.register(_StrictPlatform(), name="strict")
+    assert SessionSource.from_dict({"platform": "strict", "chat_id": -5}, plugins=manager)
+    with pytest.raises(InvalidValueError, match="must be numeric") as info:
+        SessionSource.from_dict({"platform": "strict", "chat_id": "abc"}, plugins=manager)
+    assert info.value.field == "chat_id"
