@@ -8,12 +8,18 @@ from __future__ import annotations
 from importlib.metadata import PackageNotFoundError, version
 
 from hermes_core.config import GatewayConfig
+from hermes_core.context import (
+    build_session_context,
+    build_session_context_prompt,
+    prefix_sender,
+)
 from hermes_core.errors import (
     ConfigError,
     HermesError,
     InvalidValueError,
     PlatformConflictError,
     PluginError,
+    RedactionError,
     UnknownPlatformError,
 )
 from hermes_core.keys import (
@@ -72,15 +78,19 @@ __all__ = [
     "PluginInfo",
     "RecoveryContext",
     "RecoveryStep",
+    "RedactionError",
     "SessionContext",
     "SessionEntry",
     "SessionSource",
     "StoreSpec",
     "UnknownPlatformError",
     "__version__",
+    "build_session_context",
+    "build_session_context_prompt",
     "build_session_key",
     "create_plugin_manager",
     "hookimpl",
     "is_shared_multi_user_session",
+    "prefix_sender",
     "resolve_session_key",
 ]

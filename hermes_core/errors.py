@@ -41,3 +41,47 @@ class PluginError(HermesError):
 
 class PlatformConflictError(PluginError):
     """Two plugins registered the same platform name."""
+
+
+class StoreError(HermesError):
+    """A storage operation failed; the message says what to do (never a raw driver error)."""
+
+
+class StoreUnavailableError(StoreError):
+    """The configured store cannot be opened or reached."""
+
+
+class SchemaVersionError(StoreError):
+    """The database was written by a newer hermes-sessions than this one."""
+
+
+class CorruptDatabaseError(StoreError):
+    """The canonical database is corrupt; ``hermes-sessions doctor`` explains the repair."""
+
+
+class DuplicateSessionIdError(StoreError):
+    """A freshly drawn session id already exists (the store draws another)."""
+
+
+class TranscriptWriteError(StoreError):
+    """A transcript message could not be stored; nothing was acknowledged."""
+
+
+class TranscriptReadError(StoreError):
+    """A stored transcript could not be read (never reported as an empty transcript)."""
+
+
+class TurnInProgressError(StoreError):
+    """The transcript cannot be rewritten while a turn marker is set on its lane."""
+
+
+class RedactionError(HermesError):
+    """A hook consulted for PII redaction raised, so no prompt was produced (fail closed).
+
+    ``plugin`` names the plugin that owns ``platform`` (None when no plugin registers it).
+    """
+
+    def __init__(self, plugin: str | None, platform: str, message: str) -> None:
+        super().__init__(message)
+        self.plugin = plugin
+        self.platform = platform

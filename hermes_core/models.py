@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from datetime import datetime
 from enum import Enum
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
@@ -506,7 +506,12 @@ class MessageEvent(_Model):
 
 
 class SessionContext(_Model):
-    """What the system prompt says about the current session (SPEC §9.1)."""
+    """What the system prompt says about the current session (SPEC §9.1).
+
+    Built by :func:`hermes_core.build_session_context`; ``session_entry`` is the routing entry it
+    was built from (platform notes read it), ``hermes_home`` None means ``$HERMES_HOME`` and
+    ``pii_hmac_key_file`` None means ``<hermes_home>/pii_hmac.key``.
+    """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
@@ -518,7 +523,8 @@ class SessionContext(_Model):
     session_id: str = ""
     created_at: datetime | None = None
     updated_at: datetime | None = None
+    session_entry: SessionEntry | None = None
     hermes_home: Path | None = None
     redact_pii: bool = False
-    redact_pii_mode: str = "hmac"
+    redact_pii_mode: Literal["hmac", "sha256"] = "hmac"
     pii_hmac_key_file: Path | None = None

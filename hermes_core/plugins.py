@@ -233,6 +233,11 @@ class HermesPluginManager(pluggy.PluginManager):
             raise PluginError(f"only one eviction policy may replace the built-in one: {names}.")
         return offered[0][1] if offered else builtin
 
+    @property
+    def observing(self) -> bool:
+        """Whether any lifecycle observer is registered (callers skip building events if not)."""
+        return bool(self.hook.hermes_on_lifecycle_event.get_hookimpls())
+
     def notify(self, event: LifecycleEvent) -> None:
         """Tell every observer about ``event``; an observer's exception is logged and ignored."""
         for plugin_name, _, error in self._call_each("hermes_on_lifecycle_event", event=event):
