@@ -52,6 +52,7 @@ from hermes_core.specs import (
     RecoveryStep,
     StoreSpec,
 )
+from hermes_core.store import SessionStore
 
 try:
     __version__: str | None = version("hermes-sessions")
@@ -82,6 +83,7 @@ __all__ = [
     "SessionContext",
     "SessionEntry",
     "SessionSource",
+    "SessionStore",
     "StoreSpec",
     "UnknownPlatformError",
     "__version__",

@@ -19,8 +19,9 @@ import time
 from pathlib import Path
 from typing import Literal
 
-from hermes_core.errors import RedactionError
+from hermes_core.errors import RedactionError, StoreError
 from hermes_core.plugins import PlatformRegistry
+from hermes_core.store.files import create_private_file, ensure_private_dir
 
 logger = logging.getLogger(__name__)
 
@@ -89,31 +90,11 @@ def hmac_digest(key: bytes, kind: Literal["user", "chat"], platform: str, value:
     return hmac.new(key, message, hashlib.sha256).hexdigest()[:16]
 
 
-def _fsync_directory(directory: Path) -> None:
-    fd = os.open(directory, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _create_key(path: Path) -> None:
-    """Write a fresh secret by exclusive create (0600), fsync file and directory; a partial file
-    is removed. Raises ``FileExistsError`` when another writer won."""
-    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-    fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY | getattr(os, "O_NOFOLLOW", 0), 0o600)
-    try:
-        os.fchmod(fd, 0o600)
-        data = (secrets.token_bytes(32).hex() + "\n").encode("ascii")
-        if os.write(fd, data) != len(data):
-            raise OSError(f"short write to {path}")
-        os.fsync(fd)
-    except BaseException:
-        os.close(fd)
-        path.unlink(missing_ok=True)
-        raise
-    os.close(fd)
-    _fsync_directory(path.parent)
+def _create_key(path: Path) -> bool:
+    """Write a fresh secret by exclusive create (0600, fsync file and directory); False when
+    the file already exists (another process may have won)."""
+    ensure_private_dir(path.parent)
+    return create_private_file(path, (secrets.token_bytes(32).hex() + "\n").encode("ascii"))
 
 
 def _read_key(path: Path) -> bytes:
@@ -147,11 +128,8 @@ def load_hmac_key(path: Path) -> bytes | None:
     (not creatable, unreadable, non-regular, a symlink, malformed, or accessible by group or
     others), after logging an error that names the file but never its content."""
     try:
-        try:
-            _create_key(path)
+        if _create_key(path):
             logger.info("created the PII pseudonym key %s", path)
-        except FileExistsError:
-            pass
         deadline = time.monotonic() + _RACE_WINDOW_SECS
         while True:
             try:
@@ -160,7 +138,7 @@ def load_hmac_key(path: Path) -> bytes | None:
                 if time.monotonic() > deadline or not _being_written(path):
                     raise
                 time.sleep(0.02)
-    except (OSError, ValueError) as exc:
+    except (OSError, ValueError, StoreError) as exc:
         reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
         logger.error(
             "PII pseudonym key %s is unusable (%s): ids in the prompt are shown as placeholders "

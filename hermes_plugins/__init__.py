@@ -12,4 +12,6 @@ BUILTIN_PLUGINS: tuple[tuple[str, str], ...] = (
     ("discord", "hermes_plugins.discord"),
     ("slack", "hermes_plugins.slack"),
     ("whatsapp", "hermes_plugins.whatsapp"),
+    ("sql_store", "hermes_plugins.sql_store"),
+    ("recovery_steps", "hermes_plugins.recovery_steps"),
 )

@@ -11,6 +11,12 @@ from pathlib import Path
 
 import pytest
 
+POSTGRES_URL = os.environ.get("HERMES_TEST_POSTGRES_URL", "")
+POSTGRES_SKIP_REASON = (
+    "set HERMES_TEST_POSTGRES_URL (e.g. postgresql+psycopg://postgres@127.0.0.1:5432/test) to "
+    "run the PostgreSQL store tests"
+)
+
 _CONFIG_ENV = (
     "HERMES_AGENT_TIMEOUT",
     "HERMES_AUTO_CONTINUE_FRESHNESS",
@@ -92,3 +98,18 @@ def local_timezone() -> Iterator[Callable[[str], None]]:
     else:
         os.environ["TZ"] = previous
     time.tzset()
+
+
+@pytest.fixture
+def empty_database() -> str:
+    """The PostgreSQL test database with an empty ``public`` schema (dropped and recreated)."""
+    if not POSTGRES_URL:
+        pytest.skip(POSTGRES_SKIP_REASON)
+    from sqlalchemy import create_engine
+
+    engine = create_engine(POSTGRES_URL)
+    with engine.begin() as conn:
+        conn.exec_driver_sql("DROP SCHEMA IF EXISTS public CASCADE")
+        conn.exec_driver_sql("CREATE SCHEMA public")
+    engine.dispose()
+    return POSTGRES_URL

@@ -31,7 +31,9 @@ from hermes_core import (
 from hermes_hookspecs import SPEC_MODULES
 
 EXAMPLE_SRC = Path(__file__).resolve().parents[1] / "examples" / "hermes-irc" / "src"
-BUILTINS = ["platforms", "telegram", "discord", "slack", "whatsapp"]
+BUILTINS = [
+    "platforms", "telegram", "discord", "slack", "whatsapp", "sql_store", "recovery_steps",
+]  # fmt: skip
 
 
 def _config(
@@ -51,7 +53,19 @@ def test_builtins_are_listed_with_distribution(hermes_home: Path) -> None:
     infos = manager.list_plugins()
     assert [info.name for info in infos] == BUILTINS
     assert all(info.builtin and info.distribution == "hermes-sessions" for info in infos)
-    assert all(info.hooks == ("hermes_register_platforms",) for info in infos)
+    hooks = {info.name: info.hooks for info in infos}
+    assert hooks["telegram"] == ("hermes_register_platforms",)
+    assert hooks["sql_store"] == ("hermes_register_stores",)
+    assert hooks["recovery_steps"] == ("hermes_register_recovery_steps",)
+    assert set(manager.stores()) == {
+        "sqlite",
+        "sqlite+pysqlite",
+        "postgresql",
+        "postgresql+psycopg",
+    }
+    assert [step.name for step in manager.recovery_steps()] == [
+        "jsonl_backlog_replay", "fts_rebuild_if_stale",
+    ]  # fmt: skip
     assert set(manager.platforms()) == {
         "local", "telegram", "discord", "slack", "whatsapp", "signal", "matrix", "email", "sms",
         "bluebubbles",
@@ -225,7 +239,9 @@ class _Steps:
 
 
 def test_recovery_steps_sorted_by_order_then_name(hermes_home: Path) -> None:
-    manager = create_plugin_manager(_config(hermes_home), load_entrypoints=False)
+    manager = create_plugin_manager(
+        _config(hermes_home, {"plugins": {"disable": ["recovery_steps"]}}), load_entrypoints=False
+    )
     manager.register(_Steps(_step("b", 200), _step("z", 100)), name="one")
     manager.register(_Steps(_step("a", 200), _step("flush", 50, "shutdown")), name="two")
     assert [step.name for step in manager.recovery_steps()] == ["z", "a", "b"]

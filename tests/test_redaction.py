@@ -337,7 +337,7 @@ def _fifo(path: Path) -> None:
 @pytest.mark.parametrize(
     ("make", "reason"),
     [
-        (_symlink, "symbolic links"),
+        (_symlink, "it is a symlink"),
         (_group_readable, "accessible by group or others"),
         (_malformed, "64 lowercase hex"),
         (_short, "64 lowercase hex"),

@@ -1,0 +1,225 @@
+"""The persistence contract a storage backend implements (SPEC §3, §13.2).
+
+:class:`~hermes_core.store.SessionStore` owns the lifecycle rules (keys, flags, single flight,
+the entry cache); a backend only persists. Every write method is one transaction committed before
+it returns (tier D). Routing entries travel as ``SessionEntry.to_dict()`` mappings; the backend
+stores them verbatim (``entry_json``) beside the column copies it needs for queries.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+EntryDict = Mapping[str, Any]
+"""A ``SessionEntry.to_dict()`` mapping."""
+
+Message = Mapping[str, Any]
+"""A transcript message: ``role`` plus optional fields (SPEC §3.4); other keys go to extra_json."""
+
+MESSAGE_COLUMNS = (
+    "role", "content", "tool_calls", "tool_call_id", "tool_name", "timestamp", "token_count",
+    "finish_reason", "platform_message_id", "display_kind",
+)  # fmt: skip
+"""Message fields with a column of their own; ``tool_calls`` is stored as JSON text."""
+
+MESSAGE_ROLES = frozenset({"user", "assistant", "tool", "system", "session_meta"})
+
+RECOVERABLE_END_REASONS = frozenset({
+    "agent_close", "ws_orphan_reap", "startup_orphan_reap", "superseded_by_resume", "lru_evict",
+    "idle_timeout", "ws_disconnect", "tui_shutdown",
+})  # fmt: skip
+"""Resource-only end reasons (Appendix B.1): such rows are reopened with their id (SPEC §3.3)."""
+
+
+@dataclass(frozen=True, slots=True)
+class SessionRow:
+    """One row of ``sessions``: a conversation and its routing identity. Times are epoch seconds."""
+
+    id: str
+    session_key: str
+    source: str
+    started_at: float
+    chat_id: str | None = None
+    chat_type: str | None = None
+    thread_id: str | None = None
+    user_id: str | None = None
+    display_name: str | None = None
+    origin_json: str | None = None
+    profile_name: str | None = None
+    parent_session_id: str | None = None
+    ended_at: float | None = None
+    end_reason: str | None = None
+    last_activity_at: float | None = None
+    message_count: int = 0
+    input_tokens: int = 0
+    output_tokens: int = 0
+    cache_read_tokens: int = 0
+    cache_write_tokens: int = 0
+    total_tokens: int = 0
+    estimated_cost_usd: float = 0.0
+    cost_status: str | None = None
+    expiry_finalized: bool = False
+
+    @property
+    def reopenable(self) -> bool:
+        """Open, or ended for a resource-only reason, and not fenced (SPEC §3.3 step 4)."""
+        if self.expiry_finalized:
+            return False
+        return self.end_reason is None or self.end_reason in RECOVERABLE_END_REASONS
+
+
+@dataclass(frozen=True, slots=True)
+class CounterDelta:
+    """What ``update_session`` adds to (or sets on) the counters of a session row."""
+
+    input_tokens: int = 0
+    output_tokens: int = 0
+    cache_read_tokens: int = 0
+    cache_write_tokens: int = 0
+    total_tokens: int = 0
+    estimated_cost_usd: float = 0.0
+    cost_status: str | None = None
+    last_activity_at: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class SearchHit:
+    """One full-text search result (SPEC §3.5.5)."""
+
+    session_id: str
+    message_id: int
+    role: str
+    timestamp: float
+    snippet: str
+
+
+class StoreBackend(Protocol):
+    """What a storage backend provides. Errors are :class:`~hermes_core.store.StoreError`s."""
+
+    name: str
+    """``sqlite``, ``postgresql`` or ``jsonl``."""
+    durable_queue: bool
+    """Whether queued events persist (False for the degraded JSONL backend)."""
+
+    def close(self) -> None:
+        """Flush and release connections and files."""
+
+    def health(self) -> dict[str, Any]:
+        """``backend``, ``fts`` (``ok``/``stale``/``unavailable``) and backend-specific details."""
+
+    # -- routing index ------------------------------------------------------------------------
+
+    def get_route(self, session_key: str) -> EntryDict | None:
+        """The stored entry of a key, or None."""
+
+    def get_route_by_session_id(self, session_id: str) -> EntryDict | None:
+        """The entry whose *current* session id is ``session_id``, or None."""
+
+    def iter_routes(self) -> Iterator[EntryDict]:
+        """Every stored entry, read in one transaction (a consistent snapshot)."""
+
+    def put_route(self, entry: EntryDict, *, touch: bool = False) -> None:
+        """Insert or replace one routing row (a single-row write). ``touch`` marks a write that
+        only moves ``updated_at``; the degraded JSONL backend may coalesce those."""
+
+    def clear_turn_marker(self, entry: EntryDict, token: str) -> bool:
+        """Write ``entry`` (its marker cleared) iff the stored marker token is ``token``."""
+
+    def begin_turn(
+        self,
+        entry: EntryDict,
+        consumed_event_id: int | None,
+        user_message: tuple[str, Message] | None,
+    ) -> None:
+        """One transaction: write ``entry`` (with its new marker), delete the queued event,
+        append ``(session_id, message)``."""
+
+    def delete_routes(self, session_keys: Sequence[str]) -> int:
+        """Remove routing rows (pruning); sessions and messages stay. Returns the count."""
+
+    # -- sessions -------------------------------------------------------------------------------
+
+    def get_session(self, session_id: str) -> SessionRow | None:
+        """One session row, or None."""
+
+    def newest_session(self, session_key: str) -> SessionRow | None:
+        """The most recently started session row of a key, or None."""
+
+    def count_sessions(self) -> int:
+        """Number of session rows (stops counting at 2 where that is cheaper)."""
+
+    def create_session(
+        self, row: SessionRow, entry: EntryDict, end_previous: tuple[str, str] | None
+    ) -> None:
+        """One transaction: end ``end_previous`` = (session id, reason) if it is still open,
+        insert ``row``, write ``entry``. Raises ``DuplicateSessionIdError`` on an id collision."""
+
+    def reopen_session(self, session_id: str, entry: EntryDict) -> None:
+        """One transaction: clear the row's end, write ``entry``."""
+
+    def update_counters(self, entry: EntryDict, session_id: str, delta: CounterDelta) -> None:
+        """One transaction: write ``entry``; add ``delta`` to the session row's counters."""
+
+    # -- transcripts -----------------------------------------------------------------------------
+
+    def append_message(self, session_id: str, message: Message) -> int:
+        """Insert one message; returns its id. The row's count and last activity follow."""
+
+    def load_messages(self, session_id: str) -> list[dict[str, Any]]:
+        """Active messages in insertion order (``[]`` for an unknown session)."""
+
+    def rewrite_messages(self, session_id: str, messages: Sequence[Message]) -> int:
+        """One transaction: deactivate the active messages, append ``messages``."""
+
+    def soft_delete_messages(self, session_id: str, message_ids: Sequence[int]) -> int:
+        """Set ``active=0`` on the given messages of the session; returns the count."""
+
+    def search(
+        self, query: str, *, session_id: str | None, session_key: str | None, limit: int
+    ) -> list[SearchHit]:
+        """Full-text search over active messages, best rank first."""
+
+
+class BacklogTarget(Protocol):
+    """What the JSONL backlog replay needs from a SQL backend (SPEC §3.5.4)."""
+
+    def get_meta(self, name: str) -> str | None:
+        """A ``state_meta`` value, or None."""
+
+    def get_route(self, session_key: str) -> EntryDict | None:
+        """The stored entry of a key, or None."""
+
+    def put_route(self, entry: EntryDict, *, touch: bool = False) -> None:
+        """Insert or replace one routing row."""
+
+    def get_session(self, session_id: str) -> SessionRow | None:
+        """One session row, or None."""
+
+    def import_backlog(
+        self,
+        session_id: str,
+        messages: Sequence[Message],
+        offset: tuple[str, str],
+        create_row: SessionRow | None,
+    ) -> None:
+        """One transaction: insert ``create_row`` if given, append ``messages`` in order and set
+        ``state_meta[offset[0]] = offset[1]`` (the byte offset imported so far)."""
+
+
+class SqlMaintenance(BacklogTarget, Protocol):
+    """Operations only the canonical SQL backend offers (the store skips them while degraded)."""
+
+    def has_routes(self) -> bool:
+        """Whether the routing table has any row (cheap: reads at most one)."""
+
+    def import_routes(self, entries: Sequence[EntryDict], marker: tuple[str, str]) -> int:
+        """One transaction: insert the entries whose key is missing, set ``state_meta[marker]``.
+        Returns the number inserted."""
+
+    def prune_candidates(self, cutoff: float) -> list[str]:
+        """Keys idle since before ``cutoff`` (epoch seconds), not suspended, without a marker."""
+
+    def rebuild_fts(self) -> bool:
+        """Rebuild the derived full-text index; False when full-text search is unavailable."""

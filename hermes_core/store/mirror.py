@@ -1,0 +1,180 @@
+"""The ``sessions.json`` mirror of the routing index (SPEC §3.5.3).
+
+With a SQL store the file only mirrors ``gateway_routing`` for inspection and disaster recovery;
+while degraded (SPEC §3.5.4) it is the routing index itself. Writing is atomic and ordered by a
+monotonic revision; reading is tolerant: a damaged file or entry is reported and skipped, never
+repaired or deleted, so nothing a user might still recover is lost.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from hermes_core.errors import InvalidValueError, StoreError, UnknownPlatformError
+from hermes_core.models import SessionEntry
+from hermes_core.store.files import atomic_write
+
+if TYPE_CHECKING:
+    from hermes_core.plugins import HermesPluginManager
+
+logger = logging.getLogger(__name__)
+
+MIRROR_FILENAME = "sessions.json"
+"""Name of the mirror inside ``sessions_dir``."""
+
+MIRROR_README = (
+    "Mirror of the hermes-sessions routing index, kept for inspection and recovery only. The "
+    "canonical index lives in the SQL store (storage.url); edits to this file are not read back "
+    "while that store is available. Set gateway.write_sessions_json: false to stop writing it."
+)
+"""The exact ``_README`` value, the first member of the file."""
+
+
+def render_mirror(entries: Mapping[str, Mapping[str, Any]]) -> bytes:
+    """The file content: ``_README`` first, then one member per key in sorted order.
+
+    UTF-8 without BOM, 2-space indent, non-ASCII kept, final newline. An entry that is not plain
+    JSON (a non-serialisable value, NaN) raises :class:`StoreError`.
+    """
+    document: dict[str, Any] = {"_README": MIRROR_README}
+    for key in sorted(entries):
+        document[key] = entries[key]
+    try:
+        text = json.dumps(document, ensure_ascii=False, indent=2, allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        raise StoreError(
+            f"cannot write {MIRROR_FILENAME}: a routing entry is not plain JSON ({exc})."
+        ) from exc
+    return (text + "\n").encode("utf-8")
+
+
+class MirrorWriter:
+    """Serialised, revision-ordered atomic writer of one mirror file.
+
+    Revisions come from the caller's snapshot (the routing index revision, or the degraded
+    backend's change counter). A snapshot older than the last one written is dropped, so a slow
+    writer never replaces a newer file with stale content; an equal revision is written again.
+    """
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._lock = threading.Lock()
+        self._written: int | None = None
+
+    @property
+    def revision(self) -> int | None:
+        """Revision of the last successful write (None before the first)."""
+        return self._written
+
+    def _stale(self, revision: int) -> bool:
+        return self._written is not None and revision < self._written
+
+    def write(self, entries: Mapping[str, Mapping[str, Any]], revision: int) -> bool:
+        """Write ``entries`` as snapshot ``revision``; False (nothing written) if it is stale.
+
+        Rendering happens outside the lock; the staleness check and the replace happen under it,
+        in that order. A failed write raises :class:`StoreError` with the old file kept.
+        """
+        if self._stale(revision):
+            return False
+        data = render_mirror(entries)
+        with self._lock:
+            if self._stale(revision):
+                return False
+            atomic_write(self.path, data)
+            self._written = revision
+        return True
+
+
+@dataclass(frozen=True)
+class MirrorContents:
+    """What :func:`load_mirror` found in a mirror file."""
+
+    entries: dict[str, SessionEntry] = field(default_factory=dict)
+    """Loadable entries by session key."""
+    unregistered: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """Members skipped only because their origin platform is not registered, kept verbatim so a
+    writer can preserve them until the platform's plugin loads again (SPEC §13.1)."""
+    problem: str | None = None
+    """Why the file as a whole could not be used (unreadable, not JSON, not an object)."""
+
+
+def _origin_platform(value: Mapping[str, Any]) -> str:
+    origin = value.get("origin")
+    platform = origin.get("platform") if isinstance(origin, Mapping) else None
+    return platform if isinstance(platform, str) else "?"
+
+
+def load_mirror(path: Path, plugins: HermesPluginManager | None = None) -> MirrorContents:
+    """Read a mirror file leniently (SPEC §3.5.3 import rules); the file is never modified.
+
+    A missing file is simply empty. An unreadable or unparsable file logs one warning naming it
+    and yields nothing. ``_``-prefixed members are skipped; an invalid entry, or one stored under
+    a key other than its own ``session_key``, is skipped with a warning naming the key. Entries
+    of unregistered platforms get one warning per platform.
+    """
+    try:
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        return MirrorContents()
+    except OSError as exc:
+        problem = f"cannot be read ({exc.strerror or type(exc).__name__})"
+        logger.warning("routing mirror %s %s; no entries loaded from it", path, problem)
+        return MirrorContents(problem=problem)
+    try:
+        document = json.loads(raw.decode("utf-8-sig"))
+    except ValueError:
+        problem = "is not valid UTF-8 JSON (truncated or edited?)"
+        logger.warning("routing mirror %s %s; no entries loaded from it", path, problem)
+        return MirrorContents(problem=problem)
+    if not isinstance(document, dict):
+        problem = "does not hold a JSON object"
+        logger.warning("routing mirror %s %s; no entries loaded from it", path, problem)
+        return MirrorContents(problem=problem)
+    entries: dict[str, SessionEntry] = {}
+    unregistered: dict[str, dict[str, Any]] = {}
+    by_platform: dict[str, list[str]] = {}
+    for key, value in document.items():
+        if key.startswith("_"):
+            continue
+        try:
+            entry = SessionEntry.from_dict(value, plugins=plugins)
+        except UnknownPlatformError:
+            unregistered[key] = dict(value)
+            by_platform.setdefault(_origin_platform(value), []).append(key)
+            continue
+        except InvalidValueError as exc:
+            logger.warning(
+                "routing mirror %s: skipping entry %r: field %s is invalid", path, key, exc.field
+            )
+            continue
+        if entry.session_key != key:
+            logger.warning(
+                "routing mirror %s: skipping entry %r: it is stored under a key other than its "
+                "session_key",
+                path,
+                key,
+            )
+            continue
+        entries[key] = entry
+    for platform, keys in by_platform.items():
+        logger.warning(
+            "routing mirror %s: skipping %d entries of platform %r, which no loaded plugin "
+            "registers (first: %r); they load again once its plugin is enabled",
+            path,
+            len(keys),
+            platform,
+            keys[0],
+        )
+    return MirrorContents(entries=entries, unregistered=unregistered)
+
+
+def read_mirror(path: Path, plugins: HermesPluginManager | None = None) -> dict[str, SessionEntry]:
+    """The loadable entries of a mirror file by session key (see :func:`load_mirror`)."""
+    return load_mirror(path, plugins).entries

@@ -1,0 +1,279 @@
+"""One SQL schema for SQLite and PostgreSQL (SPEC §3.5.2), with versioned, idempotent upgrades.
+
+Canonical tables are SQLAlchemy Core ``Table`` objects; the full-text index is derived (SQLite
+FTS5 external content over a view, PostgreSQL ``tsvector`` + GIN) and lives in dialect helpers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from sqlalchemy import (
+    Column,
+    Connection,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    MetaData,
+    String,
+    Table,
+    Text,
+)
+
+metadata = MetaData()
+
+schema_version = Table("schema_version", metadata, Column("version", Integer, nullable=False))
+
+state_meta = Table(
+    "state_meta",
+    metadata,
+    Column("key", String, primary_key=True),
+    Column("value", Text),
+)
+
+sessions = Table(
+    "sessions",
+    metadata,
+    Column("id", String, primary_key=True),
+    Column("session_key", String, nullable=False),
+    Column("source", String, nullable=False),
+    Column("chat_id", String),
+    Column("chat_type", String),
+    Column("thread_id", String),
+    Column("user_id", String),
+    Column("display_name", String),
+    Column("origin_json", Text),
+    Column("profile_name", String),
+    Column("parent_session_id", String, ForeignKey("sessions.id")),
+    Column("started_at", Float, nullable=False),
+    Column("ended_at", Float),
+    Column("end_reason", String),
+    Column("last_activity_at", Float),
+    Column("message_count", Integer, nullable=False, server_default="0"),
+    Column("input_tokens", Integer, nullable=False, server_default="0"),
+    Column("output_tokens", Integer, nullable=False, server_default="0"),
+    Column("cache_read_tokens", Integer, nullable=False, server_default="0"),
+    Column("cache_write_tokens", Integer, nullable=False, server_default="0"),
+    Column("total_tokens", Integer, nullable=False, server_default="0"),
+    Column("estimated_cost_usd", Float, nullable=False, server_default="0"),
+    Column("cost_status", String),
+    Column("expiry_finalized", Integer, nullable=False, server_default="0"),
+    Index("ix_sessions_key_started", "session_key", Column("started_at").desc()),
+)
+
+messages = Table(
+    "messages",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("session_id", String, ForeignKey("sessions.id"), nullable=False),
+    Column("role", String, nullable=False),
+    Column("content", Text),
+    Column("tool_calls", Text),
+    Column("tool_call_id", String),
+    Column("tool_name", String),
+    Column("timestamp", Float, nullable=False),
+    Column("token_count", Integer),
+    Column("finish_reason", String),
+    Column("platform_message_id", String),
+    Column("display_kind", String),
+    Column("active", Integer, nullable=False, server_default="1"),
+    Column("extra_json", Text),
+    Index("ix_messages_session_id", "session_id", "id"),
+)
+
+gateway_routing = Table(
+    "gateway_routing",
+    metadata,
+    Column("session_key", String, primary_key=True),
+    Column("session_id", String, nullable=False),
+    Column("updated_at", Float),
+    Column("suspended", Integer, nullable=False, server_default="0"),
+    Column("resume_pending", Integer, nullable=False, server_default="0"),
+    Column("active_turn_token", String),
+    Column("revision", Integer, nullable=False, server_default="0"),
+    Column("entry_json", Text, nullable=False),
+    Index("ix_gateway_routing_session_id", "session_id"),
+)
+
+delivery_obligations = Table(
+    "delivery_obligations",
+    metadata,
+    Column("obligation_id", String, primary_key=True),
+    Column("session_key", String, nullable=False),
+    Column("session_id", String),
+    Column("platform", String, nullable=False),
+    Column("chat_id", String),
+    Column("thread_id", String),
+    Column("reply_to_message_id", String),
+    Column("content", Text, nullable=False),
+    Column("origin_kind", String, nullable=False),
+    Column("state", String, nullable=False),
+    Column("attempts", Integer, nullable=False, server_default="0"),
+    Column("failure_kind", String),
+    Column("last_error", Text),
+    Column("created_at", Float, nullable=False),
+    Column("updated_at", Float, nullable=False),
+    Column("owner_instance", String),
+    Column("owner_boot", String),
+    Column("lease_expires_at", Float),
+    Index("ix_delivery_obligations_state", "state", "platform"),
+)
+
+queued_events = Table(
+    "queued_events",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("session_key", String, nullable=False),
+    Column("internal", Integer, nullable=False, server_default="0"),
+    Column("bound_session_id", String),
+    Column("event_json", Text, nullable=False),
+    Column("enqueued_at", Float, nullable=False),
+    Column("updated_at", Float, nullable=False),
+    Index("ix_queued_events_key", "session_key", "id"),
+)
+
+session_turn_leases = Table(
+    "session_turn_leases",
+    metadata,
+    Column("session_key", String, primary_key=True),
+    Column("owner_instance", String, nullable=False),
+    Column("owner_boot", String, nullable=False),
+    Column("token", String, nullable=False),
+    Column("acquired_at", Float, nullable=False),
+    Column("expires_at", Float, nullable=False),
+)
+
+restart_failure_counts = Table(
+    "restart_failure_counts",
+    metadata,
+    Column("session_key", String, primary_key=True),
+    Column("count", Integer, nullable=False),
+    Column("owner_instance", String),
+    Column("updated_at", Float, nullable=False),
+)
+
+CANONICAL_TABLES = ("sessions", "messages", "gateway_routing")
+
+# -- full-text search (derived) -------------------------------------------------------------------
+
+FTS_TRIGGERS = ("messages_fts_insert", "messages_fts_delete", "messages_fts_update")
+_PROJECTION = "CASE WHEN {r}.role = 'tool' THEN substr({r}.content, 1, 8192) ELSE {r}.content END"
+
+SQLITE_FTS_VIEW = (
+    "CREATE VIEW IF NOT EXISTS messages_fts_src AS SELECT id, "
+    + _PROJECTION.format(r="messages")
+    + " AS content, tool_name, tool_calls FROM messages"
+)
+SQLITE_FTS_TABLE = (
+    "CREATE VIRTUAL TABLE IF NOT EXISTS messages_fts USING fts5("
+    "content, tool_name, tool_calls, content='messages_fts_src', content_rowid='id')"
+)
+_FTS_INSERT = (
+    "INSERT INTO messages_fts(rowid, content, tool_name, tool_calls) VALUES "
+    "(new.id, " + _PROJECTION.format(r="new") + ", new.tool_name, new.tool_calls);"
+)
+_FTS_DELETE = (
+    "INSERT INTO messages_fts(messages_fts, rowid, content, tool_name, tool_calls) VALUES "
+    "('delete', old.id, " + _PROJECTION.format(r="old") + ", old.tool_name, old.tool_calls);"
+)
+SQLITE_FTS_TRIGGERS = (
+    f"CREATE TRIGGER IF NOT EXISTS messages_fts_insert AFTER INSERT ON messages BEGIN "
+    f"{_FTS_INSERT} END",
+    f"CREATE TRIGGER IF NOT EXISTS messages_fts_delete AFTER DELETE ON messages BEGIN "
+    f"{_FTS_DELETE} END",
+    "CREATE TRIGGER IF NOT EXISTS messages_fts_update AFTER UPDATE OF content, tool_name, "
+    "tool_calls, role ON messages WHEN old.content IS NOT new.content OR old.tool_name IS NOT "
+    "new.tool_name OR old.tool_calls IS NOT new.tool_calls OR old.role IS NOT new.role BEGIN "
+    f"{_FTS_DELETE} {_FTS_INSERT} END",
+)
+
+POSTGRES_SEARCH = (
+    "ALTER TABLE messages ADD COLUMN IF NOT EXISTS search_tsv tsvector GENERATED ALWAYS AS "
+    "(to_tsvector('simple'::regconfig, left(coalesce(CASE WHEN role = 'tool' THEN "
+    "left(content, 8192) ELSE content END, '') || ' ' || coalesce(tool_name, '') || ' ' || "
+    "coalesce(tool_calls, ''), 65536))) STORED",
+    "CREATE INDEX IF NOT EXISTS ix_messages_search ON messages USING gin (search_tsv)",
+)
+
+
+def sqlite_has_fts5(conn: Connection) -> bool:
+    """Whether this SQLite build has FTS5 (a missing module means ``fts: unavailable``)."""
+    options = {row[0] for row in conn.exec_driver_sql("PRAGMA compile_options")}
+    return "ENABLE_FTS5" in options
+
+
+SQLITE_FTS_SETUP = (
+    SQLITE_FTS_VIEW,
+    SQLITE_FTS_TABLE,
+    "INSERT INTO messages_fts(messages_fts) VALUES ('rebuild')",
+)
+"""View, FTS5 table, and a rebuild that indexes the messages already stored."""
+
+
+FTS_SHADOW_SUFFIXES = ("data", "idx", "docsize", "config")
+_TWIN = "hermes_fts_twin"
+
+
+def reset_sqlite_fts(cursor: Any) -> None:
+    """Return the FTS5 index to the state of a freshly created one (on a DBAPI cursor, inside
+    the caller's transaction), however damaged its shadow tables are, so ``rebuild`` can run.
+
+    A temporary twin table provides SQLite's own empty shadow rows; the damaged index's shadow
+    tables are recreated if missing, emptied and refilled from the twin. Messages are untouched.
+    """
+    have = {row[0] for row in cursor.execute("SELECT name FROM sqlite_master").fetchall()}
+    if "messages_fts" not in have:  # the table itself is gone: clear leftovers and recreate
+        for suffix in FTS_SHADOW_SUFFIXES:
+            cursor.execute(f"DROP TABLE IF EXISTS messages_fts_{suffix}")
+        cursor.execute(SQLITE_FTS_VIEW)
+        cursor.execute(SQLITE_FTS_TABLE)
+        return
+    cursor.execute(SQLITE_FTS_TABLE.replace("IF NOT EXISTS messages_fts", f"temp.{_TWIN}"))
+    try:
+        for suffix in FTS_SHADOW_SUFFIXES:
+            ddl = cursor.execute(
+                "SELECT sql FROM sqlite_temp_master WHERE name = ?", (f"{_TWIN}_{suffix}",)
+            ).fetchone()[0]
+            cursor.execute(
+                ddl.replace(
+                    f"CREATE TABLE '{_TWIN}_", "CREATE TABLE IF NOT EXISTS main.'messages_fts_"
+                )
+            )
+            cursor.execute(f"DELETE FROM main.messages_fts_{suffix}")
+            cursor.execute(
+                f"INSERT INTO main.messages_fts_{suffix} SELECT * FROM temp.{_TWIN}_{suffix}"
+            )
+    finally:
+        cursor.execute(f"DROP TABLE IF EXISTS temp.{_TWIN}")
+
+
+def create_sqlite_fts(conn: Connection) -> None:
+    """Create the FTS5 view, table and triggers (idempotent) and index existing messages."""
+    for statement in (*SQLITE_FTS_SETUP, *SQLITE_FTS_TRIGGERS):
+        conn.exec_driver_sql(statement)
+
+
+# -- versions -------------------------------------------------------------------------------------
+
+
+def _v1_canonical(conn: Connection) -> None:
+    """Version 1: every table of SPEC §3.5.2."""
+    metadata.create_all(conn)
+
+
+def _v2_search(conn: Connection) -> None:
+    """Version 2: the derived full-text index (skipped where SQLite lacks FTS5)."""
+    if conn.dialect.name == "sqlite":
+        if sqlite_has_fts5(conn):
+            create_sqlite_fts(conn)
+    else:
+        for statement in POSTGRES_SEARCH:
+            conn.exec_driver_sql(statement)
+
+
+MIGRATIONS: tuple[Callable[[Connection], None], ...] = (_v1_canonical, _v2_search)
+"""Upgrade steps; step ``n`` brings a database from version ``n`` to ``n + 1``."""
+
+SCHEMA_VERSION = len(MIGRATIONS)

@@ -1,0 +1,173 @@
+"""Write statements built with SQLAlchemy Core and compiled once per dialect.
+
+Hot-path statements are compiled to driver SQL at open and executed with ``exec_driver_sql``:
+the statement is still Core (portable, one definition for SQLite and PostgreSQL) but skips the
+per-call compile-cache and parameter-processing work, which dominates a one-row transaction.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, cast
+
+from sqlalchemy import (
+    Dialect,
+    bindparam,
+    delete,
+    func,
+    literal_column,
+    update,
+)
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.sql.compiler import SQLCompiler
+from sqlalchemy.sql.expression import ClauseElement, Insert
+
+from hermes_plugins.sql_store.schema import (
+    gateway_routing,
+    messages,
+    queued_events,
+    sessions,
+    state_meta,
+)
+
+ROUTE_COPY_COLUMNS = ("session_id", "updated_at", "suspended", "resume_pending",
+                      "active_turn_token", "entry_json")  # fmt: skip
+MESSAGE_INSERT_COLUMNS = (
+    "session_id", "role", "content", "tool_calls", "tool_call_id", "tool_name", "timestamp",
+    "token_count", "finish_reason", "platform_message_id", "display_kind", "extra_json",
+)  # fmt: skip
+COUNTER_COLUMNS = ("input_tokens", "output_tokens", "cache_read_tokens", "cache_write_tokens",
+                   "total_tokens", "estimated_cost_usd")  # fmt: skip
+
+
+class Prepared:
+    """A Core statement compiled once for one dialect, run on a DBAPI cursor.
+
+    Values fixed in the statement itself (``.values(active=0)``) become defaults of the
+    parameters given at run time.
+    """
+
+    __slots__ = ("defaults", "names", "sql")
+
+    def __init__(self, statement: ClauseElement, dialect: Dialect) -> None:
+        compiled = cast(SQLCompiler, statement.compile(dialect=dialect))
+        self.sql = str(compiled)
+        required = {bind.key for bind in compiled.binds.values() if bind.required}
+        self.defaults: dict[str, Any] = {
+            name: value for name, value in compiled.params.items() if name not in required
+        }
+        self.names: tuple[str, ...] | None = (
+            tuple(compiled.positiontup) if compiled.positiontup is not None else None
+        )
+
+    def run(self, cursor: Any, params: Mapping[str, Any] | None = None) -> Any:
+        """Execute on a DBAPI cursor (positional drivers get a tuple, named ones a dict)."""
+        values: Mapping[str, Any] = self.defaults if params is None else params
+        if params is not None and self.defaults:
+            values = {**self.defaults, **params}
+        if self.names is not None:
+            cursor.execute(self.sql, tuple(values[name] for name in self.names))
+        else:
+            cursor.execute(self.sql, dict(values))
+        return cursor
+
+
+def _upsert_route(dialect: Dialect) -> Insert:
+    """Single-row routing upsert that increments ``revision`` (dialect-specific ON CONFLICT)."""
+    insert_fn = sqlite.insert if dialect.name == "sqlite" else postgresql.insert
+    values: dict[str, Any] = {
+        name: bindparam(name) for name in ("session_key", *ROUTE_COPY_COLUMNS)
+    }
+    values["revision"] = literal_column("1")
+    statement = insert_fn(gateway_routing).values(values)
+    changes: dict[str, Any] = {name: statement.excluded[name] for name in ROUTE_COPY_COLUMNS}
+    changes["revision"] = gateway_routing.c.revision + literal_column("1")
+    return statement.on_conflict_do_update(index_elements=["session_key"], set_=changes)
+
+
+class Statements:
+    """Every write statement of the SQL backend, compiled for one dialect."""
+
+    def __init__(self, dialect: Dialect) -> None:
+        def prepare(statement: ClauseElement) -> Prepared:
+            return Prepared(statement, dialect)
+
+        routing, by_key = gateway_routing, gateway_routing.c.session_key == bindparam("session_key")
+        session = sessions.c.id == bindparam("session_id")
+        self.upsert_route = prepare(_upsert_route(dialect))
+        self.clear_marker = prepare(
+            update(routing)
+            .where(by_key, routing.c.active_turn_token == bindparam("token"))
+            .values(
+                {name: bindparam(name) for name in ROUTE_COPY_COLUMNS}
+                | {"revision": routing.c.revision + literal_column("1")}
+            )
+        )
+        self.delete_route = prepare(delete(routing).where(by_key))
+        insert_message = messages.insert().values(
+            {name: bindparam(name) for name in MESSAGE_INSERT_COLUMNS}
+        )
+        if dialect.name != "sqlite":  # SQLite reports the id through lastrowid
+            insert_message = insert_message.returning(messages.c.id)
+        self.insert_message = prepare(insert_message)
+        self.count_message = prepare(
+            update(sessions)
+            .where(session)
+            .values(
+                message_count=sessions.c.message_count + literal_column("1"),
+                last_activity_at=bindparam("timestamp"),
+            )
+        )
+        self.add_counters = prepare(
+            update(sessions)
+            .where(session)
+            .values(
+                {name: sessions.c[name] + bindparam(name) for name in COUNTER_COLUMNS}
+                | {
+                    "cost_status": func.coalesce(bindparam("cost_status"), sessions.c.cost_status),
+                    "last_activity_at": func.coalesce(
+                        bindparam("last_activity_at"), sessions.c.last_activity_at
+                    ),
+                }
+            )
+        )
+        self.insert_session = prepare(
+            sessions.insert().values({column.name: bindparam(column.name) for column in sessions.c})
+        )
+        self.end_session = prepare(
+            update(sessions)
+            .where(session, sessions.c.ended_at.is_(None))
+            .values(ended_at=bindparam("ended_at"), end_reason=bindparam("end_reason"))
+        )
+        self.reopen_session = prepare(
+            update(sessions).where(session).values(ended_at=None, end_reason=None)
+        )
+        self.deactivate_messages = prepare(
+            update(messages)
+            .where(messages.c.session_id == bindparam("session_id"), messages.c.active == 1)
+            .values(active=0)
+        )
+        self.deactivate_message = prepare(
+            update(messages)
+            .where(
+                messages.c.session_id == bindparam("session_id"),
+                messages.c.id == bindparam("message_id"),
+                messages.c.active == 1,
+            )
+            .values(active=0)
+        )
+        self.set_message_count = prepare(
+            update(sessions).where(session).values(message_count=bindparam("message_count"))
+        )
+        self.uncount_messages = prepare(
+            update(sessions)
+            .where(session)
+            .values(message_count=sessions.c.message_count - bindparam("removed"))
+        )
+        self.delete_queued = prepare(
+            delete(queued_events).where(queued_events.c.id == bindparam("event_id"))
+        )
+        self.delete_meta = prepare(delete(state_meta).where(state_meta.c.key == bindparam("key")))
+        self.insert_meta = prepare(
+            state_meta.insert().values(key=bindparam("key"), value=bindparam("value"))
+        )

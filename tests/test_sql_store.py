@@ -1,0 +1,416 @@
+"""SQL-only store behaviour on SQLite and (when configured) PostgreSQL: search, transcript
+edits, pruning, lane rebuilds from session rows, schema versions and the sessions.json mirror."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import stat
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from sqlalchemy import create_engine, text
+
+from conftest import POSTGRES_URL
+from hermes_core import GatewayConfig, LifecycleEvent, hookimpl
+from hermes_core.errors import InvalidValueError, SchemaVersionError, TurnInProgressError
+from hermes_core.store import SessionStore
+from hermes_core.store.mirror import MIRROR_README
+from hermes_core.testing import fresh_plugin_manager, telegram_dm
+
+Opener = Callable[..., SessionStore]
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def backend(request: pytest.FixtureRequest) -> str:
+    if request.param == "postgresql":
+        request.getfixturevalue("empty_database")
+    return str(request.param)
+
+
+@pytest.fixture
+def open_store(backend: str, tmp_path: Path) -> Iterator[Opener]:
+    """Opens stores over one state directory; all are closed at the end."""
+    home = tmp_path / "home"
+    opened: list[SessionStore] = []
+
+    def open_(**settings: Any) -> SessionStore:
+        if backend == "postgresql":
+            settings.setdefault("storage", {"url": POSTGRES_URL})
+        config = GatewayConfig.from_dict(settings, environ={"HERMES_HOME": str(home)})
+        store = SessionStore.open(config, plugins=fresh_plugin_manager(home))
+        opened.append(store)
+        return store
+
+    yield open_
+    for store in opened:
+        store.close()
+
+
+def sql(store: SessionStore, statement: str, **params: Any) -> list[Any]:
+    """Run raw SQL against the store's database (to arrange states the API never creates)."""
+    engine = create_engine(store.config.storage_url)
+    try:
+        with engine.begin() as conn:
+            result = conn.execute(text(statement), params)
+            return list(result) if result.returns_rows else []
+    finally:
+        engine.dispose()
+
+
+# -- search ------------------------------------------------------------------------------------
+
+
+def test_search_finds_active_messages_with_scopes(open_store: Opener) -> None:
+    store = open_store()
+    one = store.get_or_create_session(telegram_dm("1"))
+    two = store.get_or_create_session(telegram_dm("2"))
+    store.append_to_transcript(one.session_id, {"role": "user", "content": "the quick brown fox"})
+    store.append_to_transcript(two.session_id, {"role": "assistant", "content": "a brown dog"})
+    store.append_to_transcript(two.session_id, {"role": "tool", "tool_name": "fetch_weather",
+                                                "content": "sunny"})  # fmt: skip
+    assert {hit.session_id for hit in store.search("brown")} == {one.session_id, two.session_id}
+    assert [hit.session_id for hit in store.search("brown fox")] == [one.session_id]
+    assert [h.session_id for h in store.search("brown", session_id=two.session_id)] == [
+        two.session_id
+    ]
+    assert [h.session_id for h in store.search("brown", session_key=one.session_key)] == [
+        one.session_id
+    ]
+    assert [hit.role for hit in store.search("fetch_weather")] == ["tool"]
+    hit = store.search("quick")[0]
+    assert "quick" in hit.snippet
+    assert len(hit.snippet) <= 200
+    assert hit.message_id > 0
+    assert store.search('he said "hi') == []  # quotes never break the query
+    assert store.search("   ") == []
+    assert len(store.search("brown", limit=1)) == 1
+
+
+def test_search_limit_is_capped(open_store: Opener) -> None:
+    store = open_store()
+    entry = store.get_or_create_session(telegram_dm())
+    for i in range(105):
+        store.append_to_transcript(entry.session_id, {"role": "user", "content": f"needle {i}"})
+    assert len(store.search("needle", limit=500)) == 100
+    assert len(store.search("needle")) == 20
+
+
+# -- transcript edits ----------------------------------------------------------------------------
+
+
+def test_rewrite_deactivates_and_appends(open_store: Opener) -> None:
+    store = open_store()
+    entry = store.get_or_create_session(telegram_dm())
+    for content in ("one", "two", "three"):
+        store.append_to_transcript(entry.session_id, {"role": "user", "content": content})
+    token = store.mark_turn_active(entry.session_key)
+    assert token is not None
+    with pytest.raises(TurnInProgressError):
+        store.rewrite_transcript(entry.session_id, [{"role": "user", "content": "x"}])
+    assert [m["content"] for m in store.load_transcript(entry.session_id)] == [
+        "one",
+        "two",
+        "three",
+    ]
+    assert store.clear_turn_active(entry.session_key, token)
+    count = store.rewrite_transcript(entry.session_id, [{"role": "user", "content": "uno"}])
+    assert count == 1
+    assert [m["content"] for m in store.load_transcript(entry.session_id)] == ["uno"]
+    assert store.search("two") == []
+    rows = sql(store, "SELECT count(*) FROM messages WHERE session_id = :s", s=entry.session_id)
+    assert rows[0][0] == 4  # nothing was deleted
+    with pytest.raises(InvalidValueError, match="does not exist"):
+        store.rewrite_transcript("20200101_000000_00000000", [])
+
+
+def test_rewrite_with_force_while_a_turn_runs(open_store: Opener) -> None:
+    store = open_store()
+    entry = store.get_or_create_session(telegram_dm())
+    store.mark_turn_active(entry.session_key)
+    assert store.rewrite_transcript(
+        entry.session_id, [{"role": "user", "content": "a"}], force=True
+    )
+    assert [m["content"] for m in store.load_transcript(entry.session_id)] == ["a"]
+
+
+def test_soft_delete_never_deletes(open_store: Opener) -> None:
+    store = open_store()
+    entry = store.get_or_create_session(telegram_dm())
+    for content in ("keep", "drop"):
+        store.append_to_transcript(entry.session_id, {"role": "user", "content": content})
+    drop_id = store.load_transcript(entry.session_id)[1]["id"]
+    assert store.soft_delete_messages(entry.session_id, [drop_id]) == 1
+    assert store.soft_delete_messages(entry.session_id, [drop_id]) == 0
+    assert [m["content"] for m in store.load_transcript(entry.session_id)] == ["keep"]
+    rows = sql(store, "SELECT active FROM messages WHERE id = :i", i=drop_id)
+    assert rows[0][0] == 0
+
+
+def test_append_to_unknown_session_is_refused(open_store: Opener) -> None:
+    from hermes_core.errors import TranscriptWriteError
+
+    store = open_store()
+    with pytest.raises(TranscriptWriteError):
+        store.append_to_transcript("20200101_000000_00000000", {"role": "user", "content": "x"})
+    entry = store.get_or_create_session(telegram_dm())
+    with pytest.raises(InvalidValueError, match="role"):
+        store.append_to_transcript(entry.session_id, {"role": "wizard", "content": "x"})
+
+
+# -- pruning and lane rebuilds -------------------------------------------------------------------
+
+
+def test_prune_removes_only_idle_unprotected_routes(open_store: Opener) -> None:
+    def active(key: str) -> bool:
+        if key.endswith(":boom"):
+            raise RuntimeError("process table unavailable")
+        return key.endswith(":busy")
+
+    home_store = open_store()
+    home_store.close()
+    config = home_store.config
+    store = SessionStore(
+        config.sessions_dir, config, active, plugins=fresh_plugin_manager(config.hermes_home)
+    )
+    try:
+        lanes = {name: store.get_or_create_session(telegram_dm(name))
+                 for name in ("idle", "busy", "boom", "suspended", "marked")}  # fmt: skip
+        store.append_to_transcript(lanes["idle"].session_id, {"role": "user", "content": "hi"})
+        store.suspend_session(lanes["suspended"].session_key)
+        store.mark_turn_active(lanes["marked"].session_key)
+        assert store.prune_old_entries(None) == 0
+        assert store.prune_old_entries(0) == 0
+        time.sleep(0.3)
+        assert store.prune_old_entries(2e-6) == 1  # 0.17 s
+        assert store.lookup_by_session_key(lanes["idle"].session_key) is None
+        for name in ("busy", "boom", "suspended", "marked"):
+            assert store.lookup_by_session_key(lanes[name].session_key) is not None
+        # Only the mapping went: the next message rebuilds the lane on the same session.
+        again = store.get_or_create_session(telegram_dm("idle"))
+        assert again.session_id == lanes["idle"].session_id
+        assert [m["content"] for m in store.load_transcript(again.session_id)] == ["hi"]
+    finally:
+        store.close()
+
+
+@pytest.mark.parametrize(
+    ("end_reason", "expiry_finalized", "reopened"),
+    [
+        (None, 0, True),
+        ("agent_close", 0, True),
+        ("lru_evict", 0, True),
+        ("session_reset", 0, False),
+        ("idle", 0, False),
+        ("something_else", 0, False),
+        (None, 1, False),
+    ],
+)
+def test_lane_rebuild_from_the_newest_row(
+    open_store: Opener, end_reason: str | None, expiry_finalized: int, reopened: bool
+) -> None:
+    store = open_store()
+    entry = store.get_or_create_session(telegram_dm())
+    store.update_session(entry.session_key, input_tokens=4, output_tokens=6)
+    store.close()
+    sql(
+        store,
+        "UPDATE sessions SET ended_at = :e, end_reason = :r, expiry_finalized = :f, "
+        "last_activity_at = 1000 WHERE id = :s",
+        e=None if end_reason is None else 2000.0, r=end_reason, f=expiry_finalized,
+        s=entry.session_id,
+    )  # fmt: skip
+    sql(store, "DELETE FROM gateway_routing")
+    fresh = open_store()
+    lane = fresh.get_or_create_session(telegram_dm())
+    assert (lane.session_id == entry.session_id) is reopened
+    if reopened:
+        assert lane.created_at == entry.created_at
+        assert lane.updated_at.timestamp() == 1000  # last activity, never "fresh"
+        assert (lane.input_tokens, lane.total_tokens) == (4, 10)
+        row = sql(fresh, "SELECT ended_at, end_reason FROM sessions WHERE id = :s",
+                  s=entry.session_id)  # fmt: skip
+        assert tuple(row[0]) == (None, None)
+
+
+def test_stale_route_to_an_ended_session_starts_a_new_one(open_store: Opener) -> None:
+    store = open_store()
+    entry = store.get_or_create_session(telegram_dm())
+    store.close()
+    sql(store, "UPDATE sessions SET ended_at = 5, end_reason = 'session_reset' WHERE id = :s",
+        s=entry.session_id)  # fmt: skip
+    lane = open_store().get_or_create_session(telegram_dm())
+    assert lane.session_id != entry.session_id
+
+
+def test_reset_ends_the_old_row_with_its_reason(open_store: Opener) -> None:
+    store = open_store()
+    entry = store.get_or_create_session(telegram_dm())
+    new = store.reset_session(entry.session_key)
+    assert new is not None
+    rows = sql(store, "SELECT id, end_reason, parent_session_id FROM sessions ORDER BY started_at")
+    by_id = {row[0]: (row[1], row[2]) for row in rows}
+    assert by_id[entry.session_id] == ("session_reset", None)
+    assert by_id[new.session_id] == (None, entry.session_id)
+
+
+# -- schema versions -----------------------------------------------------------------------------
+
+
+def test_newer_schema_is_refused_untouched(open_store: Opener) -> None:
+    store = open_store()
+    store.close()
+    sql(store, "UPDATE schema_version SET version = 99")
+    with pytest.raises(SchemaVersionError, match=r"schema version 99, newer than version 2"):
+        open_store()
+    assert sql(store, "SELECT version FROM schema_version")[0][0] == 99
+
+
+def test_version_one_database_upgrades_in_place(open_store: Opener, backend: str) -> None:
+    store = open_store()
+    entry = store.get_or_create_session(telegram_dm())
+    store.append_to_transcript(entry.session_id, {"role": "user", "content": "ancient words"})
+    store.close()
+    if backend == "sqlite":
+        for statement in ("DROP TRIGGER messages_fts_insert", "DROP TRIGGER messages_fts_delete",
+                          "DROP TRIGGER messages_fts_update", "DROP TABLE messages_fts",
+                          "DROP VIEW messages_fts_src"):  # fmt: skip
+            sql(store, statement)
+    else:
+        sql(store, "DROP INDEX ix_messages_search")
+        sql(store, "ALTER TABLE messages DROP COLUMN search_tsv")
+    sql(store, "UPDATE schema_version SET version = 1")
+    upgraded = open_store()
+    assert sql(upgraded, "SELECT version FROM schema_version")[0][0] == 2
+    assert [hit.session_id for hit in upgraded.search("ancient")] == [entry.session_id]
+    assert upgraded.health()["fts"] == "ok"
+
+
+# -- sessions.json mirror ------------------------------------------------------------------------
+
+
+def test_mirror_is_written_off_the_message_path(open_store: Opener) -> None:
+    store = open_store(gateway={"write_sessions_json": True})
+    mirror = store.sessions_dir / "sessions.json"
+    entry = store.get_or_create_session(telegram_dm())
+    assert not mirror.exists()  # creating a session never waits for the mirror
+    assert store.flush_mirror(force=True)
+    assert not store.flush_mirror(force=True)  # nothing changed since
+    store.get_or_create_session(telegram_dm("2"))
+    assert not store.flush_mirror()  # within the interval
+    store.close()
+    data = json.loads(mirror.read_text(encoding="utf-8"))
+    assert next(iter(data)) == "_README"
+    assert data["_README"] == MIRROR_README
+    assert set(data) == {"_README", entry.session_key, "agent:main:telegram:dm:2"}
+    assert data[entry.session_key]["session_id"] == entry.session_id
+    assert stat.S_IMODE(os.stat(mirror).st_mode) == 0o600
+
+
+def test_mirror_can_be_turned_off(open_store: Opener) -> None:
+    store = open_store(gateway={"write_sessions_json": False})
+    store.get_or_create_session(telegram_dm())
+    store.close()
+    assert not (store.sessions_dir / "sessions.json").exists()
+
+
+def _legacy_mirror(path: Path, entries: dict[str, Any], *, bom: bool = False) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    body = json.dumps({"_README": "old", **entries}, indent=2)
+    path.write_bytes(("\ufeff" if bom else "").encode() + body.encode("utf-8"))
+
+
+def _legacy_entry(key: str, session_id: str) -> dict[str, Any]:
+    return {"session_key": key, "session_id": session_id,
+            "created_at": "2026-01-01T00:00:00+00:00", "updated_at": "2026-01-02T00:00:00",
+            "origin": {"platform": "telegram", "chat_id": key.rsplit(":", 1)[1]},
+            "model_override": "ignored"}  # fmt: skip
+
+
+def test_existing_mirror_is_imported_once(open_store: Opener, tmp_path: Path) -> None:
+    mirror = tmp_path / "home" / "sessions" / "sessions.json"
+    key = "agent:main:telegram:dm:7"
+    _legacy_mirror(mirror, {key: _legacy_entry(key, "20260101_000000_aaaaaaaa"),
+                            "agent:main:bad": {"session_key": 5}}, bom=True)  # fmt: skip
+    store = open_store()
+    entry = store.lookup_by_session_key(key)
+    assert entry is not None
+    assert entry.session_id == "20260101_000000_aaaaaaaa"
+    new = store.get_or_create_session(telegram_dm("7"))
+    assert new.session_id == "20260101_000000_aaaaaaaa"
+    store.reset_session(key)
+    store.close()
+    _legacy_mirror(mirror, {key: _legacy_entry(key, "20260101_000000_aaaaaaaa")})
+    again = open_store()  # a stale file never brings a reset lane back
+    assert again.peek_session_id(key) != "20260101_000000_aaaaaaaa"
+    # Explicit import adds only keys the table lacks.
+    other = "agent:main:telegram:dm:8"
+    _legacy_mirror(mirror, {key: _legacy_entry(key, "20260101_000000_aaaaaaaa"),
+                            other: _legacy_entry(other, "20260101_000000_bbbbbbbb")})  # fmt: skip
+    assert again.import_sessions_json(mirror) == 1
+    assert again.peek_session_id(other) == "20260101_000000_bbbbbbbb"
+    assert again.peek_session_id(key) != "20260101_000000_aaaaaaaa"
+
+
+def test_torn_mirror_is_reported_and_kept(
+    open_store: Opener, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    mirror = tmp_path / "home" / "sessions" / "sessions.json"
+    key = "agent:main:telegram:dm:7"
+    _legacy_mirror(mirror, {key: _legacy_entry(key, "20260101_000000_aaaaaaaa")})
+    torn = mirror.read_bytes()[:120]
+    mirror.write_bytes(torn)
+    with caplog.at_level(logging.WARNING):
+        store = open_store()
+    assert store.lookup_by_session_key(key) is None
+    assert str(mirror) in caplog.text
+    assert mirror.read_bytes() == torn
+
+
+# -- observers and files ---------------------------------------------------------------------------
+
+
+class _Recorder:
+    def __init__(self) -> None:
+        self.kinds: list[str] = []
+
+    @hookimpl
+    def hermes_on_lifecycle_event(self, event: LifecycleEvent) -> None:
+        self.kinds.append(event.kind)
+
+
+def test_observers_see_committed_lifecycle_events(open_store: Opener) -> None:
+    store = open_store()
+    recorder = _Recorder()
+    store.plugins.register(recorder, name="recorder")
+    entry = store.get_or_create_session(telegram_dm())
+    token = store.mark_turn_active(entry.session_key)
+    assert token is not None
+    store.clear_turn_active(entry.session_key, token)
+    store.mark_resume_pending(entry.session_key)
+    store.clear_resume_pending(entry.session_key)
+    store.suspend_session(entry.session_key)
+    store.get_or_create_session(telegram_dm())
+    store.reset_session(entry.session_key)
+    assert recorder.kinds == [
+        "session_created", "turn_started", "turn_ended", "resume_marked", "resume_cleared",
+        "session_suspended", "session_replaced", "session_created", "session_reset",
+        "session_created",
+    ]  # fmt: skip
+
+
+def test_state_files_are_private(open_store: Opener, backend: str) -> None:
+    if backend != "sqlite":
+        pytest.skip("the SQLite files are what this checks")
+    store = open_store()
+    store.get_or_create_session(telegram_dm())
+    home = store.config.hermes_home
+    assert stat.S_IMODE(os.stat(home).st_mode) == 0o700
+    assert stat.S_IMODE(os.stat(store.sessions_dir).st_mode) == 0o700
+    for name in ("state.db", "state.db-wal", "state.db-shm"):
+        if (home / name).exists():
+            assert stat.S_IMODE(os.stat(home / name).st_mode) == 0o600, name
