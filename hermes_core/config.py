@@ -399,16 +399,15 @@ class GatewayConfig(_SharedSection):
 
     def session_flags(self, platform: str) -> tuple[bool, bool]:
         """Effective (group_sessions_per_user, thread_sessions_per_user) for ``platform``."""
-        group, thread = (self._flag(platform, name) for name in _FLAGS)
-        return group[0], thread[0]
+        return self._flag(platform, _FLAGS[0])[0], self._flag(platform, _FLAGS[1])[0]
 
     def flag_origins(self, platform: str) -> tuple[str, str]:
         """Where each flag comes from: ``"default"``, ``"top level"`` or ``"platform override"``."""
-        group, thread = (self._flag(platform, name) for name in _FLAGS)
-        return group[1], thread[1]
+        return self._flag(platform, _FLAGS[0])[1], self._flag(platform, _FLAGS[1])[1]
 
     def _flag(self, platform: str, name: str) -> tuple[bool, str]:
-        override = getattr(self.platforms.get(platform, PlatformConfig()), name)
+        settings = self.platforms.get(platform)
+        override = getattr(settings, name) if settings is not None else None
         if override is not None:
             return override, "platform override"
         return getattr(self, name), "top level" if name in self.model_fields_set else "default"

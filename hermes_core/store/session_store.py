@@ -302,7 +302,8 @@ class SessionStore:
     @staticmethod
     def _snapshot(entry: SessionEntry) -> SessionEntry:
         """A copy for callers, so the cached entry never changes under them (or by them)."""
-        return entry.model_copy(update={"metadata": copy.deepcopy(entry.metadata)})
+        metadata = copy.deepcopy(entry.metadata) if entry.metadata else {}
+        return entry.model_copy(update={"metadata": metadata})
 
     # -- get or create (SPEC §3.3) -----------------------------------------------------------------
 
