@@ -250,8 +250,10 @@ def test_stale_route_to_an_ended_session_starts_a_new_one(open_store: Opener) ->
 def test_reset_ends_the_old_row_with_its_reason(open_store: Opener) -> None:
     store = open_store()
     entry = store.get_or_create_session(telegram_dm())
+    store.append_to_transcript(entry.session_id, {"role": "user", "content": "pineapple"})
     new = store.reset_session(entry.session_key)
     assert new is not None
+    assert [hit.session_id for hit in store.search("pineapple")] == [entry.session_id]
     rows = sql(store, "SELECT id, end_reason, parent_session_id FROM sessions ORDER BY started_at")
     by_id = {row[0]: (row[1], row[2]) for row in rows}
     assert by_id[entry.session_id] == ("session_reset", None)
