@@ -242,6 +242,33 @@ class JsonlBackend:
             self.append_message(*user_message)
         self._commit(entry)
 
+    def routes_with_markers(self) -> list[EntryDict]:
+        """Every entry whose turn marker is set."""
+        with self._lock:
+            return [
+                copy.deepcopy(entry)
+                for entry in self._entries.values()
+                if entry.get("active_turn_token")
+            ]
+
+    def put_routes(self, entries: Sequence[EntryDict]) -> None:
+        """Write several entries with one rewrite of the file (undone in memory if it fails)."""
+        new = [copy.deepcopy(dict(entry)) for entry in entries]
+        with self._lock:
+            before = {
+                entry["session_key"]: self._entries.get(entry["session_key"]) for entry in new
+            }
+            for entry in new:
+                self._set_entry(entry["session_key"], entry)
+            snapshot = self._snapshot()
+        try:
+            self._persist(snapshot)
+        except StoreError:
+            with self._lock:
+                for key, old in before.items():
+                    self._set_entry(key, old)
+            raise
+
     def delete_routes(self, session_keys: Sequence[str]) -> int:
         """Pruning is unavailable while degraded (SPEC §3.5.4): nothing is removed."""
         return 0

@@ -12,7 +12,7 @@ import pytest
 from hermes_core import GatewayConfig
 from hermes_core.errors import CorruptDatabaseError
 from hermes_core.store import SessionStore
-from hermes_core.store.session_store import DEGRADED_WARNING
+from hermes_core.store.base import DEGRADED_WARNING
 from hermes_core.testing import StoreContract, StoreFactory, fresh_plugin_manager, telegram_dm
 
 

@@ -84,6 +84,33 @@ class CounterDelta:
     last_activity_at: float | None = None
 
 
+OBLIGATION_STATES = ("pending", "attempting", "delivered", "failed", "abandoned")
+
+
+@dataclass(frozen=True, slots=True)
+class Obligation:
+    """One row of the delivery ledger: a reply owed to a chat (SPEC §7.5). Epoch-second times."""
+
+    obligation_id: str
+    session_key: str
+    session_id: str | None
+    platform: str
+    chat_id: str | None
+    thread_id: str | None
+    reply_to_message_id: str | None
+    content: str
+    origin_kind: str
+    state: str
+    attempts: int
+    failure_kind: str | None
+    last_error: str | None
+    created_at: float
+    updated_at: float
+    owner_instance: str | None = None
+    owner_boot: str | None = None
+    lease_expires_at: float | None = None
+
+
 @dataclass(frozen=True, slots=True)
 class SearchHit:
     """One full-text search result (SPEC §3.5.5)."""
@@ -138,6 +165,12 @@ class StoreBackend(Protocol):
 
     def delete_routes(self, session_keys: Sequence[str]) -> int:
         """Remove routing rows (pruning); sessions and messages stay. Returns the count."""
+
+    def routes_with_markers(self) -> list[EntryDict]:
+        """Every entry whose turn marker is set."""
+
+    def put_routes(self, entries: Sequence[EntryDict]) -> None:
+        """Write several routing entries in one transaction."""
 
     # -- sessions -------------------------------------------------------------------------------
 
@@ -223,3 +256,26 @@ class SqlMaintenance(BacklogTarget, Protocol):
 
     def rebuild_fts(self) -> bool:
         """Rebuild the derived full-text index; False when full-text search is unavailable."""
+
+    def add_obligation(self, obligation: Obligation, marker: tuple[EntryDict, str] | None) -> bool:
+        """One transaction: insert ``obligation`` unless its id exists (then nothing is written)
+        and, with ``marker`` = (entry without marker, token), clear the lane's turn marker if
+        that token still owns it. Returns whether the obligation was new."""
+
+    def obligations(
+        self, states: Sequence[str], platforms: Sequence[str] | None = None
+    ) -> list[Obligation]:
+        """Ledger rows in the given states (and platforms), oldest first."""
+
+    def obligation_since(self, session_key: str, since: float) -> bool:
+        """Whether a ledger row of the lane was created at or after ``since``."""
+
+    def update_obligation(self, obligation_id: str, changes: Mapping[str, Any]) -> None:
+        """Change columns of one ledger row."""
+
+    def delete_obligation(self, obligation_id: str) -> None:
+        """Remove one ledger row (a delivered reply)."""
+
+    def prune_obligations(self, terminal_before: float, max_rows: int) -> int:
+        """Drop terminal rows last updated before ``terminal_before``, then the oldest terminal
+        rows beyond ``max_rows``; returns how many went."""

@@ -23,6 +23,7 @@ from sqlalchemy.sql.compiler import SQLCompiler
 from sqlalchemy.sql.expression import ClauseElement, Insert
 
 from hermes_plugins.sql_store.schema import (
+    delivery_obligations,
     gateway_routing,
     messages,
     queued_events,
@@ -166,6 +167,17 @@ class Statements:
         )
         self.delete_queued = prepare(
             delete(queued_events).where(queued_events.c.id == bindparam("event_id"))
+        )
+        insert_fn = sqlite.insert if dialect.name == "sqlite" else postgresql.insert
+        self.insert_obligation = prepare(
+            insert_fn(delivery_obligations)
+            .values({column.name: bindparam(column.name) for column in delivery_obligations.c})
+            .on_conflict_do_nothing(index_elements=["obligation_id"])
+        )
+        self.delete_obligation = prepare(
+            delete(delivery_obligations).where(
+                delivery_obligations.c.obligation_id == bindparam("obligation_id")
+            )
         )
         self.delete_meta = prepare(delete(state_meta).where(state_meta.c.key == bindparam("key")))
         self.insert_meta = prepare(

@@ -1,0 +1,351 @@
+"""The plumbing under :class:`~hermes_core.store.SessionStore`: backend selection, degraded
+mode, the bounded entry cache, the sessions.json mirror, health and closing.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import secrets
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future
+from contextlib import contextmanager
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from hermes_core.config import GatewayConfig
+from hermes_core.errors import (
+    CorruptDatabaseError,
+    InvalidValueError,
+    SchemaVersionError,
+    StoreError,
+    StoreUnavailableError,
+)
+from hermes_core.models import SessionEntry
+from hermes_core.plugins import HermesPluginManager, create_plugin_manager
+from hermes_core.specs import LifecycleEvent, LifecycleKind
+from hermes_core.store.backend import (
+    SqlMaintenance,
+    StoreBackend,
+)
+from hermes_core.store.files import ensure_private_dir
+from hermes_core.store.mirror import MirrorWriter, load_mirror, read_mirror
+from hermes_core.store.replay import ReplayReport, replay_backlog
+
+logger = logging.getLogger(__name__)
+
+DEGRADED_WARNING = "SQL session store unavailable, falling back to JSONL: "
+MIRROR_IMPORTED = "sessions_json_imported"
+_STRIPES = 64
+
+
+def new_session_id(now: datetime) -> str:
+    """``YYYYMMDD_HHMMSS_<8 hex>`` from the creation time (UTC) and 32 random bits."""
+    return f"{now:%Y%m%d_%H%M%S}_{secrets.token_hex(4)}"
+
+
+class StoreBase:
+    """Backend, cache and mirror shared by the store's operations (not used on its own)."""
+
+    def __init__(
+        self,
+        sessions_dir: str | Path,
+        config: GatewayConfig,
+        has_active_processes_fn: Callable[[str], bool] | None = None,
+        *,
+        plugins: HermesPluginManager | None = None,
+        entry_cache_size: int = 10_000,
+    ) -> None:
+        self.config = config
+        self.sessions_dir = ensure_private_dir(Path(sessions_dir))
+        self.plugins = plugins if plugins is not None else create_plugin_manager(config)
+        self._has_active_processes = has_active_processes_fn
+        self._cache_size = entry_cache_size
+        self._map_lock = threading.Lock()
+        self._entries: OrderedDict[str, SessionEntry] = OrderedDict()
+        self._stripes = tuple(threading.RLock() for _ in range(_STRIPES))
+        self._inflight: dict[str, Future[SessionEntry]] = {}
+        self._mirror = MirrorWriter(self.sessions_dir / "sessions.json")
+        self._routing_revision = 0
+        self._mirror_revision = 0
+        self._mirror_written_at = 0.0
+        self._unloadable_warned: set[str] = set()
+        self._degraded_reason: str | None = None
+        self._closed = False
+        self._sql: SqlMaintenance | None = None
+        self._backend: StoreBackend = self._open_backend()
+        if self._sql is not None:
+            self._import_mirror_once(self._sql)
+
+    # -- backend selection and degraded mode -------------------------------------------------------
+
+    def _open_backend(self) -> StoreBackend:
+        """The backend for ``storage.url``; SQLite that cannot be used falls back to JSONL."""
+        url = self.config.storage_url
+        scheme = url.split("://", 1)[0]
+        stores = self.plugins.stores()
+        spec = stores.get(scheme)
+        if spec is None:
+            known = ", ".join(sorted(stores)) or "none"
+            raise StoreUnavailableError(
+                f"storage.url uses the scheme {scheme!r}, which no loaded plugin provides "
+                f"(known: {known}); fix storage.url or install the plugin for it."
+            )
+        try:
+            backend: StoreBackend = spec.open(url, self.config)
+        except SchemaVersionError:
+            raise
+        except StoreError as exc:
+            if not scheme.startswith("sqlite"):
+                raise  # a PostgreSQL store never falls back to local files
+            return self._degrade(str(exc))
+        self._sql = backend  # type: ignore[assignment]  # SQL backends provide maintenance too
+        return backend
+
+    def _degrade(self, reason: str) -> StoreBackend:
+        from hermes_plugins.jsonl_store import JsonlBackend
+
+        logger.warning("%s%s", DEGRADED_WARNING, reason)
+        self._degraded_reason = reason
+        self._sql = None
+        return JsonlBackend(self.sessions_dir, self.plugins)
+
+    def _enter_degraded(self, error: CorruptDatabaseError) -> None:
+        """Canonical corruption: keep working on JSONL; the database file is left for doctor."""
+        logger.error("%s", error)
+        with self._map_lock:
+            cached = {key: entry.to_dict() for key, entry in self._entries.items()}
+        mirror = load_mirror(self._mirror.path, self.plugins)
+        merged: dict[str, Any] = dict(mirror.unregistered)
+        merged.update({key: entry.to_dict() for key, entry in mirror.entries.items()})
+        merged.update(cached)  # the cache holds the newest state of the lanes it knows
+        self._mirror.write(merged, self._routing_revision + 1)
+        try:
+            self._backend.close()
+        except StoreError:
+            logger.debug("closing the corrupt store failed", exc_info=True)
+        self._backend = self._degrade(str(error))
+
+    @contextmanager
+    def _canonical(self) -> Iterator[None]:
+        """Switch to degraded mode when the canonical database turns out to be corrupt."""
+        try:
+            yield
+        except CorruptDatabaseError as exc:
+            if self._sql is not None:
+                self._enter_degraded(exc)
+            raise
+
+    def replay_backlog(self) -> ReplayReport | None:
+        """Import the JSONL backlog into SQL exactly once (step ``jsonl_backlog_replay``);
+        None while degraded (nothing to import into)."""
+        if self._sql is None:
+            return None
+        with self._canonical():
+            report = replay_backlog(self.sessions_dir, self._sql, self.plugins)
+        if report.routes_inserted or report.routes_updated:
+            with self._map_lock:
+                self._entries.clear()  # replayed routes replace what the cache knew
+            self._routing_changed()
+        self.flush_mirror(force=True)
+        return report
+
+    def try_leave_degraded(self) -> bool:
+        """While degraded, try the SQL store again; on success replay the backlog into it and
+        leave degraded mode (housekeeping calls this). True when SQL is in use afterwards."""
+        if self._sql is not None:
+            return True
+        spec = self.plugins.stores().get(self.config.storage_url.split("://", 1)[0])
+        if spec is None:
+            return False
+        try:
+            backend: StoreBackend = spec.open(self.config.storage_url, self.config)
+        except StoreError as exc:
+            logger.debug("the SQL store is still unavailable: %s", exc)
+            return False
+        for stripe in self._stripes:  # no lane operation runs during the switch
+            stripe.acquire()
+        try:
+            self._backend.close()
+            self._backend, self._sql = backend, backend  # type: ignore[assignment]
+            self._degraded_reason = None
+            with self._map_lock:
+                self._entries.clear()
+        finally:
+            for stripe in self._stripes:
+                stripe.release()
+        logger.warning("the SQL session store is available again; replaying the JSONL backlog")
+        self.replay_backlog()
+        return True
+
+    @property
+    def degraded(self) -> bool:
+        """True while the store runs on the JSONL fallback."""
+        return self._sql is None
+
+    # -- entry cache -------------------------------------------------------------------------------
+
+    def _stripe(self, session_key: str) -> threading.RLock:
+        return self._stripes[hash(session_key) % _STRIPES]
+
+    def _remember(self, entry: SessionEntry) -> None:
+        with self._map_lock:
+            self._entries[entry.session_key] = entry
+            self._entries.move_to_end(entry.session_key)
+            while len(self._entries) > self._cache_size:
+                self._entries.popitem(last=False)
+
+    def _forget(self, session_key: str) -> None:
+        with self._map_lock:
+            self._entries.pop(session_key, None)
+
+    def _parse(self, data: dict[str, Any] | Any) -> SessionEntry | None:
+        """A stored entry, or None (warned once per platform) when it cannot be loaded."""
+        try:
+            return SessionEntry.from_dict(data, plugins=self.plugins)
+        except InvalidValueError as exc:
+            tag = str(getattr(exc, "field", "entry"))
+            origin = data.get("origin") if isinstance(data, dict) else None
+            platform = origin.get("platform") if isinstance(origin, dict) else None
+            marker = f"{platform}" if platform else tag
+            if marker not in self._unloadable_warned:
+                self._unloadable_warned.add(marker)
+                logger.warning(
+                    "skipping stored session entries that cannot be loaded (%s); they stay in "
+                    "the store and return once fixed (e.g. the platform plugin loads)",
+                    exc,
+                )
+            return None
+
+    def _load(self, session_key: str) -> SessionEntry | None:
+        """The entry of a key from the cache or the backend (a stale route counts as none)."""
+        with self._map_lock:
+            entry = self._entries.get(session_key)
+            if entry is not None:
+                self._entries.move_to_end(session_key)
+                return entry
+        with self._canonical():
+            data = self._backend.get_route(session_key)
+            if data is None:
+                return None
+            entry = self._parse(data)
+            if entry is None:
+                return None
+            row = self._backend.get_session(entry.session_id)
+        if row is not None and row.end_reason is not None:
+            return None  # stale route: its session ended at a boundary elsewhere
+        self._remember(entry)
+        return entry
+
+    def _current_entry_of(self, session_id: str) -> SessionEntry | None:
+        """The cached (newest) entry whose current session id is ``session_id``, or None."""
+        with self._canonical():
+            data = self._backend.get_route_by_session_id(session_id)
+        entry = self._parse(data) if data is not None else None
+        if entry is None:
+            return None
+        cached = self._load(entry.session_key)
+        return cached if cached is not None else entry
+
+    def _persist(self, entry: SessionEntry, *, touch: bool = False) -> None:
+        """Write one routing entry, then make it the cached one."""
+        with self._canonical():
+            self._backend.put_route(entry.to_dict(), touch=touch)
+        self._routing_changed()
+        self._remember(entry)
+
+    def _routing_changed(self) -> None:
+        with self._map_lock:
+            self._routing_revision += 1
+
+    def _notify(self, kind: LifecycleKind, entry: SessionEntry, **detail: Any) -> None:
+        if self.plugins.observing:
+            event = LifecycleEvent(
+                kind=kind, session_key=entry.session_key, session_id=entry.session_id, detail=detail
+            )
+            self.plugins.notify(event)
+
+    @staticmethod
+    def _snapshot(entry: SessionEntry) -> SessionEntry:
+        """A copy for callers, so the cached entry never changes under them (or by them)."""
+        metadata = copy.deepcopy(entry.metadata) if entry.metadata else {}
+        return entry.model_copy(update={"metadata": metadata})
+
+    # -- sessions.json mirror (SPEC §3.5.3) --------------------------------------------------------
+
+    def _import_mirror_once(self, sql: SqlMaintenance) -> None:
+        """Import an existing gateway's sessions.json into an empty routing table, once."""
+        with self._canonical():
+            if sql.get_meta(MIRROR_IMPORTED) is not None or sql.has_routes():
+                return
+        if self.import_sessions_json(self._mirror.path):
+            logger.warning("imported the routing index from %s", self._mirror.path)
+
+    def import_sessions_json(self, path: str | Path) -> int:
+        """Import the entries of a sessions.json whose keys the routing table lacks."""
+        if self._sql is None:
+            raise StoreUnavailableError(
+                "sessions.json can only be imported into the SQL store; it is unavailable now."
+            )
+        entries = [entry.to_dict() for entry in read_mirror(Path(path), self.plugins).values()]
+        with self._canonical():
+            imported = self._sql.import_routes(entries, (MIRROR_IMPORTED, str(time.time())))
+        if imported:
+            self._routing_changed()
+            self.flush_mirror(force=True)
+        return imported
+
+    def flush_mirror(self, *, force: bool = False) -> bool:
+        """Rewrite sessions.json if routing changed (at most once per interval unless ``force``).
+
+        Never on the per-message path: housekeeping, ``close`` and bulk changes call it.
+        """
+        if self._sql is None or not self.config.write_sessions_json:
+            return False
+        with self._map_lock:
+            revision = self._routing_revision
+        interval = self.config.gateway.sessions_json_interval_secs
+        if revision == self._mirror_revision and self._mirror.path.exists():
+            return False
+        if not force and time.monotonic() - self._mirror_written_at < interval:
+            return False
+        with self._canonical():
+            snapshot = {entry["session_key"]: entry for entry in self._backend.iter_routes()}
+        try:
+            written = self._mirror.write(snapshot, revision)
+        except StoreError as exc:
+            logger.warning("sessions.json mirror not written (the SQL store is intact): %s", exc)
+            return False
+        self._mirror_revision = revision
+        self._mirror_written_at = time.monotonic()
+        return written
+
+    # -- health, close -----------------------------------------------------------------------------
+
+    def health(self) -> dict[str, Any]:
+        """Backend, degraded state, search index, ledger and queue persistence."""
+        backend = self._backend.health()
+        ledger_on = self.config.gateway.delivery_ledger.enabled
+        return {
+            "backend": backend["backend"],
+            "degraded": self.degraded,
+            "degraded_reason": self._degraded_reason,
+            "fts": backend["fts"],
+            "ledger": "unavailable" if self.degraded else ("enabled" if ledger_on else "disabled"),
+            "queue_persistent": self._backend.durable_queue,
+        }
+
+    def close(self) -> None:
+        """Write the mirror if routing changed, then release the backend (idempotent)."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            if self._sql is not None:
+                self.flush_mirror(force=True)
+        finally:
+            self._backend.close()

@@ -1,0 +1,112 @@
+"""Transcript operations of the store (SPEC §3.4, §3.5.5)."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from hermes_core.errors import (
+    InvalidValueError,
+    StoreError,
+    TranscriptReadError,
+    TranscriptWriteError,
+    TurnInProgressError,
+)
+from hermes_core.models import session_id_problem
+from hermes_core.store.backend import (
+    Message,
+    SearchHit,
+)
+from hermes_core.store.base import StoreBase
+
+logger = logging.getLogger(__name__)
+
+
+class TranscriptStore(StoreBase):
+    """Append-only transcripts, rewrites by deactivation, soft deletes and search."""
+
+    # -- transcripts (SPEC §3.4) -------------------------------------------------------------------
+
+    @staticmethod
+    def _check_session_id(session_id: str) -> None:
+        problem = session_id_problem(session_id) if isinstance(session_id, str) else "not a string"
+        if problem is not None:
+            raise InvalidValueError(
+                "session_id", f"session_id {session_id!r} is invalid: {problem}."
+            )
+
+    def append_to_transcript(
+        self, session_id: str, message: Message, skip_db: bool = False
+    ) -> None:
+        """Store one message durably before returning (``skip_db``: already stored by the agent)."""
+        if skip_db:
+            return
+        self._check_session_id(session_id)
+        try:
+            with self._canonical():
+                self._backend.append_message(session_id, message)
+        except TranscriptWriteError:
+            raise
+        except StoreError as exc:
+            raise TranscriptWriteError(f"the message was not stored: {exc}") from exc
+
+    def load_transcript(self, session_id: str) -> list[dict[str, Any]]:
+        """Active messages in insertion order; ``[]`` for an unknown session."""
+        self._check_session_id(session_id)
+        try:
+            with self._canonical():
+                return self._backend.load_messages(session_id)
+        except TranscriptReadError:
+            raise
+        except StoreError as exc:
+            raise TranscriptReadError(f"the transcript could not be read: {exc}") from exc
+
+    def rewrite_transcript(
+        self, session_id: str, messages: list[Message], *, force: bool = False
+    ) -> int:
+        """Replace the active messages (old ones are deactivated, never deleted)."""
+        self._check_session_id(session_id)
+        with self._canonical():
+            if self._backend.get_session(session_id) is None:
+                raise InvalidValueError("session_id", f"session {session_id} does not exist.")
+        owner = self._current_entry_of(session_id)
+        if owner is not None and owner.active_turn_token and not force:
+            raise TurnInProgressError(
+                f"a turn is running on {owner.session_key}; rewrite the transcript after it "
+                "ends, or pass force=True"
+            )
+        try:
+            with self._canonical():
+                return self._backend.rewrite_messages(session_id, messages)
+        except TranscriptWriteError:
+            raise
+        except StoreError as exc:
+            raise TranscriptWriteError(f"the transcript was not rewritten: {exc}") from exc
+
+    def soft_delete_messages(self, session_id: str, message_ids: list[int]) -> int:
+        """Deactivate messages (``active=0``); never deletes rows."""
+        self._check_session_id(session_id)
+        with self._canonical():
+            return self._backend.soft_delete_messages(session_id, message_ids)
+
+    def search(
+        self,
+        query: str,
+        *,
+        session_id: str | None = None,
+        session_key: str | None = None,
+        limit: int = 20,
+    ) -> list[SearchHit]:
+        """Full-text search over active messages, best rank first (``[]`` while degraded)."""
+        limit = max(1, min(int(limit), 100))
+        with self._canonical():
+            return self._backend.search(
+                query, session_id=session_id, session_key=session_key, limit=limit
+            )
+
+    def rebuild_search_index(self) -> bool:
+        """Rebuild the derived full-text index (step ``fts_rebuild_if_stale``)."""
+        if self._sql is None:
+            return False
+        with self._canonical():
+            return self._sql.rebuild_fts()

@@ -1,0 +1,313 @@
+"""Connections, transactions, schema upgrades and the derived search index of the SQL store.
+
+One writer connection, guarded by a lock, carries every write (SQLite has one writer anyway; on
+PostgreSQL it keeps commit order simple); reads use pooled connections so they never wait for it.
+Each write method is one transaction committed before it returns.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import stat
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, TypeVar
+
+from sqlalchemy import (
+    Connection,
+    Engine,
+    create_engine,
+    delete,
+    event,
+    func,
+    insert,
+    make_url,
+    select,
+)
+from sqlalchemy.engine import URL
+from sqlalchemy.exc import OperationalError, SQLAlchemyError
+
+from hermes_core.config import GatewayConfig
+from hermes_core.errors import (
+    CorruptDatabaseError,
+    SchemaVersionError,
+    StoreError,
+    StoreUnavailableError,
+)
+from hermes_core.store.files import create_private_file, ensure_private_dir
+from hermes_plugins.sql_store.schema import (
+    FTS_TRIGGERS,
+    MIGRATIONS,
+    SCHEMA_VERSION,
+    SQLITE_FTS_TRIGGERS,
+    reset_sqlite_fts,
+    schema_version,
+    sqlite_has_fts5,
+    state_meta,
+)
+from hermes_plugins.sql_store.statements import Prepared, Statements
+
+logger = logging.getLogger(__name__)
+
+_T = TypeVar("_T")
+_SIDECARS = ("-wal", "-shm", "-journal")
+
+
+def display_url(url: URL) -> str:
+    """The URL without credentials, for messages and logs."""
+    return url.set(username=None, password=None).render_as_string(hide_password=True)
+
+
+class SqlConnection:
+    """The engine, the writer connection and schema of one SQL store."""
+
+    def __init__(self, url: str, config: GatewayConfig) -> None:
+        self.url = make_url(url)
+        self.display = display_url(self.url)
+        self.name = "sqlite" if self.url.get_backend_name() == "sqlite" else "postgresql"
+        self._lock = threading.Lock()
+        self._warned_fts = False
+        self._closed = False
+        self._engine = self._create_engine(config)
+        self._driver_error: type[Exception] = self._engine.dialect.loaded_dbapi.Error
+        try:
+            with self._engine.connect() as conn:
+                if self.name == "sqlite":
+                    self._tighten_sidecars()
+                self._migrate(conn)
+                self._fts = self._fts_state(conn)
+            self._writer = self._engine.raw_connection()
+        except SQLAlchemyError as exc:
+            self._engine.dispose()
+            raise self._translate(exc, "opening the store", unavailable=True) from exc
+        except StoreError:
+            self._engine.dispose()
+            raise
+        self._cursor = self._writer.cursor()
+        self._sql = Statements(self._engine.dialect)
+
+    # -- connections ------------------------------------------------------------------------------
+
+    def _create_engine(self, config: GatewayConfig) -> Engine:
+        if self.name != "sqlite":
+            return create_engine(self.url, pool_pre_ping=True)
+        database = self.url.database
+        if not database or database == ":memory:":
+            raise StoreUnavailableError(
+                f"{self.display}: an in-memory SQLite database cannot be shared by the store's "
+                "connections; use a file path such as sqlite:////path/to/state.db."
+            )
+        self.path = Path(database)
+        try:
+            ensure_private_dir(self.path.parent)
+            create_private_file(self.path, b"")
+            info = os.lstat(self.path)
+        except OSError as exc:
+            raise StoreUnavailableError(f"{self.display}: cannot create the file: {exc}") from exc
+        if not stat.S_ISREG(info.st_mode):
+            raise StoreUnavailableError(
+                f"{self.display}: {self.path} is not a regular file (a symlink or device); move "
+                "it aside or point storage.url at a regular file."
+            )
+        engine = create_engine(self.url, connect_args={"check_same_thread": False, "timeout": 5.0})
+        synchronous = config.storage.sqlite_synchronous.upper()
+
+        @event.listens_for(engine, "connect")
+        def _configure(dbapi_connection: Any, _record: Any) -> None:
+            # Implicit transactions start with BEGIN IMMEDIATE: a write never upgrades a read lock.
+            dbapi_connection.isolation_level = "IMMEDIATE"
+            dbapi_connection.execute("PRAGMA foreign_keys=ON")
+            dbapi_connection.execute("PRAGMA busy_timeout=5000")
+            mode = dbapi_connection.execute("PRAGMA journal_mode=WAL").fetchone()[0]
+            if str(mode).lower() != "wal":
+                logger.warning(
+                    "%s: WAL journal refused (mode %s); using it as is", self.display, mode
+                )
+            dbapi_connection.execute(f"PRAGMA synchronous={synchronous}")
+
+        return engine
+
+    def _tighten_sidecars(self) -> None:
+        """Mode 0600 on SQLite's -wal/-shm/-journal files, by path, after the first connection."""
+        for suffix in _SIDECARS:
+            sidecar = Path(f"{self.path}{suffix}")
+            try:
+                info = os.lstat(sidecar)
+            except FileNotFoundError:
+                continue
+            if stat.S_ISREG(info.st_mode) and info.st_mode & 0o077:
+                os.chmod(sidecar, 0o600)
+
+    @contextmanager
+    def _write(self, what: str, *, ddl: bool = False) -> Iterator[Any]:
+        """One write transaction on the writer's DBAPI cursor, committed on success.
+
+        Statements are Core, compiled once (``Statements``); executing them on the driver
+        directly keeps a one-row transaction close to the cost of raw SQL.
+        """
+        with self._lock:
+            try:
+                if (
+                    ddl and self.name == "sqlite"
+                ):  # DDL does not open pysqlite's implicit transaction
+                    self._cursor.execute("BEGIN IMMEDIATE")
+                yield self._cursor
+                self._writer.commit()
+            except BaseException as exc:
+                try:
+                    self._writer.rollback()
+                except self._driver_error:
+                    logger.debug("rollback after a failed write also failed", exc_info=True)
+                if isinstance(exc, self._driver_error):
+                    raise self._translate(exc, what) from exc
+                raise
+
+    @contextmanager
+    def _read(self, what: str) -> Iterator[Connection]:
+        """A pooled read connection (never blocked by the writer)."""
+        try:
+            with self._engine.connect() as conn:
+                yield conn
+        except SQLAlchemyError as exc:
+            raise self._translate(exc, what) from exc
+
+    def _translate(self, exc: Exception, what: str, unavailable: bool = False) -> StoreError:
+        """A driver (or SQLAlchemy) error as a store error a user can act on."""
+        text = (str(getattr(exc, "orig", None) or exc).strip().splitlines() or ["unknown"])[0]
+        lowered = text.lower()
+        if "not a database" in lowered or "malformed" in lowered:
+            return CorruptDatabaseError(
+                f"{self.display}: {what} failed because the database is corrupt ({text}); stop "
+                "the gateway and run `hermes-sessions doctor` for the repair procedure."
+            )
+        if unavailable or isinstance(exc, OperationalError) or "Operational" in type(exc).__name__:
+            return StoreUnavailableError(f"{self.display}: {what} failed: {text}")
+        return StoreError(f"{self.display}: {what} failed: {text}")
+
+    def close(self) -> None:
+        """Close the writer and every pooled connection (idempotent)."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            try:
+                self._cursor.close()
+                self._writer.close()
+            finally:
+                self._engine.dispose()
+
+    # -- schema ---------------------------------------------------------------------------------
+
+    def _migrate(self, conn: Connection) -> None:
+        """Create or upgrade the schema in one transaction; refuse a newer schema."""
+        if self.name == "sqlite":
+            conn.exec_driver_sql("BEGIN IMMEDIATE")
+        try:
+            tables = set(self._engine.dialect.get_table_names(conn))
+            current = 0
+            if "schema_version" in tables:
+                found = conn.execute(select(func.max(schema_version.c.version))).scalar()
+                current = int(found or 0)
+            if current > SCHEMA_VERSION:
+                raise SchemaVersionError(
+                    f"{self.display}: the database has schema version {current}, newer than "
+                    f"version {SCHEMA_VERSION} supported by this hermes-sessions; upgrade "
+                    "hermes-sessions (the database was left untouched)."
+                )
+            for step in MIGRATIONS[current:]:
+                step(conn)
+            if current < SCHEMA_VERSION:
+                conn.execute(delete(schema_version))
+                conn.execute(insert(schema_version).values(version=SCHEMA_VERSION))
+                if current:
+                    logger.warning(
+                        "%s: upgraded the schema from version %d to %d",
+                        self.display, current, SCHEMA_VERSION,
+                    )  # fmt: skip
+            conn.commit()
+        except BaseException:
+            conn.rollback()
+            raise
+
+    # -- full-text index -------------------------------------------------------------------------
+
+    def _fts_state(self, conn: Connection) -> str:
+        if self.name == "sqlite" and not sqlite_has_fts5(conn):
+            return "unavailable"
+        stale = conn.execute(select(state_meta.c.value).where(state_meta.c.key == "fts_stale"))
+        return "stale" if stale.first() is not None else "ok"
+
+    def _triggers_present(self) -> bool:
+        return self.name == "sqlite" and self._fts == "ok"
+
+    def _disable_fts(self, error: StoreError) -> None:
+        """Fail open: drop the FTS triggers and mark the index stale (separate transaction)."""
+        with self._write("disabling the full-text index", ddl=True) as cursor:
+            for trigger in FTS_TRIGGERS:
+                cursor.execute(f"DROP TRIGGER IF EXISTS {trigger}")
+            self._set_meta(cursor, "fts_stale", "1")
+        self._fts = "stale"
+        if not self._warned_fts:
+            self._warned_fts = True
+            logger.warning(
+                "%s: the full-text index is broken (%s); messages are still stored, search uses "
+                "a slower scan until the index is rebuilt",
+                self.display, error,
+            )  # fmt: skip
+
+    def _with_fts_fail_open(self, write: Callable[[], _T]) -> _T:
+        """Run a write that inserts messages; an error raised by the FTS triggers (the write
+        succeeds once they are dropped) leaves the index stale instead of losing the message."""
+        try:
+            return write()
+        except StoreError as first:
+            if not self._triggers_present() or isinstance(first, StoreUnavailableError):
+                raise
+            if "locked" in str(first).lower():
+                return write()  # one retry on a busy database
+            self._disable_fts(first)
+            return write()
+
+    def rebuild_fts(self) -> bool:
+        """Rebuild the derived index and clear ``fts_stale``; False when FTS5 is unavailable."""
+        if self._fts == "unavailable":
+            return False
+        with self._write("rebuilding the full-text index", ddl=True) as cursor:
+            if self.name == "sqlite":
+                for trigger in FTS_TRIGGERS:
+                    cursor.execute(f"DROP TRIGGER IF EXISTS {trigger}")
+                reset_sqlite_fts(cursor)
+                cursor.execute("INSERT INTO messages_fts(messages_fts) VALUES ('rebuild')")
+                for statement in SQLITE_FTS_TRIGGERS:
+                    cursor.execute(statement)
+            else:
+                cursor.execute("REINDEX INDEX ix_messages_search")
+            self._sql.delete_meta.run(cursor, {"key": "fts_stale"})
+        self._engine.dispose()  # pooled readers may still hold the broken index's connection
+        self._fts = "ok"
+        return True
+
+    # -- meta, health -----------------------------------------------------------------------------
+
+    def _set_meta(self, cursor: Any, name: str, value: str) -> None:
+        self._sql.delete_meta.run(cursor, {"key": name})
+        self._sql.insert_meta.run(cursor, {"key": name, "value": value})
+
+    def get_meta(self, name: str) -> str | None:
+        """A ``state_meta`` value, or None."""
+        with self._read("reading state_meta") as conn:
+            value = conn.execute(
+                select(state_meta.c.value).where(state_meta.c.key == name)
+            ).scalar()
+        return None if value is None else str(value)
+
+    def health(self) -> dict[str, Any]:
+        """``backend`` and ``fts`` state."""
+        return {"backend": self.name, "fts": self._fts}
+
+    def _execute(self, cursor: Any, statement: Any) -> Any:
+        """Run a rarely used Core statement on the writer cursor (compiled per call)."""
+        return Prepared(statement, self._engine.dialect).run(cursor, None)

@@ -1,0 +1,94 @@
+"""The delivery ledger's rows in the SQL store (SPEC §7.5)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from sqlalchemy import (
+    select,
+    update,
+)
+
+from hermes_core.store.backend import (
+    EntryDict,
+    Obligation,
+)
+from hermes_plugins.sql_store.connection import SqlConnection
+from hermes_plugins.sql_store.rows import route_params
+from hermes_plugins.sql_store.schema import (
+    delivery_obligations,
+)
+
+
+class LedgerRows(SqlConnection):
+    """Ledger reads and writes; each write is one transaction."""
+
+    def add_obligation(self, obligation: Obligation, marker: tuple[EntryDict, str] | None) -> bool:
+        """Insert the obligation (unless recorded already) and clear the marker, atomically."""
+        values = {name: getattr(obligation, name) for name in Obligation.__dataclass_fields__}
+        clear = None if marker is None else route_params(marker[0]) | {"token": marker[1]}
+        with self._write("recording a delivery obligation") as cursor:
+            added = self._sql.insert_obligation.run(cursor, values).rowcount == 1
+            if clear is not None:
+                self._sql.clear_marker.run(cursor, clear)
+        return bool(added)
+
+    def obligations(
+        self, states: Sequence[str], platforms: Sequence[str] | None = None
+    ) -> list[Obligation]:
+        """Ledger rows in ``states`` (and ``platforms``), oldest first."""
+        table = delivery_obligations
+        query = select(table).where(table.c.state.in_(list(states)))
+        if platforms is not None:
+            query = query.where(table.c.platform.in_(list(platforms)))
+        query = query.order_by(table.c.created_at, table.c.obligation_id)
+        with self._read("reading the delivery ledger") as conn:
+            rows = conn.execute(query).mappings().all()
+        fields = Obligation.__dataclass_fields__
+        return [Obligation(**{name: row[name] for name in fields}) for row in rows]
+
+    def obligation_since(self, session_key: str, since: float) -> bool:
+        """Whether the lane has a ledger row created at or after ``since``."""
+        table = delivery_obligations
+        query = select(table.c.obligation_id).where(
+            table.c.session_key == session_key, table.c.created_at >= since
+        )
+        with self._read("reading the delivery ledger") as conn:
+            return conn.execute(query.limit(1)).first() is not None
+
+    def update_obligation(self, obligation_id: str, changes: Mapping[str, Any]) -> None:
+        """Change columns of one ledger row."""
+        table = delivery_obligations
+        statement = update(table).where(table.c.obligation_id == obligation_id).values(**changes)
+        with self._write("updating the delivery ledger") as cursor:
+            self._execute(cursor, statement)
+
+    def delete_obligation(self, obligation_id: str) -> None:
+        """Remove one ledger row."""
+        with self._write("updating the delivery ledger") as cursor:
+            self._sql.delete_obligation.run(cursor, {"obligation_id": obligation_id})
+
+    def prune_obligations(self, terminal_before: float, max_rows: int) -> int:
+        """Retention and row cap for terminal (failed or abandoned) rows; the oldest go first."""
+        table = delivery_obligations
+        terminal = table.c.state.in_(["failed", "abandoned"])
+        keep = (
+            select(table.c.obligation_id)
+            .where(terminal)
+            .order_by(table.c.updated_at.desc())
+            .limit(max_rows)
+        )
+        with self._read("reading the delivery ledger") as conn:
+            kept = set(conn.execute(keep).scalars())
+            doomed = [
+                row.obligation_id
+                for row in conn.execute(
+                    select(table.c.obligation_id, table.c.updated_at).where(terminal)
+                )
+                if row.updated_at < terminal_before or row.obligation_id not in kept
+            ]
+        with self._write("pruning the delivery ledger") as cursor:
+            for obligation_id in doomed:
+                self._sql.delete_obligation.run(cursor, {"obligation_id": obligation_id})
+        return len(doomed)
