@@ -74,12 +74,15 @@ class StoreSpec(BaseModel):
 
 @dataclass
 class RecoveryContext:
-    """What a recovery step receives: the store, the configuration and the shared report."""
+    """What a recovery step receives: the store, the configuration, whether the previous stop
+    was clean, a report shared by all steps, and the host callbacks steps may consult (e.g.
+    ``diagnostic_muted(session_key, text) -> bool``, SPEC §7.4)."""
 
     store: Any
     config: GatewayConfig
     last_stop_clean: bool
     report: dict[str, Any] = field(default_factory=dict)
+    callbacks: dict[str, Callable[..., Any]] = field(default_factory=dict)
 
 
 class RecoveryStep(BaseModel):

@@ -1,12 +1,27 @@
-"""Built-in recovery steps that keep the store's derived and fallback data in step (SPEC §7.2).
+"""Built-in recovery steps (SPEC §7.2, §13.3), run once per start in this order:
 
-``jsonl_backlog_replay`` (100) imports messages stored while the SQL store was unavailable;
-``fts_rebuild_if_stale`` (200) rebuilds the full-text index after it failed open.
+- 100 ``jsonl_backlog_replay``: import messages stored while SQL was unavailable;
+- 200 ``fts_rebuild_if_stale``: rebuild a full-text index that failed open;
+- 300 ``clean_shutdown`` (critical): after a clean stop discard the turn markers, else record
+  crash-left replies and arm the interrupted turns;
+- 400 ``stuck_loop`` (critical): count interrupted lanes; suspend those interrupted three
+  starts in a row.
 """
 
 from __future__ import annotations
 
+import logging
+
 from hermes_core import GatewayConfig, RecoveryContext, RecoveryStep, hookimpl
+from hermes_core.instance import CLEAN_SHUTDOWN_FILE, RestartCounts
+from hermes_core.recovery import (
+    STUCK_LOOP_THRESHOLD,
+    RecoveryAbortedError,
+    marker_max_age,
+    record_crash_left_replies,
+)
+
+logger = logging.getLogger(__name__)
 
 
 def jsonl_backlog_replay(context: RecoveryContext) -> None:
@@ -27,10 +42,63 @@ def fts_rebuild_if_stale(context: RecoveryContext) -> None:
         context.report["fts_rebuild_if_stale"] = context.store.rebuild_search_index()
 
 
+def clean_shutdown(context: RecoveryContext) -> None:
+    """After a clean stop discard the turn markers (durably) and only then delete the marker
+    file, failing closed; after a crash record crash-left replies, then arm interrupted turns."""
+    store, config = context.store, context.config
+    marker = config.hermes_home / CLEAN_SHUTDOWN_FILE
+    if context.last_stop_clean:
+        logger.info("Previous gateway exited cleanly — skipping crash recovery")
+        try:
+            discarded = store.discard_active_turn_markers()
+            marker.unlink()
+        except Exception as exc:
+            raise RecoveryAbortedError("clean-start recovery cleanup failed") from exc
+        context.report["clean_shutdown"] = {"clean": True, "markers_discarded": discarded}
+        context.report["struck"] = []
+        return
+    replies = record_crash_left_replies(store, config, context.callbacks.get("diagnostic_muted"))
+    recovered = store.recover_turn_markers(marker_max_age(config))
+    marker.unlink(missing_ok=True)  # an invalid or foreign marker proves nothing; drop it
+    context.report["clean_shutdown"] = {
+        "clean": False,
+        "crash_left_replies": replies,
+        "armed": list(recovered.armed),
+        "kept": list(recovered.kept),
+        "markers_cleared": recovered.cleared,
+    }
+    context.report["struck"] = list(recovered.struck)
+
+
+def stuck_loop(context: RecoveryContext) -> None:
+    """Count this start's interrupted lanes (others drop to zero), durably, before any resume;
+    a lane reaching three is suspended so its next message starts a fresh session."""
+    counts = RestartCounts(context.config.hermes_home)
+    previous = counts.load()
+    updated = {key: previous.get(key, 0) + 1 for key in context.report.get("struck", [])}
+    suspended = []
+    for key, count in list(updated.items()):
+        if count < STUCK_LOOP_THRESHOLD:
+            continue
+        entry = context.store.lookup_by_session_key(key)
+        if entry is not None and not entry.suspended:
+            context.store.suspend_session(key)
+            logger.warning(
+                "Auto-suspended stuck session %s after %d interrupted restarts",
+                key, STUCK_LOOP_THRESHOLD,
+            )  # fmt: skip
+            suspended.append(key)
+            del updated[key]
+    counts.save(updated)
+    context.report["stuck_loop"] = {"counts": updated, "suspended": suspended}
+
+
 @hookimpl
 def hermes_register_recovery_steps(config: GatewayConfig) -> list[RecoveryStep]:
-    """The store-maintenance steps; the crash-recovery steps follow from order 300."""
+    """The built-in steps; plugins may add their own around them."""
     return [
         RecoveryStep(name="jsonl_backlog_replay", order=100, run=jsonl_backlog_replay),
         RecoveryStep(name="fts_rebuild_if_stale", order=200, run=fts_rebuild_if_stale),
+        RecoveryStep(name="clean_shutdown", order=300, run=clean_shutdown, critical=True),
+        RecoveryStep(name="stuck_loop", order=400, run=stuck_loop, critical=True),
     ]

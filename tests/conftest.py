@@ -17,6 +17,9 @@ POSTGRES_SKIP_REASON = (
     "run the PostgreSQL store tests"
 )
 
+CRASH_TABLE: list[tuple[str, int, int, int, int]] = []
+"""Crash-suite rows: point, restarts, messages acknowledged, lost, duplicate deliveries."""
+
 _CONFIG_ENV = (
     "HERMES_AGENT_TIMEOUT",
     "HERMES_AUTO_CONTINUE_FRESHNESS",
@@ -113,3 +116,16 @@ def empty_database() -> str:
         conn.exec_driver_sql("CREATE SCHEMA public")
     engine.dispose()
     return POSTGRES_URL
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    """Print the crash suite's table (SPEC §7.12) when it ran."""
+    if not CRASH_TABLE:
+        return
+    terminalreporter.write_sep("-", "crash suite")
+    header = f"{'crash point':24} {'restarts':>8} {'acked':>6} {'lost':>5} {'duplicates':>10}"
+    terminalreporter.write_line(header)
+    for point, restarts, acked, lost, duplicates in CRASH_TABLE:
+        terminalreporter.write_line(
+            f"{point:24} {restarts:8d} {acked:6d} {lost:5d} {duplicates:10d}"
+        )

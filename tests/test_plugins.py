@@ -64,7 +64,7 @@ def test_builtins_are_listed_with_distribution(hermes_home: Path) -> None:
         "postgresql+psycopg",
     }
     assert [step.name for step in manager.recovery_steps()] == [
-        "jsonl_backlog_replay", "fts_rebuild_if_stale",
+        "jsonl_backlog_replay", "fts_rebuild_if_stale", "clean_shutdown", "stuck_loop",
     ]  # fmt: skip
     assert set(manager.platforms()) == {
         "local", "telegram", "discord", "slack", "whatsapp", "signal", "matrix", "email", "sms",

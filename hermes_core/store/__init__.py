@@ -10,9 +10,11 @@ from hermes_core.store.backend import (
     StoreBackend,
 )
 from hermes_core.store.session_store import SessionStore
+from hermes_core.store.turns import MarkerRecovery
 
 __all__ = [
     "CounterDelta",
+    "MarkerRecovery",
     "SearchHit",
     "SessionRow",
     "SessionStore",

@@ -257,10 +257,12 @@ class SqlMaintenance(BacklogTarget, Protocol):
     def rebuild_fts(self) -> bool:
         """Rebuild the derived full-text index; False when full-text search is unavailable."""
 
-    def add_obligation(self, obligation: Obligation, marker: tuple[EntryDict, str] | None) -> bool:
-        """One transaction: insert ``obligation`` unless its id exists (then nothing is written)
-        and, with ``marker`` = (entry without marker, token), clear the lane's turn marker if
-        that token still owns it. Returns whether the obligation was new."""
+    def add_obligation(
+        self, obligation: Obligation, marker: tuple[EntryDict, str] | None
+    ) -> tuple[bool, bool]:
+        """One transaction: insert ``obligation`` unless its id exists and, with ``marker`` =
+        (entry without marker, token), clear the lane's turn marker if that token still owns it.
+        Returns (obligation was new, marker was cleared)."""
 
     def obligations(
         self, states: Sequence[str], platforms: Sequence[str] | None = None

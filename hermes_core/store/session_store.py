@@ -35,6 +35,7 @@ from hermes_core.store.backend import (
 )
 from hermes_core.store.base import new_session_id
 from hermes_core.store.transcripts import TranscriptStore
+from hermes_core.store.turns import TurnRecoveryStore
 from hermes_core.timeutil import utc_now
 
 logger = logging.getLogger(__name__)
@@ -43,7 +44,7 @@ METADATA_MAX_BYTES = 65_536
 _EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
 
 
-class SessionStore(TranscriptStore):
+class SessionStore(TurnRecoveryStore, TranscriptStore):
     """Session keys → sessions, lane flags, turn markers and transcripts (thread-safe)."""
 
     @classmethod
@@ -421,6 +422,11 @@ class SessionStore(TranscriptStore):
             cutoff = utc_now() - timedelta(minutes=active_minutes)
             entries = [entry for entry in entries if entry.updated_at >= cutoff]
         return sorted(entries, key=lambda entry: entry.updated_at, reverse=True)
+
+    def session_row(self, session_id: str) -> SessionRow | None:
+        """The stored row of a session (start, end, counters, last activity), or None."""
+        with self._canonical():
+            return self._backend.get_session(session_id)
 
     def has_any_sessions(self) -> bool:
         """True iff at least two session rows exist (the caller's own counts as one)."""

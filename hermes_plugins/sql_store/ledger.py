@@ -24,15 +24,18 @@ from hermes_plugins.sql_store.schema import (
 class LedgerRows(SqlConnection):
     """Ledger reads and writes; each write is one transaction."""
 
-    def add_obligation(self, obligation: Obligation, marker: tuple[EntryDict, str] | None) -> bool:
+    def add_obligation(
+        self, obligation: Obligation, marker: tuple[EntryDict, str] | None
+    ) -> tuple[bool, bool]:
         """Insert the obligation (unless recorded already) and clear the marker, atomically."""
         values = {name: getattr(obligation, name) for name in Obligation.__dataclass_fields__}
         clear = None if marker is None else route_params(marker[0]) | {"token": marker[1]}
+        cleared = False
         with self._write("recording a delivery obligation") as cursor:
             added = self._sql.insert_obligation.run(cursor, values).rowcount == 1
             if clear is not None:
-                self._sql.clear_marker.run(cursor, clear)
-        return bool(added)
+                cleared = self._sql.clear_marker.run(cursor, clear).rowcount == 1
+        return bool(added), bool(cleared)
 
     def obligations(
         self, states: Sequence[str], platforms: Sequence[str] | None = None

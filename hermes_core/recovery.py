@@ -1,0 +1,197 @@
+"""Start-up and shutdown of a gateway's persistent state (SPEC §7.1, §7.2, §7.4, §7.7, §13.3).
+
+:class:`GatewayState` takes the instance lock, opens the store and runs the recovery steps at
+start-up; at a graceful stop it runs the shutdown steps, closes the store and writes
+``.clean_shutdown`` only after a drain that finished in time. The crash-recovery logic the
+built-in steps use lives here too, so hosts and tests can call it directly.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from hermes_core.config import GatewayConfig
+from hermes_core.crashpoints import arm, crash_point
+from hermes_core.errors import HermesError
+from hermes_core.instance import InstanceLock, read_clean_shutdown, write_clean_shutdown
+from hermes_core.ledger import SILENCE_NOTICE, is_silent_reply
+from hermes_core.plugins import HermesPluginManager, create_plugin_manager
+from hermes_core.specs import LifecycleEvent, RecoveryContext, RecoveryStep
+from hermes_core.store import SessionStore
+
+logger = logging.getLogger(__name__)
+
+STUCK_LOOP_THRESHOLD = 3
+INTERNAL_NOTIFICATION = "internal_notification"
+
+
+class RecoveryAbortedError(HermesError):
+    """A critical recovery step failed: the gateway must not start (or stop cleanly)."""
+
+
+def marker_max_age(config: GatewayConfig) -> float:
+    """Markers older than ``max(3600, 2 * agent.gateway_timeout)`` seconds are stale."""
+    return max(3600.0, 2 * config.agent.gateway_timeout)
+
+
+def run_recovery_steps(
+    steps: list[RecoveryStep], context: RecoveryContext, plugins: HermesPluginManager
+) -> None:
+    """Run ``steps`` in order: a failing step is logged with its name and the next one runs,
+    unless it is critical, which raises :class:`RecoveryAbortedError`."""
+    results: dict[str, str] = context.report.setdefault("steps", {})
+    for step in steps:
+        try:
+            step.run(context)
+        except Exception as exc:
+            results[step.name] = f"failed: {exc}"
+            logger.error("recovery step %s failed: %s", step.name, exc, exc_info=exc)
+            outcome = "failed"
+            if step.critical:
+                _notify_step(plugins, step, outcome)
+                raise RecoveryAbortedError(f"recovery step {step.name} failed: {exc}") from exc
+        else:
+            results[step.name] = outcome = "ok"
+        _notify_step(plugins, step, outcome)
+
+
+def _notify_step(plugins: HermesPluginManager, step: RecoveryStep, outcome: str) -> None:
+    if plugins.observing:
+        plugins.notify(
+            LifecycleEvent(kind="recovery_step", detail={"step": step.name, "outcome": outcome})
+        )
+
+
+def record_crash_left_replies(
+    store: SessionStore,
+    config: GatewayConfig,
+    diagnostic_muted: Callable[[str, str], bool] | None = None,
+) -> dict[str, str]:
+    """SPEC §7.4: before markers are turned into resumes, find turns whose reply was stored but
+    never recorded for delivery, and record it (origin ``crash``) so the turn is not rerun.
+
+    Returns what happened per session key: ``ledgered`` (a ledger row already covers it),
+    ``recorded``, ``silence_notice``, ``nothing_owed``; lanes not listed keep their marker and
+    resume once. Without a ledger nothing is recorded.
+    """
+    ledger = store.ledger
+    if ledger is None:
+        return {}
+    outcome: dict[str, str] = {}
+    max_age = marker_max_age(config)
+    for entry in store.entries_with_fresh_markers(max_age):
+        key, token, started = (
+            entry.session_key,
+            entry.active_turn_token,
+            entry.active_turn_started_at,
+        )
+        if entry.suspended or entry.origin is None or token is None or started is None:
+            continue
+        if ledger.rows.obligation_since(key, started.timestamp()):
+            store.clear_turn_active(key, token)
+            outcome[key] = "ledgered"
+            continue
+        reply, user = _last_reply(store.load_transcript(entry.session_id))
+        if reply is None or float(reply.get("timestamp", 0)) < started.timestamp():
+            continue
+        text = reply["content"]
+        machinery = user is not None and user.get("display_kind") == INTERNAL_NOTIFICATION
+        muted = diagnostic_muted is not None and diagnostic_muted(key, text)
+        if machinery and (is_silent_reply(text) or muted):
+            store.clear_turn_active(key, token)
+            outcome[key] = "nothing_owed"
+            continue
+        content = SILENCE_NOTICE if is_silent_reply(text) else text
+        origin = entry.origin
+        recorded = store.record_delivery_obligation(
+            key, entry.session_id, origin.platform, origin.chat_id, origin.thread_id, content,
+            f"crash:{token}", reply_to_message_id=origin.message_id, turn_token=token,
+            origin_kind="crash",
+        )  # fmt: skip
+        if recorded is not None:
+            outcome[key] = "silence_notice" if content == SILENCE_NOTICE else "recorded"
+    return outcome
+
+
+def _last_reply(
+    messages: list[dict[str, Any]],
+) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
+    """The last assistant reply qualifying under SPEC §7.4 (and the user row before it)."""
+    visible = [m for m in messages if m.get("role") not in ("system", "session_meta")]
+    if not visible:
+        return None, None
+    last = visible[-1]
+    if (
+        last.get("role") != "assistant"
+        or last.get("tool_calls")
+        or not isinstance(last.get("content"), str)
+    ):
+        return None, None
+    user = next((m for m in reversed(visible[:-1]) if m.get("role") == "user"), None)
+    return last, user
+
+
+@dataclass
+class GatewayState:
+    """The lock, the store and the recovery report of one gateway process."""
+
+    config: GatewayConfig
+    plugins: HermesPluginManager | None = None
+    has_active_processes_fn: Callable[[str], bool] | None = None
+    callbacks: dict[str, Callable[..., Any]] = field(default_factory=dict)
+    lock: InstanceLock | None = None
+    store: SessionStore | None = None
+    context: RecoveryContext | None = None
+
+    def start(self) -> SessionStore:
+        """SPEC §7.2 steps 1-3: lock, open the store, run the start-up recovery steps."""
+        arm()
+        plugins = self.plugins or create_plugin_manager(self.config)
+        self.plugins = plugins
+        home = self.config.hermes_home
+        self.lock = InstanceLock.acquire(home)
+        try:
+            self.store = SessionStore.open(
+                self.config, has_active_processes_fn=self.has_active_processes_fn, plugins=plugins
+            )
+            clean = read_clean_shutdown(home, self.lock.previous_boot_id)
+            self.context = RecoveryContext(
+                store=self.store, config=self.config, last_stop_clean=clean,
+                callbacks=dict(self.callbacks),
+            )  # fmt: skip
+            run_recovery_steps(plugins.recovery_steps("startup"), self.context, plugins)
+        except BaseException:
+            self._release()
+            raise
+        crash_point("recovery_done")
+        return self.store
+
+    def stop(self, *, drained: bool) -> bool:
+        """Run the shutdown steps, close the store and, iff the drain finished in time and no
+        critical step failed, write ``.clean_shutdown``; then release the lock. Returns whether
+        the stop was recorded as clean."""
+        clean = drained
+        try:
+            if self.plugins is not None and self.context is not None:
+                try:
+                    steps = self.plugins.recovery_steps("shutdown")
+                    run_recovery_steps(steps, self.context, self.plugins)
+                except RecoveryAbortedError:
+                    clean = False
+            if self.store is not None:
+                self.store.close()
+            if clean and self.lock is not None:
+                write_clean_shutdown(self.config.hermes_home, self.lock.boot_id)
+                crash_point("clean_shutdown_written")
+        finally:
+            self._release()
+        return clean
+
+    def _release(self) -> None:
+        if self.store is not None:
+            self.store.close()
+        if self.lock is not None:
+            self.lock.release()

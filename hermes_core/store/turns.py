@@ -1,0 +1,175 @@
+"""Turn markers after a restart and the delivery obligations of finished turns (SPEC §7.3, §7.5).
+
+A marker set by ``mark_turn_active`` is the only evidence that a turn was interrupted; these
+operations turn the markers left by a dead process into ``resume_pending`` lanes (or discard them
+after a clean stop) and record replies in the ledger, clearing the marker in the same commit.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from datetime import datetime
+
+from hermes_core.errors import StoreError
+from hermes_core.ledger import DeliveryLedger, obligation_id
+from hermes_core.models import SessionEntry
+from hermes_core.store.backend import Obligation
+from hermes_core.store.base import StoreBase
+from hermes_core.timeutil import utc_now
+
+logger = logging.getLogger(__name__)
+
+AUTO_RESUME_REASONS = frozenset({"restart_timeout", "shutdown_timeout", "restart_interrupted"})
+_CLEARED_MARKER = {"active_turn_token": None, "active_turn_started_at": None}
+
+
+@dataclass(frozen=True)
+class MarkerRecovery:
+    """What ``recover_turn_markers`` did, by session key."""
+
+    armed: tuple[str, ...] = ()
+    """Lanes newly marked ``resume_pending`` (``restart_interrupted``)."""
+    kept: tuple[str, ...] = ()
+    """Lanes already ``resume_pending`` with a fresh marker (their reason kept)."""
+    cleared: int = 0
+    """Markers cleared in all, stale ones and suspended lanes' included."""
+
+    @property
+    def struck(self) -> tuple[str, ...]:
+        """Lanes this start found interrupted: they count towards stuck-loop suspension."""
+        return self.armed + self.kept
+
+
+class TurnRecoveryStore(StoreBase):
+    """Marker recovery and ledger recording on top of the store's plumbing."""
+
+    _ledger: DeliveryLedger | None = None
+
+    def _entries_with_markers(self) -> list[SessionEntry]:
+        with self._canonical():
+            stored = self._backend.routes_with_markers()
+        return [entry for entry in map(self._parse, stored) if entry is not None]
+
+    def entries_with_fresh_markers(self, max_age_seconds: float) -> list[SessionEntry]:
+        """Lanes whose turn marker has a start no older than ``max_age_seconds`` (any age
+        when not positive): the turns a dead process left unfinished."""
+        now = utc_now()
+        return [
+            entry
+            for entry in self._entries_with_markers()
+            if not self._stale(entry, now, max_age_seconds)
+        ]
+
+    @staticmethod
+    def _stale(entry: SessionEntry, now: datetime, max_age_seconds: float) -> bool:
+        started = entry.active_turn_started_at
+        if started is None:
+            return True
+        return max_age_seconds > 0 and (now - started).total_seconds() > max_age_seconds
+
+    def _write_all(self, entries: list[SessionEntry]) -> None:
+        """Persist several entries in one transaction, then cache them."""
+        if not entries:
+            return
+        with self._canonical():
+            self._backend.put_routes([entry.to_dict() for entry in entries])
+        self._routing_changed()
+        for entry in entries:
+            self._remember(entry)
+
+    def discard_active_turn_markers(self) -> int:
+        """Clear every turn marker without arming a resume (after a clean stop); the count."""
+        entries = self._entries_with_markers()
+        self._write_all([entry.model_copy(update=_CLEARED_MARKER) for entry in entries])
+        return len(entries)
+
+    def recover_turn_markers(self, max_age_seconds: float = 3600) -> MarkerRecovery:
+        """SPEC §7.3: a fresh marker on a non-suspended lane arms ``resume_pending``
+        (``restart_interrupted``) unless a more specific reason is already set; every marker is
+        cleared; all in one transaction. A marker is stale when its start is missing or older
+        than ``max_age_seconds`` (when positive); ages are epoch differences, immune to the
+        host's time zone."""
+        now = utc_now()
+        armed: list[str] = []
+        kept: list[str] = []
+        updated: list[SessionEntry] = []
+        for entry in self._entries_with_markers():
+            changes: dict[str, object] = dict(_CLEARED_MARKER)
+            if not self._stale(entry, now, max_age_seconds) and not entry.suspended:
+                if entry.resume_pending:
+                    kept.append(entry.session_key)
+                    if entry.last_resume_marked_at is None:
+                        changes["last_resume_marked_at"] = now
+                else:
+                    armed.append(entry.session_key)
+                    changes.update(resume_pending=True, resume_reason="restart_interrupted",
+                                   last_resume_marked_at=now)  # fmt: skip
+            updated.append(entry.model_copy(update=changes))
+        self._write_all(updated)
+        return MarkerRecovery(tuple(armed), tuple(kept), len(updated))
+
+    def recover_interrupted_turns(self, max_age_seconds: float = 3600) -> int:
+        """SPEC §7.3; returns the number of lanes newly armed."""
+        return len(self.recover_turn_markers(max_age_seconds).armed)
+
+    # -- delivery ledger ---------------------------------------------------------------------------
+
+    @property
+    def ledger(self) -> DeliveryLedger | None:
+        """The delivery ledger, or None when disabled or unavailable (degraded mode)."""
+        settings = self.config.gateway.delivery_ledger
+        if self._sql is None or not settings.enabled:
+            return None
+        if self._ledger is None or self._ledger.rows is not self._sql:
+            notify = self.plugins.notify if self.plugins.observing else None
+            self._ledger = DeliveryLedger(self._sql, settings, notify)
+        return self._ledger
+
+    def record_delivery_obligation(
+        self,
+        session_key: str,
+        session_id: str | None,
+        platform: str,
+        chat_id: str | None,
+        thread_id: str | None,
+        content: str,
+        message_ref: str,
+        reply_to_message_id: str | None = None,
+        turn_token: str | None = None,
+        *,
+        origin_kind: str = "turn",
+    ) -> str | None:
+        """Record a reply before its first send (SPEC §7.5); with ``turn_token`` the lane's
+        marker is cleared in the same commit. Returns the obligation id, or None when the ledger
+        is off or failed (logged: a ledger failure never blocks a send)."""
+        rows = self._sql
+        if self.ledger is None or rows is None:
+            return None
+        now = time.time()
+        record = Obligation(
+            obligation_id=obligation_id(session_key, message_ref, content),
+            session_key=session_key, session_id=session_id, platform=platform, chat_id=chat_id,
+            thread_id=thread_id, reply_to_message_id=reply_to_message_id, content=content,
+            origin_kind=origin_kind, state="pending", attempts=0, failure_kind=None,
+            last_error=None, created_at=now, updated_at=now,
+        )  # fmt: skip
+        with self._stripe(session_key):
+            entry = self._load(session_key) if turn_token else None
+            cleared = None
+            if entry is not None and entry.active_turn_token == turn_token:
+                cleared = entry.model_copy(update=_CLEARED_MARKER)
+            marker = (cleared.to_dict(), turn_token) if cleared and turn_token else None
+            try:
+                with self._canonical():
+                    _added, marker_cleared = rows.add_obligation(record, marker)
+            except StoreError as exc:
+                logger.error("delivery ledger: could not record a reply: %s", exc)
+                return None
+            if cleared is not None and marker_cleared:
+                self._routing_changed()
+                self._remember(cleared)
+        if cleared is not None and marker_cleared:
+            self._notify("turn_ended", cleared, token=turn_token, recorded=record.obligation_id)
+        return record.obligation_id

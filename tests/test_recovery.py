@@ -1,0 +1,350 @@
+"""Restart recovery (SPEC §7): instance lock, clean-shutdown marker, turn markers, stuck-loop
+counting, crash-left replies and recovery-step isolation."""
+
+from __future__ import annotations
+
+import json
+import logging
+import sqlite3
+from collections.abc import Callable, Iterator
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from hermes_core import GatewayConfig, RecoveryContext, RecoveryStep, hookimpl
+from hermes_core.instance import GatewayLockedError, InstanceLock, RestartCounts
+from hermes_core.ledger import RESTART_PREFIX, SILENCE_NOTICE, SendResult
+from hermes_core.recovery import GatewayState, RecoveryAbortedError, record_crash_left_replies
+from hermes_core.store import SessionStore
+from hermes_core.store.backend import Obligation
+from hermes_core.testing import fresh_plugin_manager, telegram_dm
+
+
+def _config(home: Path, **settings: Any) -> GatewayConfig:
+    return GatewayConfig.from_dict(settings, environ={"HERMES_HOME": str(home)})
+
+
+@pytest.fixture
+def state(hermes_home: Path) -> Iterator[Callable[..., GatewayState]]:
+    """Starts gateway states on the test's home; each is released at the end."""
+    started: list[GatewayState] = []
+
+    def start(**settings: Any) -> GatewayState:
+        gateway = GatewayState(_config(hermes_home, **settings),
+                               plugins=fresh_plugin_manager(hermes_home))  # fmt: skip
+        gateway.start()
+        started.append(gateway)
+        return gateway
+
+    yield start
+    for gateway in started:
+        gateway._release()
+
+
+def _store(gateway: GatewayState) -> SessionStore:
+    assert gateway.store is not None
+    return gateway.store
+
+
+def _interrupted_turn(store: SessionStore, chat: str = "99") -> tuple[str, str]:
+    entry = store.get_or_create_session(telegram_dm(chat))
+    token = store.mark_turn_active(entry.session_key, user_message={"role": "user", "content": "q"})
+    assert token is not None
+    return entry.session_key, token
+
+
+# -- instance lock and clean shutdown --------------------------------------------------------------
+
+
+def test_instance_lock_is_exclusive_and_records_boots(hermes_home: Path) -> None:
+    first = InstanceLock.acquire(hermes_home)
+    with pytest.raises(GatewayLockedError, match=r"pid \d+"):
+        InstanceLock.acquire(hermes_home)
+    first.release()
+    second = InstanceLock.acquire(hermes_home)
+    assert second.previous_boot_id == first.boot_id
+    record = json.loads((hermes_home / "gateway.lock").read_text())
+    assert record["boot_id"] == second.boot_id
+    assert isinstance(record["pid"], int)
+    second.release()
+
+
+def test_clean_stop_discards_markers_without_resume(state: Callable[..., GatewayState]) -> None:
+    gateway = state()
+    key, _ = _interrupted_turn(_store(gateway))
+    assert gateway.stop(drained=True)
+    assert (gateway.config.hermes_home / ".clean_shutdown").exists()
+    again = state()
+    entry = _store(again).lookup_by_session_key(key)
+    assert entry is not None
+    assert entry.active_turn_token is None
+    assert not entry.resume_pending
+    assert not (again.config.hermes_home / ".clean_shutdown").exists()
+    assert again.context is not None
+    assert again.context.last_stop_clean
+
+
+def test_missing_marker_means_crash_recovery(state: Callable[..., GatewayState]) -> None:
+    gateway = state()
+    key, _ = _interrupted_turn(_store(gateway))
+    gateway.stop(drained=False)  # the drain timed out: no .clean_shutdown
+    again = state()
+    entry = _store(again).lookup_by_session_key(key)
+    assert entry is not None
+    assert entry.resume_pending
+    assert entry.resume_reason == "restart_interrupted"
+    assert entry.active_turn_token is None
+    assert json.loads((again.config.hermes_home / "restart_counts.json").read_text()) == {key: 1}
+
+
+def test_marker_of_another_boot_is_not_trusted(
+    state: Callable[..., GatewayState], caplog: pytest.LogCaptureFixture
+) -> None:
+    gateway = state()
+    key, _ = _interrupted_turn(_store(gateway))
+    gateway.stop(drained=False)
+    marker = gateway.config.hermes_home / ".clean_shutdown"
+    marker.write_text(json.dumps({"boot_id": "0" * 32, "written_at": "x"}))
+    with caplog.at_level(logging.WARNING):
+        again = state()
+    assert "another boot" in caplog.text
+    entry = _store(again).lookup_by_session_key(key)
+    assert entry is not None
+    assert entry.resume_pending
+    assert not marker.exists()
+
+
+def test_undeletable_marker_refuses_to_start(
+    state: Callable[..., GatewayState], hermes_home: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    gateway = state()
+    key, _ = _interrupted_turn(_store(gateway))
+    gateway.stop(drained=True)
+    original = Path.unlink
+
+    def refuse(path: Path, missing_ok: bool = False) -> None:
+        if path.name == ".clean_shutdown":
+            raise PermissionError("read-only")
+        original(path, missing_ok=missing_ok)
+
+    monkeypatch.setattr(Path, "unlink", refuse)
+    blocked = GatewayState(_config(hermes_home), plugins=fresh_plugin_manager(hermes_home))
+    with pytest.raises(RecoveryAbortedError, match="clean-start recovery cleanup failed"):
+        blocked.start()
+    monkeypatch.undo()
+    # The lock was released; the marker now names an older boot than the failed start, so the
+    # retry recovers as after a crash and finds the markers already discarded (durably first).
+    retry = state()
+    assert retry.context is not None
+    assert not retry.context.last_stop_clean
+    entry = _store(retry).lookup_by_session_key(key)
+    assert entry is not None
+    assert not entry.resume_pending
+    assert entry.active_turn_token is None
+    assert not (hermes_home / ".clean_shutdown").exists()
+
+
+# -- turn markers --------------------------------------------------------------------------------
+
+
+def _age_marker(store: SessionStore, key: str, started: str) -> None:
+    """Rewrite a stored marker's start (what an older process would have left)."""
+    path = store.config.hermes_home / "state.db"
+    conn = sqlite3.connect(path)
+    row = conn.execute("SELECT entry_json FROM gateway_routing WHERE session_key = ?", (key,))
+    entry = json.loads(row.fetchone()[0])
+    entry["active_turn_started_at"] = started
+    conn.execute(
+        "UPDATE gateway_routing SET entry_json = ? WHERE session_key = ?", (json.dumps(entry), key)
+    )
+    conn.commit()
+    conn.close()
+
+
+def _fresh_store(home: Path) -> SessionStore:
+    return SessionStore.open(_config(home), plugins=fresh_plugin_manager(home))
+
+
+def test_recover_interrupted_turns_arms_fresh_markers_only(hermes_home: Path) -> None:
+    store = _fresh_store(hermes_home)
+    fresh, _ = _interrupted_turn(store, "1")
+    stale, _ = _interrupted_turn(store, "2")
+    suspended, _ = _interrupted_turn(store, "3")
+    kept, _ = _interrupted_turn(store, "4")
+    store.suspend_session(suspended)
+    store.mark_resume_pending(kept, "shutdown_timeout")
+    old = (datetime.now(timezone.utc) - timedelta(hours=2)).isoformat()
+    store.close()
+    _age_marker(store, stale, old)
+    store = _fresh_store(hermes_home)
+    recovered = store.recover_turn_markers(3600)
+    assert recovered.armed == (fresh,)
+    assert recovered.kept == (kept,)
+    assert recovered.cleared == 4
+    assert set(recovered.struck) == {fresh, kept}
+    for key in (fresh, stale, suspended, kept):
+        entry = store.lookup_by_session_key(key)
+        assert entry is not None
+        assert entry.active_turn_token is None
+    kept_entry = store.lookup_by_session_key(kept)
+    assert kept_entry is not None
+    assert kept_entry.resume_reason == "shutdown_timeout"
+    suspended_entry = store.lookup_by_session_key(suspended)
+    assert suspended_entry is not None
+    assert not suspended_entry.resume_pending
+    assert store.recover_interrupted_turns() == 0  # nothing left to recover
+    store.close()
+
+
+def test_marker_age_survives_a_time_zone_change(
+    hermes_home: Path, local_timezone: Callable[[str], None]
+) -> None:
+    local_timezone("Asia/Tokyo")
+    store = _fresh_store(hermes_home)
+    key, _ = _interrupted_turn(store)
+    store.close()
+    local_timezone("America/Los_Angeles")  # 17 hours earlier on the wall clock
+    store = _fresh_store(hermes_home)
+    assert store.recover_turn_markers(3600).armed == (key,)
+    store.close()
+
+
+def test_legacy_naive_marker_is_host_local_time(
+    hermes_home: Path, local_timezone: Callable[[str], None]
+) -> None:
+    local_timezone("Europe/Berlin")
+    store = _fresh_store(hermes_home)
+    key, _ = _interrupted_turn(store)
+    store.close()
+    naive_now = datetime.now().replace(tzinfo=None).isoformat()  # an older writer's local time
+    _age_marker(store, key, naive_now)
+    store = _fresh_store(hermes_home)
+    assert store.recover_turn_markers(3600).armed == (key,)
+    store.close()
+
+
+def test_restart_counts_file(hermes_home: Path) -> None:
+    counts = RestartCounts(hermes_home)
+    assert counts.load() == {}
+    counts.save({"b": 2, "a": 1})
+    assert json.loads(counts.path.read_text()) == {"a": 1, "b": 2}
+    counts.remove("a")
+    assert RestartCounts(hermes_home).load() == {"b": 2}
+    counts.remove("b")
+    assert not counts.path.exists()
+    counts.path.write_bytes(b"\xef\xbb\xbf" + json.dumps({"k": 2, "bad": "x"}).encode())
+    assert RestartCounts(hermes_home).load() == {"k": 2}  # BOM tolerated, junk dropped
+    counts.path.write_text("{torn")
+    assert RestartCounts(hermes_home).load() == {}
+
+
+# -- crash-left replies ----------------------------------------------------------------------
+
+
+def _sent(outbox: list[tuple[str, str]]) -> Callable[[Obligation, str], SendResult]:
+    def send(row: Obligation, text: str) -> SendResult:
+        outbox.append((row.session_key, text))
+        return SendResult(ok=True)
+
+    return send
+
+
+@pytest.mark.parametrize(
+    ("user", "reply", "outcome", "sent_text"),
+    [
+        ({"role": "user", "content": "q"}, {"role": "assistant", "content": "answer"},
+         "recorded", f"{RESTART_PREFIX}\n\nanswer"),
+        ({"role": "user", "content": "q"}, {"role": "assistant", "content": " NO_REPLY "},
+         "silence_notice", f"{RESTART_PREFIX}\n\n{SILENCE_NOTICE}"),
+        ({"role": "user", "content": "", "display_kind": "internal_notification"},
+         {"role": "assistant", "content": "[SILENT]"}, "nothing_owed", None),
+        ({"role": "user", "content": "q"},
+         {"role": "assistant", "content": "calling", "tool_calls": [{"id": "1"}]}, None, None),
+    ],
+    ids=["reply", "silence", "machinery-silence", "tool-call"],
+)  # fmt: skip
+def test_crash_left_replies(
+    hermes_home: Path,
+    user: dict[str, Any],
+    reply: dict[str, Any],
+    outcome: str | None,
+    sent_text: str | None,
+) -> None:
+    store = _fresh_store(hermes_home)
+    entry = store.get_or_create_session(telegram_dm())
+    token = store.mark_turn_active(entry.session_key, user_message=user)
+    assert token is not None
+    store.append_to_transcript(entry.session_id, reply)
+    results = record_crash_left_replies(store, store.config)
+    assert results.get(entry.session_key) == outcome
+    marker = store.lookup_by_session_key(entry.session_key)
+    assert marker is not None
+    assert (marker.active_turn_token is None) is (outcome is not None)
+    ledger = store.ledger
+    assert ledger is not None
+    outbox: list[tuple[str, str]] = []
+    ledger.boot_sweep(["telegram"], _sent(outbox))
+    assert [text for _, text in outbox] == ([sent_text] if sent_text else [])
+    store.close()
+
+
+def test_reply_already_ledgered_only_clears_the_marker(hermes_home: Path) -> None:
+    store = _fresh_store(hermes_home)
+    entry = store.get_or_create_session(telegram_dm())
+    token = store.mark_turn_active(entry.session_key)
+    assert token is not None
+    store.record_delivery_obligation(entry.session_key, entry.session_id, "telegram", "99", None,
+                                     "done", "m1")  # fmt: skip
+    assert record_crash_left_replies(store, store.config) == {entry.session_key: "ledgered"}
+    lane = store.lookup_by_session_key(entry.session_key)
+    assert lane is not None
+    assert lane.active_turn_token is None
+    store.close()
+
+
+# -- recovery steps from plugins -------------------------------------------------------------
+
+
+class _Steps:
+    def __init__(self, *steps: RecoveryStep) -> None:
+        self.steps = list(steps)
+
+    @hookimpl
+    def hermes_register_recovery_steps(self, config: GatewayConfig) -> list[RecoveryStep]:
+        return self.steps
+
+
+def _failing(context: RecoveryContext) -> None:
+    raise RuntimeError("plugin step broke")
+
+
+def _recording(context: RecoveryContext) -> None:
+    context.report["ran_after_failure"] = True
+
+
+def test_non_critical_step_failure_is_isolated(
+    hermes_home: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    plugins = fresh_plugin_manager(hermes_home)
+    plugins.register(_Steps(RecoveryStep(name="flaky", order=250, run=_failing),
+                            RecoveryStep(name="after", order=260, run=_recording)),
+                     name="extra")  # fmt: skip
+    gateway = GatewayState(_config(hermes_home), plugins=plugins)
+    with caplog.at_level(logging.ERROR):
+        gateway.start()
+    assert gateway.context is not None
+    assert gateway.context.report["steps"]["flaky"].startswith("failed")
+    assert gateway.context.report["ran_after_failure"]
+    assert "recovery step flaky failed" in caplog.text
+    gateway.stop(drained=True)
+
+
+def test_critical_step_failure_aborts_start_and_releases_the_lock(hermes_home: Path) -> None:
+    plugins = fresh_plugin_manager(hermes_home)
+    plugins.register(_Steps(RecoveryStep(name="vital", order=350, run=_failing, critical=True)),
+                     name="extra")  # fmt: skip
+    with pytest.raises(RecoveryAbortedError, match="recovery step vital failed"):
+        GatewayState(_config(hermes_home), plugins=plugins).start()
+    InstanceLock.acquire(hermes_home).release()  # the failed start let go of the lock
