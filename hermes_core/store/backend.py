@@ -278,6 +278,18 @@ class SqlMaintenance(BacklogTarget, Protocol):
     def delete_obligation(self, obligation_id: str) -> None:
         """Remove one ledger row (a delivered reply)."""
 
+    def add_queued(self, session_key: str, internal: bool, bound: str | None, event: str) -> int:
+        """Append one queued event (JSON text) to a lane's durable queue; returns its id."""
+
+    def replace_queued(self, event_id: int, event: str) -> None:
+        """Replace a queued event's JSON (a merge)."""
+
+    def remove_queued(self, event_ids: Sequence[int]) -> int:
+        """Delete queued events (discarded by a command); returns how many."""
+
+    def queued(self) -> list[tuple[int, str, str]]:
+        """Every queued event as (id, session key, event JSON), in queue order."""
+
     def prune_obligations(self, terminal_before: float, max_rows: int) -> int:
         """Drop terminal rows last updated before ``terminal_before``, then the oldest terminal
         rows beyond ``max_rows``; returns how many went."""

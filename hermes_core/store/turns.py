@@ -1,4 +1,5 @@
-"""Turn markers after a restart and the delivery obligations of finished turns (SPEC §7.3, §7.5).
+"""Turn markers after a restart, the delivery obligations of finished turns and the durable
+queue of events waiting for a turn (SPEC §7.3, §7.5, §8.7).
 
 A marker set by ``mark_turn_active`` is the only evidence that a turn was interrupted; these
 operations turn the markers left by a dead process into ``resume_pending`` lanes (or discard them
@@ -7,14 +8,15 @@ after a clean stop) and record replies in the ledger, clearing the marker in the
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from dataclasses import dataclass
 from datetime import datetime
 
-from hermes_core.errors import StoreError
+from hermes_core.errors import InvalidValueError, StoreError
 from hermes_core.ledger import DeliveryLedger, obligation_id
-from hermes_core.models import SessionEntry
+from hermes_core.models import MessageEvent, SessionEntry
 from hermes_core.store.backend import Obligation
 from hermes_core.store.base import StoreBase
 from hermes_core.timeutil import utc_now
@@ -173,3 +175,46 @@ class TurnRecoveryStore(StoreBase):
         if cleared is not None and marker_cleared:
             self._notify("turn_ended", cleared, token=turn_token, recorded=record.obligation_id)
         return record.obligation_id
+
+    # -- durable queue (SPEC §8.7) ----------------------------------------------------------
+
+    def queue_add(self, session_key: str, event: MessageEvent) -> int | None:
+        """Persist a queued event; its id, or None while degraded (queues are memory-only)."""
+        if self._sql is None:
+            return None
+        payload = json.dumps(event.to_dict(), ensure_ascii=False)
+        with self._canonical():
+            return self._sql.add_queued(
+                session_key, event.internal, event.bound_session_id, payload
+            )
+
+    def queue_replace(self, event_id: int | None, event: MessageEvent) -> None:
+        """Persist a merge into a queued event (no-op for memory-only items)."""
+        if self._sql is None or event_id is None:
+            return
+        with self._canonical():
+            self._sql.replace_queued(event_id, json.dumps(event.to_dict(), ensure_ascii=False))
+
+    def queue_remove(self, event_ids: list[int]) -> int:
+        """Delete discarded queued events."""
+        if self._sql is None or not event_ids:
+            return 0
+        with self._canonical():
+            return self._sql.remove_queued(event_ids)
+
+    def queue_restore(self) -> list[tuple[int, str, MessageEvent]]:
+        """Every persisted queued event (id, key, event), oldest first; unreadable ones are
+        skipped with a warning and left in place."""
+        if self._sql is None:
+            return []
+        with self._canonical():
+            stored = self._sql.queued()
+        restored = []
+        for event_id, key, payload in stored:
+            try:
+                event = MessageEvent.from_dict(json.loads(payload), plugins=self.plugins)
+            except (ValueError, InvalidValueError) as exc:
+                logger.warning("queued event %d of %s cannot be restored: %s", event_id, key, exc)
+                continue
+            restored.append((event_id, key, event))
+        return restored
