@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from importlib.metadata import PackageNotFoundError, version
 
+from hermes_core.agents import Adapter, Agent, EchoAgent, InMemoryAdapter, TurnRequest
 from hermes_core.config import GatewayConfig
 from hermes_core.context import (
     build_session_context,
@@ -43,6 +44,7 @@ from hermes_core.plugins import (
     create_plugin_manager,
     hookimpl,
 )
+from hermes_core.runtime import Gateway, HostCallbacks
 from hermes_core.specs import (
     EvictionCandidate,
     EvictionPolicy,
@@ -60,13 +62,19 @@ except PackageNotFoundError:  # running from an uninstalled source tree
     __version__ = None
 
 __all__ = [
+    "Adapter",
+    "Agent",
     "ConfigError",
+    "EchoAgent",
     "EvictionCandidate",
     "EvictionPolicy",
+    "Gateway",
     "GatewayConfig",
     "HermesError",
     "HermesPluginManager",
     "HomeChannel",
+    "HostCallbacks",
+    "InMemoryAdapter",
     "InvalidValueError",
     "KeyResolution",
     "LifecycleEvent",
@@ -85,6 +93,7 @@ __all__ = [
     "SessionSource",
     "SessionStore",
     "StoreSpec",
+    "TurnRequest",
     "UnknownPlatformError",
     "__version__",
     "build_session_context",

@@ -16,13 +16,15 @@ import time
 import unicodedata
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from hermes_core.config import DeliveryLedgerConfig
 from hermes_core.crashpoints import crash_point
 from hermes_core.errors import StoreError
 from hermes_core.specs import LifecycleEvent
-from hermes_core.store.backend import Obligation, SqlMaintenance
+
+if TYPE_CHECKING:  # the store imports this module; annotations only
+    from hermes_core.store.backend import Obligation, SqlMaintenance
 
 logger = logging.getLogger(__name__)
 
@@ -84,7 +86,7 @@ class SendResult:
     error: str | None = None
 
 
-SendFunction = Callable[[Obligation, str], SendResult]
+SendFunction = Callable[["Obligation", str], SendResult]
 """Sends the text (the reply, prefixed when ambiguous) to the obligation's chat."""
 
 

@@ -26,13 +26,22 @@ from hermes_core.store.backend import Obligation
 
 @dataclass(frozen=True)
 class Turn:
-    """A turn in flight: its lane, marker token and the text the agent receives."""
+    """A turn in flight: its lane, its marker token and, for a resumed lane, the note."""
 
     event: MessageEvent
     entry: SessionEntry
     token: str
-    agent_text: str
-    resumed: bool
+    note: str | None
+    """The resume note (SPEC §7.10) when the lane resumes a fresh interruption."""
+
+    def message(self, text: str) -> str:
+        """What the agent receives: ``text`` (the event's, possibly sender-prefixed) after the
+        resume note; a synthesized resume (empty internal event) is the note alone."""
+        if self.note is None:
+            return text
+        if self.event.internal and not self.event.text:
+            return self.note
+        return f"{self.note}\n\n{text}"
 
 
 @dataclass(frozen=True)
@@ -64,13 +73,10 @@ class TurnPipeline:
         if entry.was_auto_reset and entry.prev_session_id:
             self.counts.remove(entry.session_key)
         stored_text = event.text
-        agent_text = event.text
-        resumed = False
+        note = None
         if entry.resume_pending and self._interruption_fresh(entry):
-            resumed = True
             synthesized = event.internal and not event.text
             note = resume_note(entry.resume_reason, synthesized=synthesized)
-            agent_text = note if synthesized else f"{note}\n\n{event.text}"
             if synthesized:
                 stored_text = note
         message: dict[str, object] = {"role": "user", "content": stored_text}
@@ -83,7 +89,7 @@ class TurnPipeline:
             return None
         crash_point("marker_written")
         crash_point("user_stored")
-        return Turn(event, entry, token, agent_text, resumed)
+        return Turn(event, entry, token, note)
 
     def _interruption_fresh(self, entry: SessionEntry) -> bool:
         row = self.store.session_row(entry.session_id)

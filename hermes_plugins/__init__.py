@@ -14,4 +14,5 @@ BUILTIN_PLUGINS: tuple[tuple[str, str], ...] = (
     ("whatsapp", "hermes_plugins.whatsapp"),
     ("sql_store", "hermes_plugins.sql_store"),
     ("recovery_steps", "hermes_plugins.recovery_steps"),
+    ("eviction", "hermes_plugins.eviction"),
 )

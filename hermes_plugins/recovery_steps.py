@@ -5,7 +5,9 @@
 - 300 ``clean_shutdown`` (critical): after a clean stop discard the turn markers, else record
   crash-left replies and arm the interrupted turns;
 - 400 ``stuck_loop`` (critical): count interrupted lanes; suspend those interrupted three
-  starts in a row.
+  starts in a row;
+- 500 ``queue_restore``: reload the durable queues (through the runtime's ``queue_restore``
+  callback; without a runtime it only counts the persisted events).
 """
 
 from __future__ import annotations
@@ -93,6 +95,13 @@ def stuck_loop(context: RecoveryContext) -> None:
     context.report["stuck_loop"] = {"counts": updated, "suspended": suspended}
 
 
+def queue_restore(context: RecoveryContext) -> None:
+    """Reload the events that were queued when the previous process stopped (SPEC §8.7)."""
+    restore = context.callbacks.get("queue_restore")
+    restored = restore() if restore is not None else len(context.store.queue_restore())
+    context.report["queue_restore"] = {"events": restored}
+
+
 @hookimpl
 def hermes_register_recovery_steps(config: GatewayConfig) -> list[RecoveryStep]:
     """The built-in steps; plugins may add their own around them."""
@@ -101,4 +110,5 @@ def hermes_register_recovery_steps(config: GatewayConfig) -> list[RecoveryStep]:
         RecoveryStep(name="fts_rebuild_if_stale", order=200, run=fts_rebuild_if_stale),
         RecoveryStep(name="clean_shutdown", order=300, run=clean_shutdown, critical=True),
         RecoveryStep(name="stuck_loop", order=400, run=stuck_loop, critical=True),
+        RecoveryStep(name="queue_restore", order=500, run=queue_restore),
     ]

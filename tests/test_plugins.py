@@ -33,6 +33,7 @@ from hermes_hookspecs import SPEC_MODULES
 EXAMPLE_SRC = Path(__file__).resolve().parents[1] / "examples" / "hermes-irc" / "src"
 BUILTINS = [
     "platforms", "telegram", "discord", "slack", "whatsapp", "sql_store", "recovery_steps",
+    "eviction",
 ]  # fmt: skip
 
 
@@ -57,6 +58,7 @@ def test_builtins_are_listed_with_distribution(hermes_home: Path) -> None:
     assert hooks["telegram"] == ("hermes_register_platforms",)
     assert hooks["sql_store"] == ("hermes_register_stores",)
     assert hooks["recovery_steps"] == ("hermes_register_recovery_steps",)
+    assert hooks["eviction"] == ("hermes_eviction_policy",)
     assert set(manager.stores()) == {
         "sqlite",
         "sqlite+pysqlite",
@@ -65,6 +67,7 @@ def test_builtins_are_listed_with_distribution(hermes_home: Path) -> None:
     }
     assert [step.name for step in manager.recovery_steps()] == [
         "jsonl_backlog_replay", "fts_rebuild_if_stale", "clean_shutdown", "stuck_loop",
+        "queue_restore",
     ]  # fmt: skip
     assert set(manager.platforms()) == {
         "local", "telegram", "discord", "slack", "whatsapp", "signal", "matrix", "email", "sms",
@@ -262,7 +265,9 @@ class _Policy:
 
 def test_one_eviction_policy_replaces_and_two_conflict(hermes_home: Path) -> None:
     manager = create_plugin_manager(_config(hermes_home), load_entrypoints=False)
-    assert manager.eviction_policy() is None
+    builtin = manager.eviction_policy()
+    assert builtin is not None
+    assert builtin.name == "lru"
     manager.register(_Policy("mine"), name="mine")
     policy = manager.eviction_policy()
     assert policy is not None

@@ -1,0 +1,138 @@
+"""What the runtime drives: the ``Agent`` and ``Adapter`` protocols (SPEC §8.9), with the
+``EchoAgent`` and the in-memory adapter that ship for demos and tests."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+from typing import Any, Protocol, runtime_checkable
+
+from hermes_core.ledger import SendResult
+from hermes_core.models import MessageEvent, SessionSource
+
+
+@dataclass(frozen=True)
+class TurnRequest:
+    """One turn for an agent: the lane, its stored history, the session-context prompt and the
+    new message (sender-prefixed in shared sessions, after a resume note when resuming)."""
+
+    session_key: str
+    session_id: str
+    history: list[dict[str, Any]]
+    system_prompt: str
+    message: str
+    event: MessageEvent
+
+
+@runtime_checkable
+class Agent(Protocol):
+    """The embedder's agent for one session (cached per session key)."""
+
+    async def run_turn(self, request: TurnRequest) -> str | None:
+        """Run one turn; the final reply, or None when nothing is owed."""
+        ...
+
+    async def interrupt(self) -> bool:
+        """Ask the running turn to stop early; False when it cannot be interrupted safely."""
+        ...
+
+    def soft_release(self) -> None:
+        """Drop what is held in memory (eviction); the next turn rebuilds from the store."""
+        ...
+
+    def cleanup(self) -> None:
+        """Shut down for good (a session boundary or the gateway's stop)."""
+        ...
+
+
+@runtime_checkable
+class Adapter(Protocol):
+    """A platform connection: sends replies and says whether it is connected."""
+
+    platform: str
+
+    def is_connected(self) -> bool:
+        """Whether sends can be attempted now."""
+        ...
+
+    async def send(
+        self, source: SessionSource, text: str, *, reply_to: str | None = None
+    ) -> SendResult:
+        """Send ``text`` to the chat of ``source`` (in its thread); report success or why not."""
+        ...
+
+
+class EchoAgent:
+    """Answers ``echo: <message>``; a resumed turn answers the last human message it finds.
+
+    ``delay`` seconds of (interruptible) thinking let tests keep a turn running.
+    """
+
+    def __init__(self, delay: float = 0.0) -> None:
+        self.delay = delay
+        self.turns = 0
+        self.released = 0
+        self.cleaned = False
+        self._interrupted = asyncio.Event()
+
+    async def run_turn(self, request: TurnRequest) -> str | None:
+        self.turns += 1
+        self._interrupted.clear()
+        if self.delay:
+            try:
+                await asyncio.wait_for(self._interrupted.wait(), self.delay)
+                return None  # interrupted: nothing to say
+            except asyncio.TimeoutError:
+                pass
+        if request.event.internal and not request.event.text:
+            for message in reversed(request.history):
+                if message.get("role") == "user" and message.get("display_kind") is None:
+                    return f"echo: {message.get('content')}"
+        return f"echo: {request.message}"
+
+    async def interrupt(self) -> bool:
+        self._interrupted.set()
+        return True
+
+    def soft_release(self) -> None:
+        self.released += 1
+
+    def cleanup(self) -> None:
+        self.cleaned = True
+
+
+@dataclass
+class SentMessage:
+    """What an :class:`InMemoryAdapter` delivered."""
+
+    chat_id: str
+    thread_id: str | None
+    text: str
+    reply_to: str | None
+
+
+@dataclass
+class InMemoryAdapter:
+    """An adapter that keeps what it sends; ``connected`` and ``fail_with`` steer it in tests."""
+
+    platform: str = "telegram"
+    connected: bool = True
+    fail_with: SendResult | None = None
+    sent: list[SentMessage] = field(default_factory=list)
+
+    def is_connected(self) -> bool:
+        return self.connected
+
+    async def send(
+        self, source: SessionSource, text: str, *, reply_to: str | None = None
+    ) -> SendResult:
+        if not self.connected:
+            return SendResult(ok=False, failure_kind="disconnected", error="not connected")
+        if self.fail_with is not None:
+            return self.fail_with
+        self.sent.append(SentMessage(source.chat_id, source.thread_id, text, reply_to))
+        return SendResult(ok=True)
+
+    def texts(self, chat_id: str | None = None) -> list[str]:
+        """The texts sent (to one chat)."""
+        return [m.text for m in self.sent if chat_id is None or m.chat_id == chat_id]

@@ -1,0 +1,288 @@
+"""TurnQueue: the per-lane queue of inbound events waiting for a turn (SPEC §8.2-§8.7).
+
+Per session key one ordered list: the head is the *slot* (next up), the rest the *overflow*. Every
+enqueue, merge and discard is committed to the store's ``queued_events`` (tier D) before it shows in
+memory; while the store is degraded ``queue_add`` returns no id and items live in memory only.
+Dequeue for a turn belongs to the runtime: it takes the head with :meth:`TurnQueue.pop_head` and
+passes its ``event_id`` to ``store.mark_turn_active``, which deletes the row with the turn marker.
+
+Locking: each lane has a lock held across its store write, so one lane's writes never interleave and
+the order in memory is the order of the durable ids. The queue-wide lock guards the lists and is
+held only briefly, so ``depth``, ``head`` and ``lanes`` never wait for I/O; lane locks are always
+taken first. The mutating calls may block on the store (an asyncio host runs them in a worker
+thread). Logs never name session keys: they carry chat and user ids.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Literal
+
+from hermes_core.config import GatewayConfig
+from hermes_core.crashpoints import crash_point
+from hermes_core.errors import StoreError
+from hermes_core.models import MessageEvent, MessageType
+from hermes_core.specs import LifecycleEvent, LifecycleKind
+from hermes_core.store import SessionStore
+
+__all__ = ["MERGED_KEY", "EnqueueResult", "QueuedItem", "TurnQueue"]
+
+logger = logging.getLogger(__name__)
+
+MERGED_KEY = "merged_messages"
+"""Metadata key of a merged event: how many human messages it holds (survives a restart)."""
+
+
+@dataclass
+class QueuedItem:
+    """One queued event: a message, a merged burst or album, a ``/queue`` item or a wake."""
+
+    event: MessageEvent
+    event_id: int | None
+    """The ``queued_events`` row (None: held in memory only, while the store is degraded)."""
+    humans: int
+    """Human messages merged into this item (1 for a plain human item, 0 for an internal one)."""
+    last_arrival: float
+    """``clock()`` of the last arrival merged into it."""
+    restored: bool = False
+    """Restored after a restart: never merges with events that arrive after it."""
+    order: int = field(default=0, compare=False)
+    """Queue-wide arrival number, set by the queue (orders :meth:`TurnQueue.lanes`)."""
+
+
+@dataclass(frozen=True)
+class EnqueueResult:
+    """What :meth:`TurnQueue.enqueue` did; ``depth`` is the lane's depth after the call."""
+
+    accepted: bool
+    merged: bool
+    depth: int
+    refused: Literal["cap", "not_saved"] | None = None
+
+
+@dataclass
+class _Lane:
+    items: list[QueuedItem] = field(default_factory=list)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    dead: bool = False
+    """Unregistered (it went empty); a thread that locked it meanwhile must look again."""
+
+
+def _mergeable(event: MessageEvent) -> bool:
+    """Human and not a ``/queue`` item."""
+    return not event.internal and not event.queued_via_command
+
+
+def _participant(event: MessageEvent) -> str | None:
+    return event.source.user_id_alt or event.source.user_id or None
+
+
+def _humans(event: MessageEvent) -> int:
+    """Human messages in a restored event: 0 for a wake, else its recorded merge count (1)."""
+    if event.internal:
+        return 0
+    count = event.metadata.get(MERGED_KEY)
+    return count if isinstance(count, int) and not isinstance(count, bool) and count > 1 else 1
+
+
+class TurnQueue:
+    """Slot plus FIFO overflow per session key, persisted through the :class:`SessionStore`."""
+
+    def __init__(
+        self,
+        store: SessionStore,
+        config: GatewayConfig,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        notify: Callable[[LifecycleEvent], None] | None = None,
+    ) -> None:
+        self._store = store
+        self._settings = config.gateway.busy_queue
+        self._clock = clock
+        self._notify = notify
+        self._lock = threading.Lock()
+        self._lanes: dict[str, _Lane] = {}
+        self._order = itertools.count(1)
+
+    @contextmanager
+    def _locked(self, session_key: str) -> Iterator[_Lane]:
+        """Hold the lane's lock (the lane is created if needed, dropped again if left empty)."""
+        while True:
+            with self._lock:
+                lane = self._lanes.setdefault(session_key, _Lane())
+            lane.lock.acquire()
+            if not lane.dead:
+                break
+            lane.lock.release()
+        try:
+            yield lane
+        finally:
+            with self._lock:
+                if not lane.items:
+                    lane.dead = True
+                    del self._lanes[session_key]
+            lane.lock.release()
+
+    def _emit(self, kind: LifecycleKind, session_key: str, **detail: object) -> None:
+        if self._notify is None:
+            return
+        try:
+            self._notify(LifecycleEvent(kind=kind, session_key=session_key, detail=detail))
+        except Exception:
+            logger.exception("observer of %s failed", kind)
+
+    def _merge(self, tail: QueuedItem, event: MessageEvent, now: float) -> MessageEvent | None:
+        """``tail``'s event with ``event`` merged in (SPEC §8.3), or None if they must not merge."""
+        first = tail.event
+        window = self._settings.burst_window_secs
+        if not (window > 0 and now - tail.last_arrival <= window and not tail.restored):
+            return None
+        if not (_mergeable(first) and _mergeable(event)):
+            return None
+        who = _participant(event)
+        if who is None or who != _participant(first):
+            return None
+        text, photo = MessageType.TEXT, MessageType.PHOTO
+        if event.message_type is photo and first.message_type in (text, photo):
+            kind = photo
+        elif first.message_type is event.message_type is text and not (
+            first.media_urls or event.media_urls
+        ):
+            kind = text
+        else:
+            return None
+        return first.replace(
+            text="\n".join(part for part in (first.text, event.text) if part),
+            message_type=kind,
+            media_urls=first.media_urls + event.media_urls,
+            metadata={**first.metadata, MERGED_KEY: tail.humans + 1},
+        )
+
+    def enqueue(self, session_key: str, event: MessageEvent) -> EnqueueResult:
+        """Merge ``event`` into the lane's tail or append it, committed before it is accepted.
+
+        Refused with ``"cap"`` at ``max_pending`` (a merge is still allowed) and ``"not_saved"``
+        when the commit fails; a refused event is neither stored nor kept.
+        """
+        with self._locked(session_key) as lane:
+            now = self._clock()
+            tail = lane.items[-1] if lane.items else None
+            merged = self._merge(tail, event, now) if tail is not None else None
+            depth = len(lane.items)
+            refused: Literal["cap", "not_saved"] | None = None
+            if merged is None and depth >= self._settings.max_pending:
+                refused = "cap"
+            else:
+                try:
+                    if tail is not None and merged is not None:
+                        self._store.queue_replace(tail.event_id, merged)
+                    else:
+                        event_id = self._store.queue_add(session_key, event)
+                except StoreError as exc:
+                    logger.error("a queued event could not be saved: %s", exc)
+                    refused = "not_saved"
+                else:
+                    with self._lock:
+                        if tail is not None and merged is not None:
+                            tail.event, tail.last_arrival = merged, now
+                            tail.humans += 1
+                        else:
+                            humans = 0 if event.internal else 1
+                            item = QueuedItem(event, event_id, humans, now, order=next(self._order))
+                            lane.items.append(item)
+                        depth = len(lane.items)
+        if refused is not None:
+            if event.internal:
+                logger.warning("an internal event was refused (%s, depth %d)", refused, depth)
+            self._emit("queue_refused", session_key, reason=refused, depth=depth)
+            return EnqueueResult(False, False, depth, refused)
+        crash_point("enqueued")
+        if merged is not None:
+            self._emit(
+                "queue_merged", session_key, depth=depth, messages=merged.metadata[MERGED_KEY]
+            )
+        else:
+            self._emit("queue_accepted", session_key, depth=depth, internal=event.internal)
+        return EnqueueResult(True, merged is not None, depth)
+
+    def depth(self, session_key: str) -> int:
+        """Items queued on the lane (slot included)."""
+        with self._lock:
+            lane = self._lanes.get(session_key)
+            return len(lane.items) if lane else 0
+
+    def head(self, session_key: str) -> QueuedItem | None:
+        """The slot item (next up), left in place."""
+        with self._lock:
+            lane = self._lanes.get(session_key)
+            return lane.items[0] if lane and lane.items else None
+
+    def items(self, session_key: str) -> list[QueuedItem]:
+        """A snapshot of the lane's items, slot first."""
+        with self._lock:
+            lane = self._lanes.get(session_key)
+            return list(lane.items) if lane else []
+
+    def pop_head(self, session_key: str) -> QueuedItem | None:
+        """Take the slot item out of memory; the runtime deletes its row with the turn marker."""
+        with self._locked(session_key) as lane, self._lock:
+            return lane.items.pop(0) if lane.items else None
+
+    def push_front(self, session_key: str, item: QueuedItem) -> None:
+        """Put back a head that could not be dispatched (its row was never deleted)."""
+        with self._locked(session_key) as lane, self._lock:
+            lane.items.insert(0, item)
+
+    def _discard(self, session_key: str, slot_only: bool) -> int:
+        with self._locked(session_key) as lane:
+            if slot_only:
+                victims = lane.items[:1] if lane.items and _mergeable(lane.items[0].event) else []
+            else:
+                victims = [item for item in lane.items if not item.event.internal]
+            if not victims:
+                return 0
+            self._store.queue_remove([i.event_id for i in victims if i.event_id is not None])
+            with self._lock:
+                gone = {id(item) for item in victims}
+                lane.items = [item for item in lane.items if id(item) not in gone]
+                depth = len(lane.items)
+        messages = sum(item.humans for item in victims)
+        scope = "slot" if slot_only else "humans"
+        self._emit("queue_discarded", session_key, scope=scope, items=len(victims),
+                   messages=messages, depth=depth)  # fmt: skip
+        return messages
+
+    def discard_slot(self, session_key: str) -> int:
+        """``/stop``: drop the slot if it holds a human non-``/queue`` item; the human messages
+        it held. Overflow items all stay, in order. Raises ``StoreError`` (nothing discarded)
+        when the removal cannot be committed."""
+        return self._discard(session_key, slot_only=True)
+
+    def discard_humans(self, session_key: str) -> int:
+        """``/new``, ``/reset``: drop every human item (``/queue`` ones too), keep internal wakes
+        in order; the human messages dropped. Raises ``StoreError`` like :meth:`discard_slot`."""
+        return self._discard(session_key, slot_only=False)
+
+    def restore(self) -> int:
+        """Load the persisted queues (start-up, before any enqueue); the number of items."""
+        if self.lanes():
+            raise RuntimeError("TurnQueue.restore() must run before anything is queued")
+        restored = self._store.queue_restore()
+        now = self._clock()
+        for event_id, session_key, event in restored:
+            with self._locked(session_key) as lane, self._lock:
+                item = QueuedItem(event, event_id, _humans(event), now, True, next(self._order))
+                lane.items.append(item)
+        return len(restored)
+
+    def lanes(self) -> list[str]:
+        """Keys with queued items, ordered by the arrival of their oldest item."""
+        with self._lock:
+            heads = [(lane.items[0].order, key) for key, lane in self._lanes.items() if lane.items]
+        return [key for _, key in sorted(heads)]

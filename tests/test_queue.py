@@ -1,0 +1,583 @@
+"""TurnQueue: slot and overflow, cap, burst and album merges, discards, persistence (SPEC §8)."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from hermes_core import GatewayConfig
+from hermes_core.errors import StoreError
+from hermes_core.models import MessageEvent, MessageType
+from hermes_core.queue import MERGED_KEY, QueuedItem, TurnQueue
+from hermes_core.specs import LifecycleEvent
+from hermes_core.store import SessionStore
+from hermes_core.testing import fresh_plugin_manager, telegram_dm
+
+LANE = "agent:main:telegram:dm:99"
+OTHER = "agent:main:telegram:dm:42"
+
+
+class Clock:
+    """A manual monotonic clock."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+
+
+def open_store(home: Path) -> SessionStore:
+    config = GatewayConfig.from_dict({}, environ={"HERMES_HOME": str(home)})
+    return SessionStore.open(config, plugins=fresh_plugin_manager(home))
+
+
+def blocked_store(home: Path) -> SessionStore:
+    """A degraded (JSONL) store: its SQLite directory ``<home>/db`` is a regular file."""
+    home.mkdir(parents=True, mode=0o700)
+    (home / "db").write_text("not a directory")
+    settings = {"storage": {"url": f"sqlite:///{home}/db/state.db"}}
+    config = GatewayConfig.from_dict(settings, environ={"HERMES_HOME": str(home)})
+    return SessionStore.open(config, plugins=fresh_plugin_manager(home))
+
+
+@pytest.fixture
+def store(hermes_home: Path) -> Iterator[SessionStore]:
+    opened = open_store(hermes_home)
+    yield opened
+    opened.close()
+
+
+@pytest.fixture
+def clock() -> Clock:
+    return Clock()
+
+
+@pytest.fixture
+def seen() -> list[LifecycleEvent]:
+    return []
+
+
+def make_queue(
+    store: SessionStore,
+    clock: Clock,
+    seen: list[LifecycleEvent] | None = None,
+    **busy_queue: Any,
+) -> TurnQueue:
+    config = GatewayConfig.from_dict({"gateway": {"busy_queue": busy_queue}}, environ={})
+    return TurnQueue(store, config, clock=clock, notify=None if seen is None else seen.append)
+
+
+@pytest.fixture
+def queue(store: SessionStore, clock: Clock, seen: list[LifecycleEvent]) -> TurnQueue:
+    return make_queue(store, clock, seen)
+
+
+def msg(
+    text: str = "hi",
+    user: str | None = "u1",
+    kind: MessageType = MessageType.TEXT,
+    media: tuple[str, ...] = (),
+    alt: str | None = None,
+    **fields: Any,
+) -> MessageEvent:
+    source = telegram_dm(user_id=user, user_id_alt=alt)
+    return MessageEvent(source=source, text=text, message_type=kind, media_urls=media, **fields)
+
+
+def wake(text: str = "done") -> MessageEvent:
+    return MessageEvent(source=telegram_dm(), text=text, internal=True, bound_session_id="s1")
+
+
+def texts(queue: TurnQueue, key: str = LANE) -> list[str]:
+    """Pop every item of the lane; their texts, head first."""
+    items = []
+    while (item := queue.pop_head(key)) is not None:
+        items.append(item.event.text)
+    return items
+
+
+def items_of(queue: TurnQueue, key: str = LANE) -> list[QueuedItem]:
+    """The lane's items, head first, left in place."""
+    items = []
+    while (item := queue.pop_head(key)) is not None:
+        items.append(item)
+    for item in reversed(items):
+        queue.push_front(key, item)
+    return items
+
+
+def event_ids(items: list[QueuedItem]) -> list[int]:
+    """The items' durable ids (each must have one)."""
+    ids = [item.event_id for item in items if item.event_id is not None]
+    assert len(ids) == len(items)
+    return ids
+
+
+def stored(store: SessionStore, key: str = LANE) -> list[str]:
+    """The lane's persisted texts, in durable order."""
+    return [event.text for _, lane, event in store.queue_restore() if lane == key]
+
+
+# -- order, depth, cap -----------------------------------------------------------------------------
+
+
+def test_items_queue_in_arrival_order_with_increasing_ids(
+    queue: TurnQueue, store: SessionStore
+) -> None:
+    for depth, user in enumerate(("a", "b", "c"), start=1):
+        result = queue.enqueue(LANE, msg(user, user=user))
+        assert (result.accepted, result.merged, result.depth, result.refused) == (
+            True, False, depth, None,
+        )  # fmt: skip
+    assert queue.depth(LANE) == 3
+    assert queue.depth(OTHER) == 0
+    head = queue.head(LANE)
+    assert head is not None
+    assert (head.event.text, head.humans, head.restored) == ("a", 1, False)
+    ids = event_ids(items_of(queue))
+    assert ids == sorted(ids)
+    assert ids == [event_id for event_id, _, _ in store.queue_restore()]
+    assert stored(store) == ["a", "b", "c"]
+    assert texts(queue) == ["a", "b", "c"]
+    assert queue.depth(LANE) == 0
+    assert queue.head(LANE) is None
+    assert queue.lanes() == []
+
+
+def test_cap_refuses_without_storing_but_still_merges(
+    store: SessionStore, clock: Clock, seen: list[LifecycleEvent]
+) -> None:
+    queue = make_queue(store, clock, seen, max_pending=2)
+    queue.enqueue(LANE, msg("a", user="a"))
+    queue.enqueue(LANE, msg("b", user="b"))
+    refused = queue.enqueue(LANE, msg("c", user="c"))
+    assert (refused.accepted, refused.merged, refused.depth, refused.refused) == (
+        False, False, 2, "cap",
+    )  # fmt: skip
+    assert queue.enqueue(LANE, wake()).refused == "cap"
+    assert queue.depth(LANE) == 2
+    assert stored(store) == ["a", "b"]
+    merged = queue.enqueue(LANE, msg("b2", user="b"))
+    assert (merged.accepted, merged.merged, merged.depth) == (True, True, 2)
+    assert stored(store) == ["a", "b\nb2"]
+    assert seen[2].kind == "queue_refused"
+    assert dict(seen[2].detail) == {"reason": "cap", "depth": 2}
+
+
+# -- burst collapse and album merge ---------------------------------------------------------------
+
+
+def test_burst_from_one_participant_collapses_into_one_item(
+    queue: TurnQueue, store: SessionStore, clock: Clock
+) -> None:
+    queue.enqueue(LANE, msg("one"))
+    for text in ("two", "three"):
+        clock.advance(1.5)  # each gap is measured from the last arrival, not the first
+        result = queue.enqueue(LANE, msg(text))
+        assert (result.accepted, result.merged, result.depth) == (True, True, 1)
+    head = queue.head(LANE)
+    assert head is not None
+    assert head.event.text == "one\ntwo\nthree"
+    assert (head.humans, head.last_arrival) == (3, clock.now)
+    assert stored(store) == ["one\ntwo\nthree"]
+
+
+def test_window_boundary_is_inclusive(queue: TurnQueue, clock: Clock) -> None:
+    queue.enqueue(LANE, msg("one"))
+    clock.advance(2.0)
+    assert queue.enqueue(LANE, msg("two")).merged
+
+
+def test_alternate_user_id_identifies_the_participant(queue: TurnQueue) -> None:
+    queue.enqueue(LANE, msg("one", user="x", alt="same"))
+    assert queue.enqueue(LANE, msg("two", user="y", alt="same")).merged
+    assert not queue.enqueue(LANE, msg("three", user="y", alt="other")).merged
+
+
+@pytest.mark.parametrize(
+    ("first", "second"),
+    [
+        pytest.param(msg("a", user="u1"), msg("b", user="u2"), id="other-participant"),
+        pytest.param(msg("a", user=None), msg("b", user=None), id="no-participant"),
+        pytest.param(msg("a"), msg("b", queued_via_command=True), id="queue-command-new"),
+        pytest.param(msg("a", queued_via_command=True), msg("b"), id="queue-command-tail"),
+        pytest.param(msg("a"), msg("b", internal=True), id="internal-new"),
+        pytest.param(msg("a", internal=True), msg("b", internal=True), id="internal-both"),
+        pytest.param(msg("a", internal=True), msg("b"), id="internal-tail"),
+        pytest.param(msg("a", kind=MessageType.PHOTO, media=("p",)), msg("b"), id="text-to-photo"),
+        pytest.param(msg("a", media=("link",)), msg("b"), id="text-with-media"),
+        *(
+            pytest.param(msg("a"), msg("b", kind=kind, media=("m",)), id=kind.value)
+            for kind in (
+                MessageType.VOICE,
+                MessageType.VIDEO,
+                MessageType.AUDIO,
+                MessageType.DOCUMENT,
+                MessageType.STICKER,
+                MessageType.LOCATION,
+            )
+        ),
+        pytest.param(
+            msg("a", kind=MessageType.VOICE, media=("v",)),
+            msg("b", kind=MessageType.PHOTO, media=("p",)),
+            id="photo-to-voice",
+        ),
+    ],
+)
+def test_events_that_never_merge(
+    queue: TurnQueue, first: MessageEvent, second: MessageEvent
+) -> None:
+    queue.enqueue(LANE, first)
+    result = queue.enqueue(LANE, second)
+    assert (result.accepted, result.merged, result.depth) == (True, False, 2)
+    assert texts(queue) == ["a", "b"]
+
+
+def test_no_merge_after_the_window(queue: TurnQueue, clock: Clock) -> None:
+    queue.enqueue(LANE, msg("a"))
+    clock.advance(2.01)
+    assert not queue.enqueue(LANE, msg("b")).merged
+    assert queue.depth(LANE) == 2
+
+
+def test_zero_window_disables_merging(store: SessionStore, clock: Clock) -> None:
+    queue = make_queue(store, clock, burst_window_secs=0)
+    queue.enqueue(LANE, msg("a"))
+    assert not queue.enqueue(LANE, msg("b")).merged
+    assert queue.depth(LANE) == 2
+
+
+def test_merges_only_into_the_tail(queue: TurnQueue) -> None:
+    queue.enqueue(LANE, msg("a1", user="a"))
+    queue.enqueue(LANE, msg("b1", user="b"))
+    assert not queue.enqueue(LANE, msg("a2", user="a")).merged  # never ahead of b1
+    assert queue.enqueue(LANE, msg("a3", user="a")).merged
+    assert texts(queue) == ["a1", "b1", "a2\na3"]
+
+
+def test_album_merges_photos_into_a_text(queue: TurnQueue, store: SessionStore) -> None:
+    queue.enqueue(LANE, msg("look at these"))
+    photo = MessageType.PHOTO
+    assert queue.enqueue(LANE, msg("", kind=photo, media=("p1",))).merged
+    assert queue.enqueue(LANE, msg("second caption", kind=photo, media=("p2", "p3"))).merged
+    head = queue.head(LANE)
+    assert head is not None
+    assert head.event.message_type is MessageType.PHOTO
+    assert head.event.media_urls == ("p1", "p2", "p3")
+    assert head.event.text == "look at these\nsecond caption"
+    assert head.humans == 3
+    (_, _, persisted), *_ = store.queue_restore()
+    assert persisted.media_urls == ("p1", "p2", "p3")
+    assert persisted.message_type is MessageType.PHOTO
+
+
+def test_album_merges_photos_with_captions(queue: TurnQueue) -> None:
+    photo = MessageType.PHOTO
+    queue.enqueue(LANE, msg("cap one", kind=photo, media=("p1",)))
+    result = queue.enqueue(LANE, msg("cap two", kind=photo, media=("p2",)))
+    assert (result.merged, result.depth) == (True, 1)
+    head = queue.head(LANE)
+    assert head is not None
+    assert (head.event.text, head.event.media_urls) == ("cap one\ncap two", ("p1", "p2"))
+
+
+def test_merged_item_keeps_the_first_message_identity(queue: TurnQueue) -> None:
+    first = msg("a", message_id="m1", metadata={"k": "v"})
+    queue.enqueue(LANE, first)
+    queue.enqueue(LANE, msg("b", message_id="m2"))
+    head = queue.head(LANE)
+    assert head is not None
+    assert (head.event.event_id, head.event.message_id) == (first.event_id, "m1")
+    assert head.event.metadata == {"k": "v", MERGED_KEY: 2}
+
+
+def test_merged_content_survives_reopening_the_store(
+    hermes_home: Path, store: SessionStore, clock: Clock
+) -> None:
+    queue = make_queue(store, clock)
+    for text in ("one", "two", "three"):
+        queue.enqueue(LANE, msg(text))
+    store.close()
+    reopened = open_store(hermes_home)
+    try:
+        assert stored(reopened) == ["one\ntwo\nthree"]
+        restored = make_queue(reopened, clock)
+        assert restored.restore() == 1
+        assert restored.discard_slot(LANE) == 3  # the merge count survives the restart
+    finally:
+        reopened.close()
+
+
+# -- discards --------------------------------------------------------------------------------------
+
+
+def test_stop_discards_the_slot_burst_and_promotes_the_overflow(
+    queue: TurnQueue, store: SessionStore, seen: list[LifecycleEvent]
+) -> None:
+    queue.enqueue(LANE, msg("a"))
+    queue.enqueue(LANE, msg("b"))
+    queue.enqueue(LANE, msg("queued", queued_via_command=True))
+    queue.enqueue(LANE, wake("w"))
+    queue.enqueue(LANE, msg("c", user="u2"))
+    assert queue.discard_slot(LANE) == 2
+    assert stored(store) == ["queued", "w", "c"]
+    assert seen[-1].kind == "queue_discarded"
+    assert dict(seen[-1].detail) == {"scope": "slot", "items": 1, "messages": 2, "depth": 3}
+    assert queue.discard_slot(LANE) == 0  # a /queue item in the slot owes its turn
+    assert queue.depth(LANE) == 3
+    assert texts(queue) == ["queued", "w", "c"]
+
+
+def test_stop_keeps_an_internal_slot_and_handles_an_empty_lane(
+    queue: TurnQueue, seen: list[LifecycleEvent]
+) -> None:
+    assert queue.discard_slot(LANE) == 0
+    queue.enqueue(LANE, wake("w"))
+    queue.enqueue(LANE, msg("a"))
+    assert queue.discard_slot(LANE) == 0
+    assert texts(queue) == ["w", "a"]
+    assert "queue_discarded" not in [event.kind for event in seen]
+
+
+def test_reset_discards_every_human_item_and_keeps_wakes_in_order(
+    queue: TurnQueue, store: SessionStore, seen: list[LifecycleEvent]
+) -> None:
+    queue.enqueue(LANE, msg("a"))
+    queue.enqueue(LANE, msg("a2"))
+    queue.enqueue(LANE, wake("w1"))
+    queue.enqueue(LANE, msg("q", queued_via_command=True))
+    queue.enqueue(LANE, wake("w2"))
+    queue.enqueue(LANE, msg("b", user="u2"))
+    queue.enqueue(OTHER, msg("elsewhere"))
+    assert queue.discard_humans(LANE) == 4
+    assert dict(seen[-1].detail) == {"scope": "humans", "items": 3, "messages": 4, "depth": 2}
+    assert stored(store) == ["w1", "w2"]
+    assert stored(store, OTHER) == ["elsewhere"]
+    assert queue.discard_humans(LANE) == 0
+    assert texts(queue) == ["w1", "w2"]
+
+
+def test_failed_discard_keeps_the_items(
+    queue: TurnQueue, store: SessionStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    queue.enqueue(LANE, msg("a"))
+
+    def broken(event_ids: list[int]) -> int:
+        raise StoreError("disk full")
+
+    monkeypatch.setattr(store, "queue_remove", broken)
+    with pytest.raises(StoreError):
+        queue.discard_slot(LANE)
+    assert queue.depth(LANE) == 1
+
+
+# -- dispatch helpers ------------------------------------------------------------------------------
+
+
+def test_push_front_returns_a_head_to_the_slot(queue: TurnQueue) -> None:
+    queue.enqueue(LANE, msg("a"))
+    queue.enqueue(OTHER, msg("x"))
+    queue.enqueue(LANE, msg("b", user="u2"))
+    item = queue.pop_head(LANE)
+    assert item is not None
+    assert queue.lanes() == [OTHER, LANE]
+    queue.push_front(LANE, item)
+    assert queue.lanes() == [LANE, OTHER]  # ordered by the oldest item's arrival
+    assert texts(queue) == ["a", "b"]
+    assert queue.lanes() == [OTHER]
+
+
+def test_pop_head_does_not_touch_the_store(queue: TurnQueue, store: SessionStore) -> None:
+    queue.enqueue(LANE, msg("a"))
+    assert queue.pop_head(LANE) is not None
+    assert queue.pop_head(LANE) is None
+    assert stored(store) == ["a"]  # deleted by mark_turn_active, not by the queue
+
+
+# -- restore ---------------------------------------------------------------------------------------
+
+
+def test_restore_reloads_lanes_in_order_and_never_merges_them(
+    hermes_home: Path, store: SessionStore, clock: Clock
+) -> None:
+    queue = make_queue(store, clock)
+    queue.enqueue(LANE, msg("a1", user="a"))
+    queue.enqueue(OTHER, msg("x1"))
+    queue.enqueue(LANE, wake("w"))
+    queue.enqueue(LANE, msg("a2", user="a"))
+    queue.enqueue(OTHER, msg("x2", user="u2"))
+    store.close()
+    reopened = open_store(hermes_home)
+    try:
+        restored = make_queue(reopened, clock)
+        assert restored.restore() == 5
+        assert restored.lanes() == [LANE, OTHER]
+        head = restored.head(LANE)
+        assert head is not None
+        assert (head.restored, head.humans, head.event_id is not None) == (True, 1, True)
+        result = restored.enqueue(LANE, msg("a3", user="a"))  # same sender, within the window
+        assert (result.merged, result.depth) == (False, 4)
+        items = items_of(restored, LANE)
+        assert [item.event.text for item in items] == ["a1", "w", "a2", "a3"]
+        assert [item.humans for item in items] == [1, 0, 1, 1]
+        assert [item.restored for item in items] == [True, True, True, False]
+        ids = event_ids(items)
+        assert ids == sorted(ids)
+        assert texts(restored, OTHER) == ["x1", "x2"]
+    finally:
+        reopened.close()
+
+
+def test_restore_refuses_a_queue_in_use(queue: TurnQueue) -> None:
+    queue.enqueue(LANE, msg("a"))
+    with pytest.raises(RuntimeError):
+        queue.restore()
+    assert queue.depth(LANE) == 1
+
+
+# -- failures and degraded mode --------------------------------------------------------------------
+
+
+def test_a_failed_commit_refuses_as_not_saved(
+    queue: TurnQueue,
+    store: SessionStore,
+    seen: list[LifecycleEvent],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    queue.enqueue(LANE, msg("kept", user="other"))
+
+    def broken(*args: object) -> None:
+        raise StoreError("database is locked")
+
+    monkeypatch.setattr(store, "queue_add", broken)
+    result = queue.enqueue(LANE, msg("lost"))
+    assert (result.accepted, result.merged, result.depth, result.refused) == (
+        False, False, 1, "not_saved",
+    )  # fmt: skip
+    assert seen[-1].kind == "queue_refused"
+    assert dict(seen[-1].detail) == {"reason": "not_saved", "depth": 1}
+    monkeypatch.setattr(store, "queue_replace", broken)
+    assert queue.enqueue(LANE, msg("merge", user="other")).refused == "not_saved"
+    assert texts(queue) == ["kept"]
+    assert queue.enqueue(OTHER, msg("x")).refused == "not_saved"
+    assert queue.lanes() == []
+
+
+def test_degraded_store_keeps_the_queue_in_memory(tmp_path: Path, clock: Clock) -> None:
+    degraded = blocked_store(tmp_path / "blocked")
+    try:
+        assert degraded.degraded
+        queue = make_queue(degraded, clock)
+        assert queue.enqueue(LANE, msg("a")).accepted
+        assert queue.enqueue(LANE, msg("b")).merged
+        assert queue.enqueue(LANE, wake("w")).accepted
+        head = queue.head(LANE)
+        assert head is not None
+        assert (head.event_id, head.event.text) == (None, "a\nb")
+        assert degraded.queue_restore() == []
+        assert queue.discard_slot(LANE) == 2
+        assert texts(queue) == ["w"]
+        assert queue.restore() == 0
+    finally:
+        degraded.close()
+
+
+# -- observers and crash point --------------------------------------------------------------------
+
+
+def test_observers_and_the_crash_point_see_each_commit(
+    queue: TurnQueue, seen: list[LifecycleEvent], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    points: list[str] = []
+    monkeypatch.setattr("hermes_core.queue.crash_point", points.append)
+    queue.enqueue(LANE, msg("a"))
+    queue.enqueue(LANE, msg("b"))
+    queue.enqueue(LANE, wake())
+    assert points == ["enqueued", "enqueued", "enqueued"]
+    assert [(event.kind, event.session_key, dict(event.detail)) for event in seen] == [
+        ("queue_accepted", LANE, {"depth": 1, "internal": False}),
+        ("queue_merged", LANE, {"depth": 1, "messages": 2}),
+        ("queue_accepted", LANE, {"depth": 2, "internal": True}),
+    ]
+
+
+def test_a_failing_observer_does_not_break_the_queue(
+    store: SessionStore, clock: Clock, caplog: pytest.LogCaptureFixture
+) -> None:
+    def broken(event: LifecycleEvent) -> None:
+        raise RuntimeError("observer bug")
+
+    config = GatewayConfig.from_dict({}, environ={})
+    queue = TurnQueue(store, config, clock=clock, notify=broken)
+    assert queue.enqueue(LANE, msg("a")).accepted
+    assert queue.depth(LANE) == 1
+    assert "observer of queue_accepted failed" in caplog.text
+
+
+# -- concurrency -----------------------------------------------------------------------------------
+
+
+def test_concurrent_enqueues_keep_each_lane_in_order(store: SessionStore, clock: Clock) -> None:
+    threads, per_thread, shared = 8, 15, "shared"
+    own = [f"lane-{n}" for n in range(threads)]
+    queue = make_queue(store, clock, max_pending=threads * per_thread, burst_window_secs=0)
+    results: list[bool] = []
+
+    def produce(n: int) -> None:
+        for i in range(per_thread):
+            for key in (own[n], shared):
+                result = queue.enqueue(key, msg(f"{n}:{i}", user=f"u{n}"))
+                results.append(result.accepted and not result.merged)
+
+    run_threads(produce, threads)
+    assert results == [True] * (2 * threads * per_thread)
+    assert sorted(queue.lanes()) == sorted([*own, shared])
+    persisted = store.queue_restore()
+    for key in [*own, shared]:
+        ids = event_ids(items_of(queue, key))
+        assert ids == sorted(ids)
+        assert ids == [event_id for event_id, lane, _ in persisted if lane == key]
+    for n in range(threads):
+        expected = [f"{n}:{i}" for i in range(per_thread)]
+        assert [item.event.text for item in items_of(queue, own[n])] == expected
+        mine = [item.event.text for item in items_of(queue, shared) if item.event.text in expected]
+        assert mine == expected
+
+
+def test_concurrent_burst_loses_no_text(queue: TurnQueue, store: SessionStore) -> None:
+    threads, per_thread = 8, 10
+    run_threads(
+        lambda n: [queue.enqueue(LANE, msg(f"{n}:{i}")) for i in range(per_thread)], threads
+    )
+    (item,) = items_of(queue, LANE)
+    assert item.humans == threads * per_thread
+    lines = item.event.text.split("\n")
+    assert sorted(lines) == sorted(f"{n}:{i}" for n in range(threads) for i in range(per_thread))
+    for n in range(threads):
+        assert [line for line in lines if line.startswith(f"{n}:")] == [
+            f"{n}:{i}" for i in range(per_thread)
+        ]
+    assert stored(store) == [item.event.text]
+
+
+def run_threads(target: Callable[[int], object], count: int) -> None:
+    """Run ``target(n)`` in ``count`` threads released together; wait for all."""
+    barrier = threading.Barrier(count)
+
+    def start(n: int) -> None:
+        barrier.wait()
+        target(n)
+
+    workers = [threading.Thread(target=start, args=(n,)) for n in range(count)]
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join()

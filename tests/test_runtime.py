@@ -1,0 +1,357 @@
+"""The asyncio Gateway (SPEC §8, §7.8, §7.9): turns, queueing, commands, acks, gate and drain."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from hermes_core import GatewayConfig, LifecycleEvent, MessageEvent, SessionEntry, hookimpl
+from hermes_core.agents import EchoAgent, InMemoryAdapter
+from hermes_core.models import MessageType
+from hermes_core.runtime import (
+    ACK_INTERRUPT,
+    ACK_QUEUED,
+    NEW_SESSION,
+    NOTHING_TO_STOP,
+    QUEUE_USAGE,
+    REFUSED_CAP,
+    Gateway,
+    HostCallbacks,
+)
+from hermes_core.testing import fresh_plugin_manager, telegram_dm
+
+pytestmark = pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
+
+
+class Agents:
+    """One EchoAgent per session, with a shared thinking delay; records overlap per key."""
+
+    def __init__(self, delay: float = 0.0) -> None:
+        self.delay = delay
+        self.by_session: dict[str, EchoAgent] = {}
+
+    def hurry(self) -> None:
+        """From now on every agent answers at once."""
+        self.delay = 0.0
+        for agent in self.by_session.values():
+            agent.delay = 0.0
+
+    def __call__(self, entry: SessionEntry) -> EchoAgent:
+        agent = EchoAgent(self.delay)
+        self.by_session[entry.session_id] = agent
+        return agent
+
+
+def _event(text: str, chat: str = "1", user: str = "u1", **fields: Any) -> MessageEvent:
+    return MessageEvent(source=telegram_dm(chat, user_id=user), text=text, **fields)
+
+
+@pytest.fixture
+def make_gateway(
+    hermes_home: Path,
+) -> Callable[..., tuple[Gateway, InMemoryAdapter, Agents]]:
+    def make(delay: float = 0.0, **settings: Any) -> tuple[Gateway, InMemoryAdapter, Agents]:
+        base: dict[str, Any] = {
+            "gateway": {"housekeeping": {"initial_delay_secs": 3600}},
+            "agent": {"restart_drain_timeout": 2},
+        }
+        for section, values in settings.items():
+            base.setdefault(section, {}).update(values)
+        config = GatewayConfig.from_dict(base, environ={"HERMES_HOME": str(hermes_home)})
+        adapter, agents = InMemoryAdapter(), Agents(delay)
+        gateway = Gateway(config, fresh_plugin_manager(hermes_home), agents, [adapter])
+        return gateway, adapter, agents
+
+    return make
+
+
+async def _started(gateway: Gateway) -> Gateway:
+    await gateway.start()
+    return gateway
+
+
+async def test_a_message_runs_one_turn(make_gateway: Any) -> None:
+    gateway, adapter, _ = make_gateway()
+    await gateway.start()
+    await gateway.handle_message(_event("hi"))
+    await gateway.idle()
+    assert adapter.texts() == ["echo: hi"]
+    entry = gateway.store.lookup_by_session_key("agent:main:telegram:dm:1")
+    assert entry is not None
+    assert entry.active_turn_token is None
+    roles = [m["role"] for m in gateway.store.load_transcript(entry.session_id)]
+    assert roles == ["user", "assistant"]
+    assert await gateway.stop()
+    assert (gateway.config.hermes_home / ".clean_shutdown").exists()
+
+
+async def test_turns_of_one_key_never_overlap_and_keys_run_concurrently(make_gateway: Any) -> None:
+    gateway, adapter, _agents = make_gateway(delay=0.2, display={"busy_input_mode": "queue"})
+    await gateway.start()
+    await gateway.handle_message(_event("a", chat="1"))
+    await gateway.handle_message(_event("b", chat="2"))
+    await gateway.handle_message(_event("c", chat="1", user="u2"))
+    await asyncio.sleep(0.05)
+    assert len(gateway._lanes) == 2  # both keys run at once
+    await gateway.idle()
+    assert adapter.texts("1") == [ACK_QUEUED, "echo: a", "echo: c"]
+    assert adapter.texts("2") == ["echo: b"]
+    await gateway.stop()
+
+
+async def test_interrupt_mode_interrupts_and_runs_the_follow_up(make_gateway: Any) -> None:
+    gateway, adapter, _ = make_gateway(delay=5.0)
+    await gateway.start()
+    await gateway.handle_message(_event("long task"))
+    await asyncio.sleep(0.05)
+    await gateway.handle_message(_event("actually, stop that", user="u2"))
+    await gateway.idle()
+    texts = adapter.texts()
+    assert texts[0] == ACK_INTERRUPT
+    assert texts[-1] == "echo: actually, stop that"
+    await gateway.stop()
+
+
+async def test_burst_collapses_into_one_turn(make_gateway: Any) -> None:
+    gateway, adapter, agents = make_gateway(delay=0.2, display={"busy_input_mode": "queue"})
+    await gateway.start()
+    await gateway.handle_message(_event("first"))
+    await asyncio.sleep(0.02)
+    for text in ("one", "two", "three"):
+        await gateway.handle_message(_event(text))
+    await gateway.idle()
+    assert adapter.texts()[-1] == "echo: one\ntwo\nthree"
+    assert sum(agent.turns for agent in agents.by_session.values()) == 2
+    await gateway.stop()
+
+
+async def test_cap_refuses_honestly(make_gateway: Any) -> None:
+    gateway, adapter, _ = make_gateway(
+        delay=0.3, display={"busy_input_mode": "queue"}, gateway={"busy_queue": {"max_pending": 1}}
+    )
+    await gateway.start()
+    await gateway.handle_message(_event("running"))
+    await asyncio.sleep(0.02)
+    await gateway.handle_message(_event("waits", user="u2"))
+    await gateway.handle_message(_event("too many", user="u3"))
+    await gateway.idle()
+    assert REFUSED_CAP.format(n=1) in adapter.texts()
+    assert "echo: too many" not in adapter.texts()
+    assert "echo: waits" in adapter.texts()
+    await gateway.stop()
+
+
+async def test_queue_command(make_gateway: Any) -> None:
+    gateway, adapter, _ = make_gateway(delay=0.2, display={"busy_input_mode": "queue"})
+    await gateway.start()
+    await gateway.handle_message(_event("/queue"))
+    assert adapter.texts() == [QUEUE_USAGE]
+    await gateway.handle_message(_event("/queue idle lane runs now"))
+    await asyncio.sleep(0.02)
+    await gateway.handle_message(_event("/queue later one"))
+    await gateway.handle_message(_event("/queue later two"))
+    await gateway.idle()
+    texts = adapter.texts()
+    assert "Queued for the next turn." in texts
+    assert "Queued for the next turn. (2 queued)" in texts
+    replies = [t for t in texts if t.startswith("echo:")]
+    assert replies == ["echo: idle lane runs now", "echo: later one", "echo: later two"]
+    await gateway.stop()
+
+
+async def test_stop_discards_the_follow_up_but_keeps_queue_items(make_gateway: Any) -> None:
+    gateway, adapter, agents = make_gateway(delay=5.0, display={"busy_input_mode": "queue"})
+    await gateway.start()
+    await gateway.handle_message(_event("/stop"))
+    assert adapter.texts() == [NOTHING_TO_STOP]
+    await gateway.handle_message(_event("long task"))
+    await asyncio.sleep(0.05)
+    await gateway.handle_message(_event("follow-up a"))
+    await gateway.handle_message(_event("follow-up b"))  # merged into the slot item
+    await gateway.handle_message(_event("/queue kept item"))
+    agents.hurry()
+    await gateway.handle_message(_event("/stop"))
+    await gateway.idle()
+    texts = adapter.texts()
+    assert "Stopped. Discarded 2 queued messages." in texts
+    assert "echo: kept item" in texts
+    assert not any("follow-up" in t for t in texts if t.startswith("echo:"))
+    entry = gateway.store.lookup_by_session_key("agent:main:telegram:dm:1")
+    assert entry is not None
+    assert entry.active_turn_token is None
+    assert not entry.resume_pending
+    await gateway.stop()
+
+
+async def test_reset_trigger(make_gateway: Any) -> None:
+    gateway, adapter, agents = make_gateway(delay=5.0, display={"busy_input_mode": "queue"})
+    await gateway.start()
+    await gateway.handle_message(_event("old conversation"))
+    await asyncio.sleep(0.05)
+    old = gateway.store.peek_session_id("agent:main:telegram:dm:1")
+    await gateway.handle_message(_event("queued human", user="u2"))
+    wake = _event("", internal=True, metadata={"wake": True})
+    await gateway.handle_message(wake)
+    agents.hurry()
+    await gateway.handle_message(_event("/NEW@hermes_bot fresh start"))
+    await gateway.idle()
+    new = gateway.store.peek_session_id("agent:main:telegram:dm:1")
+    assert new != old
+    texts = adapter.texts()
+    assert NEW_SESSION in texts
+    assert "echo: fresh start" in texts
+    assert "echo: queued human" not in texts
+    assert new is not None
+    contents = [m.get("content") for m in gateway.store.load_transcript(new)]
+    assert "fresh start" in contents
+    await gateway.stop()
+
+
+async def test_wake_bound_to_an_older_session_needs_the_resolver(make_gateway: Any) -> None:
+    gateway, adapter, _ = make_gateway()
+    await gateway.start()
+    await gateway.handle_message(_event("hello"))
+    await gateway.idle()
+    old = gateway.store.peek_session_id("agent:main:telegram:dm:1")
+    await gateway.handle_message(_event("/new"))
+    await gateway.idle()
+    gateway._gate = True  # queue the wake behind the gate, then let it through
+    await gateway.handle_message(_event("work done", internal=True, bound_session_id=old))
+    gateway._gate = False
+    gateway._dispatch_next("agent:main:telegram:dm:1")
+    await gateway.idle()
+    assert "echo: work done" not in adapter.texts()  # no resolver: dropped, never run
+    gateway.callbacks = HostCallbacks(wake_allowed=lambda event, session_id: True)
+    gateway._gate = True
+    await gateway.handle_message(_event("work done", internal=True, bound_session_id=old))
+    gateway._gate = False
+    gateway._dispatch_next("agent:main:telegram:dm:1")
+    await gateway.idle()
+    assert "echo: work done" in adapter.texts()
+    await gateway.stop()
+
+
+async def test_acknowledgements_are_rate_limited_and_can_be_disabled(make_gateway: Any) -> None:
+    gateway, adapter, _ = make_gateway(delay=0.3, display={"busy_input_mode": "queue"})
+    await gateway.start()
+    await gateway.handle_message(_event("busy"))
+    await asyncio.sleep(0.02)
+    await gateway.handle_message(_event("a", user="u2"))
+    await gateway.handle_message(_event("b", user="u3"))
+    await gateway.idle()
+    assert adapter.texts().count(ACK_QUEUED) == 1
+    await gateway.stop()
+    quiet, quiet_adapter, _ = make_gateway(delay=0.3, display={"busy_input_mode": "queue"},
+                                           gateway={"busy_ack_enabled": False})  # fmt: skip
+    await quiet.start()
+    await quiet.handle_message(_event("busy"))
+    await asyncio.sleep(0.02)
+    await quiet.handle_message(_event("a", user="u2"))
+    await quiet.idle()
+    assert ACK_QUEUED not in quiet_adapter.texts()
+    await quiet.stop()
+
+
+async def test_drain_that_times_out_resumes_after_restart(make_gateway: Any) -> None:
+    gateway, _adapter, _ = make_gateway(delay=30.0, agent={"restart_drain_timeout": 0.2})
+    await gateway.start()
+    await gateway.handle_message(_event("slow question"))
+    await asyncio.sleep(0.05)
+    assert not await gateway.stop(restart=True)
+    home = gateway.config.hermes_home
+    assert not (home / ".clean_shutdown").exists()
+    again, adapter2, _ = make_gateway()
+    await again.start()
+    await again.idle()
+    assert adapter2.texts() == ["echo: slow question"]
+    entry = again.store.lookup_by_session_key("agent:main:telegram:dm:1")
+    assert entry is not None
+    assert not entry.resume_pending
+    notes = [m for m in again.store.load_transcript(entry.session_id)
+             if str(m.get("content", "")).startswith("[System note")]  # fmt: skip
+    assert len(notes) == 1
+    assert "a gateway restart" in notes[0]["content"]
+    await again.stop()
+
+
+async def test_drain_in_time_clears_the_mark(make_gateway: Any) -> None:
+    gateway, adapter, _ = make_gateway(delay=0.2)
+    await gateway.start()
+    await gateway.handle_message(_event("quick"))
+    await asyncio.sleep(0.02)
+    assert await gateway.stop()
+    assert adapter.texts() == ["echo: quick"]
+    assert (gateway.config.hermes_home / ".clean_shutdown").exists()
+
+
+async def test_messages_during_drain_are_queued_for_after_the_restart(make_gateway: Any) -> None:
+    gateway, adapter, _ = make_gateway(delay=0.3)
+    await gateway.start()
+    await gateway.handle_message(_event("running"))
+    await asyncio.sleep(0.02)
+    stopping = asyncio.create_task(gateway.stop(restart=True))
+    await asyncio.sleep(0.02)
+    await gateway.handle_message(_event("arrived late", user="u2"))
+    await stopping
+    assert (
+        "⏳ Gateway restarting — queued for the next turn after it comes back." in adapter.texts()
+    )
+    again, adapter2, _ = make_gateway()
+    await again.start()
+    await again.idle()
+    assert adapter2.texts() == ["echo: arrived late"]
+    await again.stop()
+
+
+class _Recorder:
+    def __init__(self) -> None:
+        self.kinds: list[str] = []
+
+    @hookimpl
+    def hermes_on_lifecycle_event(self, event: LifecycleEvent) -> None:
+        self.kinds.append(event.kind)
+
+
+class _Exploding:
+    @hookimpl
+    def hermes_on_lifecycle_event(self, event: LifecycleEvent) -> None:
+        raise RuntimeError("observer bug")
+
+
+async def test_observers_fire_and_a_failing_one_never_breaks_a_turn(
+    hermes_home: Path,
+) -> None:
+    plugins = fresh_plugin_manager(hermes_home)
+    recorder = _Recorder()
+    plugins.register(_Exploding(), name="exploding")
+    plugins.register(recorder, name="recorder")
+    config = GatewayConfig.from_dict({"agent": {"agent_cache": {"max_size": 1}}},
+                                     environ={"HERMES_HOME": str(hermes_home)})  # fmt: skip
+    adapter = InMemoryAdapter()
+    gateway = Gateway(config, plugins, Agents(), [adapter])
+    await gateway.start()
+    for chat in ("1", "2"):
+        await gateway.handle_message(_event("hi", chat=chat))
+        await gateway.idle()
+    await gateway.stop()
+    assert adapter.texts() == ["echo: hi", "echo: hi"]
+    for kind in ("session_created", "turn_started", "turn_ended", "agent_soft_released",
+                 "agent_cleaned_up"):  # fmt: skip
+        assert kind in recorder.kinds, kind
+
+
+async def test_photo_album_merges(make_gateway: Any) -> None:
+    gateway, adapter, agents = make_gateway(delay=0.2, display={"busy_input_mode": "queue"})
+    await gateway.start()
+    await gateway.handle_message(_event("busy"))
+    await asyncio.sleep(0.02)
+    await gateway.handle_message(_event("look", message_type=MessageType.PHOTO, media_urls=("a",)))
+    await gateway.handle_message(_event("", message_type=MessageType.PHOTO, media_urls=("b",)))
+    await gateway.idle()
+    assert adapter.texts()[-1] == "echo: look"
+    assert sum(agent.turns for agent in agents.by_session.values()) == 2
+    await gateway.stop()
