@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
@@ -13,15 +14,24 @@ from hermes_core.models import MessageEvent, SessionSource
 
 @dataclass(frozen=True)
 class TurnRequest:
-    """One turn for an agent: the lane, its stored history, the session-context prompt and the
-    new message (sender-prefixed in shared sessions, after a resume note when resuming)."""
+    """One turn for an agent: the lane, the session-context prompt and the new message
+    (sender-prefixed in shared sessions, after a resume note when resuming).
+
+    The stored history is loaded on demand (``await request.history()``): an agent kept in the
+    cache holds its conversation in memory and needs the store only after it was (re)built.
+    """
 
     session_key: str
     session_id: str
-    history: list[dict[str, Any]]
     system_prompt: str
     message: str
     event: MessageEvent
+    load_history: Callable[[], list[dict[str, Any]]]
+    """Blocking read of the transcript before this turn's message."""
+
+    async def history(self) -> list[dict[str, Any]]:
+        """The stored transcript before this turn's message (read in a worker thread)."""
+        return await asyncio.to_thread(self.load_history)
 
 
 @runtime_checkable
@@ -85,7 +95,7 @@ class EchoAgent:
             except asyncio.TimeoutError:
                 pass
         if request.event.internal and not request.event.text:
-            for message in reversed(request.history):
+            for message in reversed(await request.history()):
                 if message.get("role") == "user" and message.get("display_kind") is None:
                     return f"echo: {message.get('content')}"
         return f"echo: {request.message}"

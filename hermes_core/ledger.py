@@ -138,19 +138,29 @@ class DeliveryLedger:
 
     def deliver(self, row: Obligation, send: SendFunction, prefix: str | None = None) -> bool:
         """Claim (spending an attempt), send, settle. True when the platform accepted it."""
-        attempts = row.attempts + 1
-        if row.attempts >= self.settings.max_attempts:
-            self.abandon(row, f"{row.attempts} attempts used")
+        if not self.claim(row):
             return False
-        owner, boot = self.owner
-        lease = self._clock() + self.settings.lease_secs
-        self._update(row, "attempting", attempts=attempts, owner_instance=owner,
-                     owner_boot=boot, lease_expires_at=lease)  # fmt: skip
         text = f"{prefix}\n\n{row.content}" if prefix else row.content
         try:
             result = send(row, text)
         except Exception as exc:  # noqa: BLE001 - a raising adapter is a failed delivery
             result = SendResult(ok=False, failure_kind="disconnected", error=repr(exc))
+        return self.settle(row, result)
+
+    def claim(self, row: Obligation) -> bool:
+        """Mark a row ``attempting`` just before the platform call, spending an attempt;
+        False (the row abandoned) when no attempt is left."""
+        if row.attempts >= self.settings.max_attempts:
+            self.abandon(row, f"{row.attempts} attempts used")
+            return False
+        owner, boot = self.owner
+        lease = self._clock() + self.settings.lease_secs
+        self._update(row, "attempting", attempts=row.attempts + 1, owner_instance=owner,
+                     owner_boot=boot, lease_expires_at=lease)  # fmt: skip
+        return True
+
+    def settle(self, row: Obligation, result: SendResult) -> bool:
+        """Record a claimed row's send: delivered (row deleted) or failed with its kind."""
         if result.ok:
             crash_point("sent")
             try:

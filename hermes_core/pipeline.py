@@ -131,19 +131,41 @@ class TurnPipeline:
         return Reply(content, row)
 
     def deliver(self, turn: Turn, reply: Reply, send: SendFunction) -> bool:
-        """Send a finished turn's reply: through the ledger when it was recorded, else directly
-        (then nothing more is owed, so the marker is cleared)."""
-        ledger = self.store.ledger
-        if reply.obligation is not None and ledger is not None:
-            return ledger.deliver(reply.obligation, send)
+        """Send a finished turn's reply with a blocking send function: :meth:`claim`, send,
+        :meth:`settle`."""
+        if not self.claim(reply):
+            return False
         try:
-            result = send(_unrecorded(turn, reply.content), reply.content)
+            result = send(self.addressed(turn, reply), reply.content)
         except Exception as exc:  # noqa: BLE001 - a raising adapter is a failed send
             result = SendResult(ok=False, failure_kind="disconnected", error=repr(exc))
+        return self.settle(turn, reply, result)
+
+    def claim(self, reply: Reply) -> bool:
+        """Before the platform call: mark the ledger row ``attempting``; False when it has no
+        attempt left (abandoned). A reply sent without the ledger needs no claim."""
+        ledger = self.store.ledger
+        if reply.obligation is None or ledger is None:
+            return True
+        return ledger.claim(reply.obligation)
+
+    def settle(self, turn: Turn, reply: Reply, result: SendResult) -> bool:
+        """After the platform call: settle the ledger row; without the ledger nothing more is
+        owed, so the marker is cleared. True when the reply was delivered."""
+        ledger = self.store.ledger
+        if reply.obligation is not None and ledger is not None:
+            return ledger.settle(reply.obligation, result)
         if result.ok:
             crash_point("sent")
         self.store.clear_turn_active(turn.entry.session_key, turn.token)
         return result.ok
+
+    @staticmethod
+    def addressed(turn: Turn, reply: Reply) -> Obligation:
+        """Where the reply goes: its ledger row, or an equivalent record without the ledger."""
+        return (
+            reply.obligation if reply.obligation is not None else _unrecorded(turn, reply.content)
+        )
 
     def complete(self, turn: Turn, *, success: bool) -> None:
         """Close the turn: clear its marker if still set; after a success also the resume flag

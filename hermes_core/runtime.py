@@ -8,10 +8,11 @@ gate or during a drain are queued durably and dispatched in order.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from cachetools import LRUCache, TTLCache
 
@@ -23,8 +24,8 @@ from hermes_core.crashpoints import crash_point
 from hermes_core.errors import HermesError, StoreError
 from hermes_core.housekeeping import Housekeeping
 from hermes_core.ledger import SendResult
-from hermes_core.models import MessageEvent, SessionEntry, SessionSource
-from hermes_core.pipeline import Turn, TurnPipeline
+from hermes_core.models import MessageEvent, SessionContext, SessionEntry, SessionSource
+from hermes_core.pipeline import Reply, Turn, TurnPipeline
 from hermes_core.plugins import HermesPluginManager, create_plugin_manager
 from hermes_core.queue import TurnQueue
 from hermes_core.recovery import GatewayState
@@ -63,8 +64,10 @@ ACK_INTERVAL_SECS = 30.0
 SEEN_MESSAGES = 10_000
 """How many (lane, platform message id) pairs are remembered to ignore redeliveries."""
 RECENT_MESSAGES = 20
+PROMPT_CACHE_SIZE = 1024
 
 AgentFactory = Callable[[SessionEntry], Agent]
+_T = TypeVar("_T")
 
 
 @dataclass
@@ -143,7 +146,11 @@ class Gateway:
         self._acked: TTLCache[str, bool] = TTLCache(maxsize=SEEN_MESSAGES, ttl=ACK_INTERVAL_SECS)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._housekeeping: Housekeeping | None = None
+        self._inline_store = False
         self._seen: LRUCache[tuple[str, str], bool] = LRUCache(maxsize=SEEN_MESSAGES)
+        self._prompts: LRUCache[tuple[str, SessionSource], tuple[str, SessionContext]] = LRUCache(
+            maxsize=PROMPT_CACHE_SIZE
+        )
 
     # -- start ---------------------------------------------------------------------------------
 
@@ -188,13 +195,17 @@ class Gateway:
         lower the gate when the resumed turns end (or the wait expires); housekeeping."""
         self._loop = asyncio.get_running_loop()
         store = await asyncio.to_thread(self.state.start)
+        self._inline_store = (
+            store.health()["backend"] == "sqlite"
+            and self.config.storage.sqlite_synchronous == "normal"
+        )
         self.pipeline = TurnPipeline(store, self.config)
         if self.queue is None:  # the queue_restore step was disabled
             self.queue = TurnQueue(store, self.config, notify=self._notify)
         ledger = store.ledger
         if ledger is not None:
             connected = [name for name, adapter in self.adapters.items() if adapter.is_connected()]
-            await asyncio.to_thread(
+            await asyncio.to_thread(  # the sweep's sends hop back onto the loop
                 ledger.boot_sweep, connected, self._send_sync, store.clear_resume_pending
             )
         await self._resume(None)
@@ -209,12 +220,14 @@ class Gateway:
 
     async def _resume(self, platform: str | None) -> int:
         """Dispatch one internal resume event per eligible lane (SPEC §7.8)."""
-        entries = await asyncio.to_thread(
-            resume_candidates, self.store, self.config.agent.gateway_auto_continue_freshness,
-            platform=platform, connected=self._connected, busy=self._lanes.__contains__,
-            authorised=self.callbacks.authorised,
+        entries = await self._call(
+            functools.partial(
+                resume_candidates, self.store, self.config.agent.gateway_auto_continue_freshness,
+                platform=platform, connected=self._connected, busy=self._lanes.__contains__,
+                authorised=self.callbacks.authorised,
+            )
         )  # fmt: skip
-        await asyncio.to_thread(self._remember_recent, entries)
+        await self._call(self._remember_recent, entries)
         for entry in entries:
             if entry.session_key not in self._lanes:
                 self._start_lane(entry.session_key, resume_event(entry), None)
@@ -259,7 +272,7 @@ class Gateway:
             await self._enqueue_while_draining(key, event)
             return
         if self._gate:
-            await asyncio.to_thread(self._queue.enqueue, key, event)  # no acknowledgement yet
+            await self._call(self._queue.enqueue, key, event)  # no acknowledgement yet
             return
         if not event.internal:
             command, rest = _command(event.text, (*self.triggers, "/stop", "/queue"))
@@ -280,7 +293,7 @@ class Gateway:
         if idle and self._connected(event.source.platform):
             self._start_lane(key, event, None)
             return
-        result = await asyncio.to_thread(queue.enqueue, key, event)
+        result = await self._call(queue.enqueue, key, event)
         if not result.accepted:
             if not event.internal:
                 await self._refusal(event, result.refused, result.depth)
@@ -309,7 +322,7 @@ class Gateway:
         await self._reply(event.source, text)
 
     async def _enqueue_while_draining(self, key: str, event: MessageEvent) -> None:
-        result = await asyncio.to_thread(self._queue.enqueue, key, event)
+        result = await self._call(self._queue.enqueue, key, event)
         if event.internal or self._stopping is None:
             return
         texts = DRAIN_QUEUED if result.accepted else DRAIN_REFUSED
@@ -341,7 +354,7 @@ class Gateway:
     async def _discard(self, discard: Callable[[str], int], key: str) -> int:
         """Run a queue discard; a store failure keeps the items (logged) and counts nothing."""
         try:
-            return await asyncio.to_thread(discard, key)
+            return await self._call(discard, key)
         except StoreError:
             logger.exception("queued messages could not be discarded; they stay queued")
             return 0
@@ -351,13 +364,13 @@ class Gateway:
         await self._halt(key, "user")
         self._interrupt_background(key)
         await self._discard(self._queue.discard_humans, key)
-        await asyncio.to_thread(self.cache.discard, key)
-        if await asyncio.to_thread(self.store.reset_session, key) is None:
-            await asyncio.to_thread(self.store.get_or_create_session, event.source, True)
-        await asyncio.to_thread(self._pipeline.counts.remove, key)
+        await asyncio.to_thread(self.cache.discard, key)  # full cleanup runs off the loop
+        if await self._call(self.store.reset_session, key) is None:
+            await self._call(self.store.get_or_create_session, event.source, True)
+        await self._call(self._pipeline.counts.remove, key)
         await self._reply(event.source, NEW_SESSION)
         if rest.strip():
-            await asyncio.to_thread(self._queue.enqueue, key, event.replace(text=rest))
+            await self._call(self._queue.enqueue, key, event.replace(text=rest))
         self._dispatch_next(key)
 
     async def _stop_lane(self, key: str, event: MessageEvent) -> None:
@@ -385,7 +398,7 @@ class Gateway:
             await self._accept(key, event.replace(text=prompt))
             return
         item = event.replace(text=prompt, queued_via_command=True)
-        result = await asyncio.to_thread(self._queue.enqueue, key, item)
+        result = await self._call(self._queue.enqueue, key, item)
         if not result.accepted:
             await self._refusal(event, result.refused, result.depth)
             return
@@ -457,52 +470,103 @@ class Gateway:
     async def _run_turn(
         self, key: str, lane: _Lane, event: MessageEvent, event_id: int | None
     ) -> None:
-        pipeline, store = self._pipeline, self.store
-        before = await asyncio.to_thread(store.lookup_by_session_key, key)
-        turn = await asyncio.to_thread(pipeline.begin, event, event_id)
-        if turn is None:
+        """One turn: the blocking work before the agent, after it, and after the send runs in
+        one store call each (see ``_call``); the agent and the adapter run on the loop."""
+        prepared = await self._call(self._prepare, key, event, event_id)
+        if prepared is None:
             return
-        if before is not None and before.suspended and not event.internal:
-            await self._reply(event.source, SUSPENDED_NOTICE)
-        agent = await asyncio.to_thread(
-            self.cache.get_or_create, key, turn.entry.session_id,
-            lambda: self.agent_factory(turn.entry), begin_turn=True,
-        )  # fmt: skip
+        turn, agent, request, suspended_before = prepared
         lane.agent = agent
-        success = False
-        request: TurnRequest | None = None
+        if suspended_before and not event.internal:
+            await self._reply(event.source, SUSPENDED_NOTICE)
+        reply: str | None = None
+        failed = False
         try:
-            request = await asyncio.to_thread(self._request, turn)
             reply = await agent.run_turn(request)
-            owed = await asyncio.to_thread(pipeline.finish, turn, reply)
-            if owed is not None:
-                await asyncio.to_thread(pipeline.deliver, turn, owed, self._send_sync)
-            success = not lane.interrupted
         except asyncio.CancelledError:
+            self.cache.end_turn(key, agent)
             if lane.stop == "user":  # stopped by the user: nothing owed, nothing to resume
-                await asyncio.to_thread(store.clear_turn_active, key, turn.token)
+                await self._call(self.store.clear_turn_active, key, turn.token)
             raise  # a drain keeps the marker: the turn resumes after the restart
         except Exception:
             logger.exception("a turn failed")
+            failed = True
             await self._reply(event.source, TURN_FAILED)
+        success = not failed and not lane.interrupted
+        owed = await self._call(self._finish, turn, None if failed else reply, success)
+        result = (
+            await self._send(self._pipeline.addressed(turn, owed), owed.content) if owed else None
+        )
+        await self._call(self._close, turn, agent, owed, result, success)
+
+    async def _call(self, function: Callable[..., _T], *args: Any) -> _T:
+        """Run a blocking store call: inline on the loop when the store never waits for a disk
+        flush or the network (SQLite with ``synchronous: normal``, where a worker-thread hop
+        costs more than the call), else in a worker thread."""
+        if self._inline_store and not self.store.degraded:
+            return function(*args)
+        return await asyncio.to_thread(function, *args)
+
+    def _prepare(
+        self, key: str, event: MessageEvent, event_id: int | None
+    ) -> tuple[Turn, Agent, TurnRequest, bool] | None:
+        """Start the turn durably, take the lane's agent and build its input (blocking)."""
+        before = self.store.lookup_by_session_key(key)
+        turn = self._pipeline.begin(event, event_id)
+        if turn is None:
+            return None
+        agent = self.cache.get_or_create(
+            key, turn.entry.session_id, lambda: self.agent_factory(turn.entry), begin_turn=True
+        )
+        try:
+            request = self._request(turn)
+        except BaseException:
+            self.cache.end_turn(key, agent)
+            self._pipeline.complete(turn, success=False)
+            raise
+        return turn, agent, request, before is not None and before.suspended
+
+    def _finish(self, turn: Turn, reply: str | None, success: bool) -> Reply | None:
+        """Store and record the reply, then claim it for sending (blocking); None if nothing is
+        to be sent."""
+        if not (success or reply):
+            return None
+        owed = self._pipeline.finish(turn, reply)
+        return owed if owed is not None and self._pipeline.claim(owed) else None
+
+    def _close(
+        self, turn: Turn, agent: Agent, owed: Reply | None, result: SendResult | None,
+        success: bool,
+    ) -> None:  # fmt: skip
+        """Settle the send, close the turn and update the cache (blocking)."""
+        key = turn.entry.session_key
+        try:
+            if owed is not None and result is not None:
+                self._pipeline.settle(turn, owed, result)
         finally:
             self.cache.end_turn(key, agent)
-            if request is not None:  # everything the agent saw or said is in the store now
-                stored = len(request.history) + 2
-                self.cache.report_persistence(key, agent, persisted=stored, in_memory=stored)
-        await asyncio.to_thread(pipeline.complete, turn, success=success)
+            # The turn's user message and reply are in the store: nothing held only in memory.
+            self.cache.report_persistence(key, agent, persisted=2, in_memory=2)
+            self._pipeline.complete(turn, success=success)
 
     def _request(self, turn: Turn) -> TurnRequest:
-        """The agent's input: stored history, the session-context prompt, the message."""
-        history = self.store.load_transcript(turn.entry.session_id)[:-1]
-        source = turn.event.source
-        context = build_session_context(source, self.config, turn.entry, plugins=self.plugins)
-        prompt = build_session_context_prompt(context, plugins=self.plugins)
+        """The agent's input: the session-context prompt (cached per session and source: it is
+        byte-identical from turn to turn) and the message; the history loads on demand."""
+        source, session_id = turn.event.source, turn.entry.session_id
+        cached = self._prompts.get((session_id, source))
+        if cached is None:
+            context = build_session_context(source, self.config, turn.entry, plugins=self.plugins)
+            prompt = build_session_context_prompt(context, plugins=self.plugins)
+            cached = self._prompts[(session_id, source)] = (prompt, context)
+        prompt, context = cached
         text = turn.event.text
         if context.shared_multi_user_session and not turn.event.internal:
             text = prefix_sender(text, source, context, plugins=self.plugins)
-        return TurnRequest(turn.entry.session_key, turn.entry.session_id, history, prompt,
-                           turn.message(text), turn.event)  # fmt: skip
+        store = self.store
+        return TurnRequest(
+            turn.entry.session_key, session_id, prompt, turn.message(text), turn.event,
+            lambda: store.load_transcript(session_id)[:-1],
+        )  # fmt: skip
 
     # -- sending -----------------------------------------------------------------------------------
 
@@ -514,15 +578,23 @@ class Gateway:
             return
         await adapter.send(source, text)
 
-    def _send_sync(self, row: Obligation, text: str) -> SendResult:
-        """The ledger's send function (runs in a worker thread; the adapter on the loop)."""
+    async def _send(self, row: Obligation, text: str) -> SendResult:
+        """Send a claimed reply through its platform's adapter (on the loop)."""
         adapter = self.adapters.get(row.platform)
-        if adapter is None or not adapter.is_connected() or self._loop is None:
+        if adapter is None or not adapter.is_connected():
             return SendResult(ok=False, failure_kind="disconnected", error="not connected")
         source = SessionSource(platform=row.platform, chat_id=row.chat_id or "",
                                chat_type="group", thread_id=row.thread_id)  # fmt: skip
-        send = adapter.send(source, text, reply_to=row.reply_to_message_id)
-        return asyncio.run_coroutine_threadsafe(send, self._loop).result()
+        try:
+            return await adapter.send(source, text, reply_to=row.reply_to_message_id)
+        except Exception as exc:  # noqa: BLE001 - a raising adapter is a failed send
+            return SendResult(ok=False, failure_kind="disconnected", error=repr(exc))
+
+    def _send_sync(self, row: Obligation, text: str) -> SendResult:
+        """The ledger sweeps' send function (they run in a worker thread; the send on the loop)."""
+        if self._loop is None:
+            return SendResult(ok=False, failure_kind="disconnected", error="not connected")
+        return asyncio.run_coroutine_threadsafe(self._send(row, text), self._loop).result()
 
     async def idle(self) -> None:
         """Wait until no turn is running (queued events of connected platforms included)."""
@@ -542,7 +614,7 @@ class Gateway:
             await self._housekeeping.stop()
         running = dict(self._lanes)
         for key in running:
-            await asyncio.to_thread(self.store.mark_resume_pending, key, reason)
+            await self._call(self.store.mark_resume_pending, key, reason)
         crash_point("drain_marked")
         tasks = [lane.task for lane in running.values() if lane.task is not None]
         pending: set[asyncio.Task[None]] = set()
@@ -552,7 +624,7 @@ class Gateway:
             )
         if pending:
             for key, lane in list(self._lanes.items()):
-                await asyncio.to_thread(self.store.mark_resume_pending, key, reason)
+                await self._call(self.store.mark_resume_pending, key, reason)
                 lane.stop = "drain"
                 if lane.task is not None:
                     lane.task.cancel()

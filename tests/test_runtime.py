@@ -74,8 +74,9 @@ async def _started(gateway: Gateway) -> Gateway:
     return gateway
 
 
-async def test_a_message_runs_one_turn(make_gateway: Any) -> None:
-    gateway, adapter, _ = make_gateway()
+@pytest.mark.parametrize("synchronous", ["normal", "full"], ids=["inline-store", "threaded-store"])
+async def test_a_message_runs_one_turn(make_gateway: Any, synchronous: str) -> None:
+    gateway, adapter, _ = make_gateway(storage={"sqlite_synchronous": synchronous})
     await gateway.start()
     await gateway.handle_message(_event("hi"))
     await gateway.idle()
@@ -163,8 +164,14 @@ async def test_queue_command(make_gateway: Any) -> None:
     await gateway.stop()
 
 
-async def test_stop_discards_the_follow_up_but_keeps_queue_items(make_gateway: Any) -> None:
-    gateway, adapter, agents = make_gateway(delay=5.0, display={"busy_input_mode": "queue"})
+@pytest.mark.parametrize("synchronous", ["normal", "full"], ids=["inline-store", "threaded-store"])
+async def test_stop_discards_the_follow_up_but_keeps_queue_items(
+    make_gateway: Any, synchronous: str
+) -> None:
+    gateway, adapter, agents = make_gateway(
+        delay=5.0, display={"busy_input_mode": "queue"},
+        storage={"sqlite_synchronous": synchronous},
+    )  # fmt: skip
     await gateway.start()
     await gateway.handle_message(_event("/stop"))
     assert adapter.texts() == [NOTHING_TO_STOP]
@@ -256,8 +263,14 @@ async def test_acknowledgements_are_rate_limited_and_can_be_disabled(make_gatewa
     await quiet.stop()
 
 
-async def test_drain_that_times_out_resumes_after_restart(make_gateway: Any) -> None:
-    gateway, _adapter, _ = make_gateway(delay=30.0, agent={"restart_drain_timeout": 0.2})
+@pytest.mark.parametrize("synchronous", ["normal", "full"], ids=["inline-store", "threaded-store"])
+async def test_drain_that_times_out_resumes_after_restart(
+    make_gateway: Any, synchronous: str
+) -> None:
+    gateway, _adapter, _ = make_gateway(
+        delay=30.0, agent={"restart_drain_timeout": 0.2},
+        storage={"sqlite_synchronous": synchronous},
+    )  # fmt: skip
     await gateway.start()
     await gateway.handle_message(_event("slow question"))
     await asyncio.sleep(0.05)

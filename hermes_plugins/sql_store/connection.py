@@ -87,7 +87,9 @@ class SqlConnection:
             self._engine.dispose()
             raise
         self._cursor = self._writer.cursor()
-        self._sql = Statements(self._engine.dialect)
+        self._dialect = self._engine.dialect
+        self._sql = Statements(self._dialect)
+        self._obligation_updates: dict[tuple[str, ...], Prepared] = {}
 
     # -- connections ------------------------------------------------------------------------------
 

@@ -6,6 +6,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from sqlalchemy import (
+    bindparam,
     select,
     update,
 )
@@ -19,6 +20,7 @@ from hermes_plugins.sql_store.rows import route_params
 from hermes_plugins.sql_store.schema import (
     delivery_obligations,
 )
+from hermes_plugins.sql_store.statements import Prepared
 
 
 class LedgerRows(SqlConnection):
@@ -61,11 +63,19 @@ class LedgerRows(SqlConnection):
             return conn.execute(query.limit(1)).first() is not None
 
     def update_obligation(self, obligation_id: str, changes: Mapping[str, Any]) -> None:
-        """Change columns of one ledger row."""
-        table = delivery_obligations
-        statement = update(table).where(table.c.obligation_id == obligation_id).values(**changes)
+        """Change columns of one ledger row (one prepared statement per set of columns)."""
+        columns = tuple(sorted(changes))
+        prepared = self._obligation_updates.get(columns)
+        if prepared is None:
+            table = delivery_obligations
+            statement = (
+                update(table)
+                .where(table.c.obligation_id == bindparam("obligation_id"))
+                .values({name: bindparam(name) for name in columns})
+            )
+            prepared = self._obligation_updates[columns] = Prepared(statement, self._dialect)
         with self._write("updating the delivery ledger") as cursor:
-            self._execute(cursor, statement)
+            prepared.run(cursor, {**changes, "obligation_id": obligation_id})
 
     def delete_obligation(self, obligation_id: str) -> None:
         """Remove one ledger row."""
