@@ -368,3 +368,51 @@ async def test_photo_album_merges(make_gateway: Any) -> None:
     assert adapter.texts()[-1] == "echo: look"
     assert sum(agent.turns for agent in agents.by_session.values()) == 2
     await gateway.stop()
+
+
+async def test_startup_gate_holds_messages_until_resumed_turns_end(make_gateway: Any) -> None:
+    first, _adapter, _ = make_gateway(delay=30.0, agent={"restart_drain_timeout": 0.1})
+    await first.start()
+    await first.handle_message(_event("interrupted question"))
+    await asyncio.sleep(0.05)
+    await first.stop(restart=True)  # the drain times out: the turn resumes at the next start
+    gateway, adapter, agents = make_gateway(delay=0.3)
+    starting = asyncio.create_task(gateway.start())
+    while gateway.queue is None:  # recovery ran; the gate is up while the resume turn runs
+        await asyncio.sleep(0.01)
+    await gateway.handle_message(_event("while starting, same lane", user="u2"))
+    await gateway.handle_message(_event("while starting, other lane", chat="2"))
+    assert adapter.texts() == []  # nothing answered or acknowledged behind the gate
+    await starting
+    agents.hurry()
+    await gateway.idle()
+    assert adapter.texts("1") == ["echo: interrupted question", "echo: while starting, same lane"]
+    assert adapter.texts("2") == ["echo: while starting, other lane"]
+    await gateway.stop()
+
+
+async def test_housekeeping_pass_is_isolated(make_gateway: Any, monkeypatch: Any) -> None:
+    gateway, _, _ = make_gateway(
+        agent={"agent_cache": {"idle_ttl_secs": 0.01}},
+        gateway={"sessions_json_interval_secs": 0.01},
+    )
+    await gateway.start()
+    await gateway.handle_message(_event("hi"))
+    await gateway.idle()
+    await asyncio.sleep(0.05)
+    from hermes_core.housekeeping import Housekeeping
+
+    housekeeping = Housekeeping(gateway.config, gateway.store, gateway.cache)
+
+    def broken() -> int:
+        raise RuntimeError("pressure signal exploded")
+
+    monkeypatch.setattr(gateway.cache, "sweep_pressure", broken)
+    results = housekeeping.run_once()
+    assert results["idle_sweep"] == 1  # the idle agent was soft-released
+    assert isinstance(results["pressure_sweep"], RuntimeError)
+    assert results["prune"] == 0  # the tasks after the failing one still ran
+    assert results["sessions_json"] is True
+    assert (gateway.store.sessions_dir / "sessions.json").exists()
+    assert gateway.store.lookup_by_session_key("agent:main:telegram:dm:1") is not None
+    await gateway.stop()
