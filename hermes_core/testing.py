@@ -19,7 +19,8 @@ import pytest
 from hermes_core.config import GatewayConfig
 from hermes_core.errors import InvalidValueError
 from hermes_core.models import SessionSource
-from hermes_core.plugins import HermesPluginManager, create_plugin_manager
+from hermes_core.plugins import HermesPluginManager, create_plugin_manager, hookimpl
+from hermes_core.specs import LifecycleEvent
 from hermes_core.store import SessionStore
 
 StoreFactory = Callable[[Path], SessionStore]
@@ -32,6 +33,17 @@ def fresh_plugin_manager(hermes_home: Path, **config: Any) -> HermesPluginManage
     """A strict manager of the built-in plugins for a state directory (no entry points)."""
     settings = GatewayConfig.from_dict(config, environ={"HERMES_HOME": str(hermes_home)})
     return create_plugin_manager(settings, load_entrypoints=False, strict=True)
+
+
+class LifecycleRecorder:
+    """A lifecycle observer plugin that records the kinds of the events it sees, in order."""
+
+    def __init__(self) -> None:
+        self.kinds: list[str] = []
+
+    @hookimpl
+    def hermes_on_lifecycle_event(self, event: LifecycleEvent) -> None:
+        self.kinds.append(event.kind)
 
 
 def telegram_dm(chat_id: str = "99", **fields: Any) -> SessionSource:

@@ -28,6 +28,7 @@ from hermes_core import (
     create_plugin_manager,
     hookimpl,
 )
+from hermes_core.testing import LifecycleRecorder
 from hermes_hookspecs import SPEC_MODULES
 
 EXAMPLE_SRC = Path(__file__).resolve().parents[1] / "examples" / "hermes-irc" / "src"
@@ -195,15 +196,6 @@ def test_bad_third_party_plugin_policy(
         create_plugin_manager(_config(hermes_home), strict=True)
 
 
-class _Observer:
-    def __init__(self) -> None:
-        self.seen: list[str] = []
-
-    @hookimpl
-    def hermes_on_lifecycle_event(self, event: LifecycleEvent) -> None:
-        self.seen.append(event.kind)
-
-
 class _FailingObserver:
     @hookimpl
     def hermes_on_lifecycle_event(self, event: LifecycleEvent) -> None:
@@ -214,13 +206,13 @@ def test_failing_observer_is_logged_and_others_still_run(
     hermes_home: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     manager = create_plugin_manager(_config(hermes_home), load_entrypoints=False)
-    first, second = _Observer(), _Observer()
+    first, second = LifecycleRecorder(), LifecycleRecorder()
     manager.register(first, name="first")
     manager.register(_FailingObserver(), name="failing")
     manager.register(second, name="second")
     with caplog.at_level(logging.ERROR, logger="hermes_core.plugins"):
         manager.notify(LifecycleEvent(kind="session_created", session_key="k", session_id="s"))
-    assert first.seen == second.seen == ["session_created"]
+    assert first.kinds == second.kinds == ["session_created"]
     assert "'failing'" in caplog.text
     assert "observer exploded" in caplog.text
 

@@ -22,7 +22,7 @@ from hermes_core.runtime import (
     Gateway,
     HostCallbacks,
 )
-from hermes_core.testing import fresh_plugin_manager, telegram_dm
+from hermes_core.testing import LifecycleRecorder, fresh_plugin_manager, telegram_dm
 
 pytestmark = pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
 
@@ -320,15 +320,6 @@ async def test_messages_during_drain_are_queued_for_after_the_restart(make_gatew
     await again.stop()
 
 
-class _Recorder:
-    def __init__(self) -> None:
-        self.kinds: list[str] = []
-
-    @hookimpl
-    def hermes_on_lifecycle_event(self, event: LifecycleEvent) -> None:
-        self.kinds.append(event.kind)
-
-
 class _Exploding:
     @hookimpl
     def hermes_on_lifecycle_event(self, event: LifecycleEvent) -> None:
@@ -339,7 +330,7 @@ async def test_observers_fire_and_a_failing_one_never_breaks_a_turn(
     hermes_home: Path,
 ) -> None:
     plugins = fresh_plugin_manager(hermes_home)
-    recorder = _Recorder()
+    recorder = LifecycleRecorder()
     plugins.register(_Exploding(), name="exploding")
     plugins.register(recorder, name="recorder")
     config = GatewayConfig.from_dict({"agent": {"agent_cache": {"max_size": 1}}},

@@ -16,11 +16,11 @@ import pytest
 from sqlalchemy import create_engine, text
 
 from conftest import POSTGRES_URL
-from hermes_core import GatewayConfig, LifecycleEvent, hookimpl
+from hermes_core import GatewayConfig
 from hermes_core.errors import InvalidValueError, SchemaVersionError, TurnInProgressError
 from hermes_core.store import SessionStore
 from hermes_core.store.mirror import MIRROR_README
-from hermes_core.testing import fresh_plugin_manager, telegram_dm
+from hermes_core.testing import LifecycleRecorder, fresh_plugin_manager, telegram_dm
 
 Opener = Callable[..., SessionStore]
 
@@ -376,18 +376,9 @@ def test_torn_mirror_is_reported_and_kept(
 # -- observers and files ---------------------------------------------------------------------------
 
 
-class _Recorder:
-    def __init__(self) -> None:
-        self.kinds: list[str] = []
-
-    @hookimpl
-    def hermes_on_lifecycle_event(self, event: LifecycleEvent) -> None:
-        self.kinds.append(event.kind)
-
-
 def test_observers_see_committed_lifecycle_events(open_store: Opener) -> None:
     store = open_store()
-    recorder = _Recorder()
+    recorder = LifecycleRecorder()
     store.plugins.register(recorder, name="recorder")
     entry = store.get_or_create_session(telegram_dm())
     token = store.mark_turn_active(entry.session_key)

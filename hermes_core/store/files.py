@@ -56,12 +56,16 @@ def fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def _write_all(fd: int, data: bytes) -> None:
-    """Write ``data`` completely (a regular file may accept it in several chunks)."""
-    view = memoryview(data)
-    while view:
-        written = os.write(fd, view)
-        view = view[written:]
+def _fill(fd: int, data: bytes) -> None:
+    """Write ``data`` completely (a file may take it in several chunks), fsync, close ``fd``."""
+    try:
+        view = memoryview(data)
+        while view:
+            written = os.write(fd, view)
+            view = view[written:]
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def _unlink_quietly(path: Path) -> None:
@@ -149,11 +153,7 @@ def atomic_write(path: Path, data: bytes) -> None:
             f"({_reason(exc)}); check that the directory exists and is writable."
         ) from exc
     try:
-        try:
-            _write_all(fd, data)
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        _fill(fd, data)
         os.replace(temp, path)
     except OSError as exc:
         _unlink_quietly(temp)
@@ -189,11 +189,7 @@ def create_private_file(path: Path, data: bytes) -> bool:
             "writable."
         ) from exc
     try:
-        try:
-            _write_all(fd, data)
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        _fill(fd, data)
     except OSError as exc:
         _unlink_quietly(path)
         raise StoreError(
