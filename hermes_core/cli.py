@@ -64,7 +64,7 @@ def _parser() -> argparse.ArgumentParser:
     """The argument parser: global options and one subcommand per command."""
     parser = argparse.ArgumentParser(
         prog=PROG,
-        description="Session lifecycle for chat-agent gateways: inspect keys and plugins.",
+        description="Session lifecycle for chat-agent gateways: keys, plugins and a demo.",
         allow_abbrev=False,
     )
     parser.add_argument("--version", action="version", version=f"{PROG} {__version__ or 'unknown'}")
@@ -94,7 +94,25 @@ def _parser() -> argparse.ArgumentParser:
     )
     explain.add_argument("--json", action="store_true", help="print one JSON object")
     explain.set_defaults(handler=_explain_command, source_parser=explain)
+
+    demo = commands.add_parser(
+        "demo",
+        help="run the gateway with an echo agent over a bundled script, crash it, restart it",
+        allow_abbrev=False,
+    )
+    demo.add_argument(
+        "--state-dir", metavar="DIR", type=Path,
+        help="state directory for the demo (default: a new temporary directory)",
+    )  # fmt: skip
+    demo.set_defaults(handler=_demo_command)
     return parser
+
+
+def _demo_command(args: argparse.Namespace, config: GatewayConfig) -> int:
+    """``demo [--state-dir DIR]``: the real Gateway, a real crash and the recovery."""
+    from hermes_core.demo import run_demo
+
+    return run_demo(args.state_dir)
 
 
 def _source_options() -> argparse.ArgumentParser:
