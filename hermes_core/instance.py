@@ -12,7 +12,7 @@ import os
 import secrets
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from hermes_core.errors import HermesError, StoreError
 from hermes_core.store.files import (
@@ -151,6 +151,22 @@ def instance_id(hermes_home: Path, configured: str | None = None) -> str:
     if len(value) != 32 or not all(c in "0123456789abcdef" for c in value):
         raise StoreError(f"{path} does not hold a 32-hex instance id; delete it to make a new one.")
     return value
+
+
+class RestartCounter(Protocol):
+    """Where stuck-loop counts live: ``restart_counts.json`` on SQLite, a table on PostgreSQL."""
+
+    def load(self) -> dict[str, int]:
+        """The counts this instance keeps."""
+        ...
+
+    def save(self, counts: Mapping[str, int]) -> None:
+        """Replace them, durably."""
+        ...
+
+    def remove(self, session_key: str) -> None:
+        """Forget one lane's count."""
+        ...
 
 
 class RestartCounts:

@@ -15,7 +15,6 @@ from dataclasses import dataclass
 
 from hermes_core.config import GatewayConfig
 from hermes_core.crashpoints import crash_point
-from hermes_core.instance import RestartCounts
 from hermes_core.ledger import SILENCE_NOTICE, SendFunction, SendResult, is_silent_reply
 from hermes_core.models import MessageEvent, SessionEntry
 from hermes_core.recovery import INTERNAL_NOTIFICATION
@@ -55,12 +54,10 @@ class Reply:
 class TurnPipeline:
     """Durable turn steps over one store."""
 
-    def __init__(
-        self, store: SessionStore, config: GatewayConfig, counts: RestartCounts | None = None
-    ) -> None:
+    def __init__(self, store: SessionStore, config: GatewayConfig) -> None:
         self.store = store
         self.config = config
-        self.counts = counts if counts is not None else RestartCounts(config.hermes_home)
+        self.counts = store.restart_counts()
 
     def begin(self, event: MessageEvent, consumed_event_id: int | None = None) -> Turn | None:
         """File the event and store its user message with a new turn marker (one commit).

@@ -15,7 +15,7 @@ from __future__ import annotations
 import logging
 
 from hermes_core import GatewayConfig, RecoveryContext, RecoveryStep, hookimpl
-from hermes_core.instance import CLEAN_SHUTDOWN_FILE, RestartCounts
+from hermes_core.instance import CLEAN_SHUTDOWN_FILE
 from hermes_core.recovery import (
     STUCK_LOOP_THRESHOLD,
     RecoveryAbortedError,
@@ -75,7 +75,7 @@ def clean_shutdown(context: RecoveryContext) -> None:
 def stuck_loop(context: RecoveryContext) -> None:
     """Count this start's interrupted lanes (others drop to zero), durably, before any resume;
     a lane reaching three is suspended so its next message starts a fresh session."""
-    counts = RestartCounts(context.config.hermes_home)
+    counts = context.store.restart_counts()
     previous = counts.load()
     updated = {key: previous.get(key, 0) + 1 for key in context.report.get("struck", [])}
     suspended = []

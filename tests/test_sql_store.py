@@ -407,3 +407,21 @@ def test_state_files_are_private(open_store: Opener, backend: str) -> None:
     for name in ("state.db", "state.db-wal", "state.db-shm"):
         if (home / name).exists():
             assert stat.S_IMODE(os.stat(home / name).st_mode) == 0o600, name
+
+
+def test_restart_counts_live_where_the_backend_says(open_store: Opener, backend: str) -> None:
+    store = open_store(gateway={"instance_id": "instance-a"})
+    counts = store.restart_counts()
+    counts.save({"agent:main:telegram:dm:1": 1, "agent:main:telegram:dm:2": 2})
+    counts.remove("agent:main:telegram:dm:1")
+    assert counts.load() == {"agent:main:telegram:dm:2": 2}
+    counts_file = store.config.hermes_home / "restart_counts.json"
+    if backend == "sqlite":
+        assert counts_file.exists()
+        return
+    assert not counts_file.exists()  # PostgreSQL: a table shared by the instances
+    other = open_store(gateway={"instance_id": "instance-b"}).restart_counts()
+    other.save({"agent:main:telegram:dm:3": 1})
+    counts.save({})  # "all others" means only this instance's rows
+    assert other.load() == {"agent:main:telegram:dm:3": 1}
+    assert counts.load() == {}

@@ -290,6 +290,15 @@ class SqlMaintenance(BacklogTarget, Protocol):
     def queued(self) -> list[tuple[int, str, str]]:
         """Every queued event as (id, session key, event JSON), in queue order."""
 
+    def restart_counts(self, owner: str) -> dict[str, int]:
+        """The stuck-loop counts of the lanes instance ``owner`` struck last."""
+
+    def save_restart_counts(self, owner: str, counts: Mapping[str, int]) -> None:
+        """One transaction: replace ``owner``'s counts (other instances' rows stay)."""
+
+    def remove_restart_count(self, session_key: str) -> None:
+        """Forget a lane's count (a successful turn, a reset, a suspension replacement)."""
+
     def prune_obligations(self, terminal_before: float, max_rows: int) -> int:
         """Drop terminal rows last updated before ``terminal_before``, then the oldest terminal
         rows beyond ``max_rows``; returns how many went."""

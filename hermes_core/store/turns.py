@@ -11,13 +11,15 @@ from __future__ import annotations
 import json
 import logging
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
 
 from hermes_core.errors import InvalidValueError, StoreError
+from hermes_core.instance import RestartCounter, RestartCounts, instance_id
 from hermes_core.ledger import DeliveryLedger, obligation_id
 from hermes_core.models import MessageEvent, SessionEntry
-from hermes_core.store.backend import Obligation
+from hermes_core.store.backend import Obligation, SqlMaintenance
 from hermes_core.store.base import StoreBase
 from hermes_core.timeutil import utc_now
 
@@ -25,6 +27,26 @@ logger = logging.getLogger(__name__)
 
 AUTO_RESUME_REASONS = frozenset({"restart_timeout", "shutdown_timeout", "restart_interrupted"})
 _CLEARED_MARKER = {"active_turn_token": None, "active_turn_started_at": None}
+
+
+class SqlRestartCounts:
+    """Stuck-loop counts in the shared SQL store, tagged with this instance (SPEC §7.7)."""
+
+    def __init__(self, rows: SqlMaintenance, owner: str) -> None:
+        self.rows = rows
+        self.owner = owner
+
+    def load(self) -> dict[str, int]:
+        """The counts of the lanes this instance struck last."""
+        return self.rows.restart_counts(self.owner)
+
+    def save(self, counts: Mapping[str, int]) -> None:
+        """Replace this instance's counts."""
+        self.rows.save_restart_counts(self.owner, counts)
+
+    def remove(self, session_key: str) -> None:
+        """Forget a lane's count."""
+        self.rows.remove_restart_count(session_key)
 
 
 @dataclass(frozen=True)
@@ -115,6 +137,14 @@ class TurnRecoveryStore(StoreBase):
     def recover_interrupted_turns(self, max_age_seconds: float = 3600) -> int:
         """SPEC §7.3; returns the number of lanes newly armed."""
         return len(self.recover_turn_markers(max_age_seconds).armed)
+
+    def restart_counts(self) -> RestartCounter:
+        """Where this store keeps stuck-loop counts: a table tagged with the instance on
+        PostgreSQL (instances share it), else ``$HERMES_HOME/restart_counts.json``."""
+        if self._sql is not None and self._backend.name == "postgresql":
+            owner = instance_id(self.config.hermes_home, self.config.gateway.instance_id)
+            return SqlRestartCounts(self._sql, owner)
+        return RestartCounts(self.config.hermes_home)
 
     # -- delivery ledger ---------------------------------------------------------------------------
 

@@ -30,7 +30,7 @@ from hermes_core.store.backend import (
     SessionRow,
 )
 from hermes_plugins.sql_store import search
-from hermes_plugins.sql_store.queue import QueueRows
+from hermes_plugins.sql_store.counts import CountRows
 from hermes_plugins.sql_store.rows import (
     SESSION_COLUMNS,
     message_dict,
@@ -47,7 +47,7 @@ from hermes_plugins.sql_store.schema import (
 logger = logging.getLogger(__name__)
 
 
-class SqlBackend(QueueRows):
+class SqlBackend(CountRows):
     """The canonical store over SQLite or PostgreSQL."""
 
     durable_queue = True
