@@ -23,6 +23,7 @@ from hermes_core.errors import (
     RedactionError,
     UnknownPlatformError,
 )
+from hermes_core.gateway_texts import HostCallbacks
 from hermes_core.keys import (
     KeyResolution,
     build_session_key,
@@ -44,7 +45,7 @@ from hermes_core.plugins import (
     create_plugin_manager,
     hookimpl,
 )
-from hermes_core.runtime import Gateway, HostCallbacks
+from hermes_core.runtime import Gateway
 from hermes_core.specs import (
     EvictionCandidate,
     EvictionPolicy,

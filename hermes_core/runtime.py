@@ -11,7 +11,6 @@ import asyncio
 import functools
 import logging
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from cachetools import LRUCache, TTLCache
@@ -22,6 +21,24 @@ from hermes_core.config import GatewayConfig
 from hermes_core.context import build_session_context, build_session_context_prompt, prefix_sender
 from hermes_core.crashpoints import crash_point
 from hermes_core.errors import HermesError, StoreError
+from hermes_core.gateway_texts import (
+    ACK_INTERRUPT,
+    ACK_INTERVAL_SECS,
+    ACK_QUEUED,
+    DRAIN_QUEUED,
+    DRAIN_REFUSED,
+    NEW_SESSION,
+    NOTHING_TO_STOP,
+    QUEUE_USAGE,
+    QUEUED_COMMAND,
+    REFUSED_CAP,
+    REFUSED_NOT_SAVED,
+    STOPPED,
+    SUSPENDED_NOTICE,
+    TURN_FAILED,
+    HostCallbacks,
+    parse_command,
+)
 from hermes_core.housekeeping import Housekeeping
 from hermes_core.ledger import SendResult
 from hermes_core.models import MessageEvent, SessionContext, SessionEntry, SessionSource
@@ -35,32 +52,6 @@ from hermes_core.store.backend import Obligation
 
 logger = logging.getLogger(__name__)
 
-ACK_QUEUED = "⏳ Queued for the next turn. I'll respond once the current task finishes."
-ACK_INTERRUPT = "⚡ Interrupting current task. I'll respond to your message shortly."
-REFUSED_CAP = (
-    "⚠️ Not queued — {n} messages are already waiting. Please resend this after the current task "
-    "finishes."
-)
-REFUSED_NOT_SAVED = "⚠️ Not queued — this message could not be saved. Please resend it."
-NEW_SESSION = "✨ New session started."
-SUSPENDED_NOTICE = (
-    "♻️ The previous conversation here was suspended, so a new session has started. Earlier "
-    "messages are kept in history."
-)
-DRAIN_QUEUED = {
-    "restart": "⏳ Gateway restarting — queued for the next turn after it comes back.",
-    "shutdown": "⏳ Gateway shutting down — queued for the next turn after it comes back.",
-}
-DRAIN_REFUSED = {
-    "restart": "⏳ Gateway is restarting and is not accepting another turn right now.",
-    "shutdown": "⏳ Gateway is shutting down and is not accepting another turn right now.",
-}
-STOPPED = "Stopped."
-NOTHING_TO_STOP = "No active task to stop."
-QUEUE_USAGE = "Usage: /queue <prompt>"
-QUEUED_COMMAND = "Queued for the next turn."
-TURN_FAILED = "⚠️ Something went wrong while answering; please try again."
-ACK_INTERVAL_SECS = 30.0
 SEEN_MESSAGES = 10_000
 """How many (lane, platform message id) pairs are remembered to ignore redeliveries."""
 RECENT_MESSAGES = 20
@@ -70,23 +61,6 @@ AgentFactory = Callable[[SessionEntry], Agent]
 _T = TypeVar("_T")
 
 
-@dataclass
-class HostCallbacks:
-    """The host's single-answer callbacks (SPEC §13.5); each is optional."""
-
-    interrupt_background: Callable[[str, str], object] | None = None
-    """Stop the lane's background work (key, current session id); idempotent."""
-    wake_allowed: Callable[[MessageEvent, str], bool] | None = None
-    """May an internal wake bound to an older session run in the current one (event, id)?"""
-    authorised: Callable[[SessionSource], bool] | None = None
-    """Authorisation re-check of a resumed lane's sender."""
-    diagnostic_muted: Callable[[str, str], bool] | None = None
-    """Does the chat policy mute this diagnostic reply (key, text)?"""
-    has_active_processes: Callable[[str], bool] | None = None
-    """Does the lane have live background processes (never pruned)?"""
-
-
-@dataclass
 class _Lane:
     """A lane with a turn task running."""
 
@@ -95,17 +69,6 @@ class _Lane:
     stop: str | None = None
     """Why the task was cancelled: ``user`` (/stop, /new, /reset) or ``drain``."""
     interrupted: bool = False
-
-
-def _command(text: str, names: Sequence[str]) -> tuple[str | None, str]:
-    """The command a message starts with (first token, any case, optional ``@bot``) and the
-    rest of its text."""
-    parts = text.strip().split(maxsplit=1)
-    if not parts:
-        return None, ""
-    word = parts[0].split("@", 1)[0].lower()
-    rest = parts[1] if len(parts) > 1 else ""
-    return (word if word in names else None), rest
 
 
 class Gateway:
@@ -275,7 +238,7 @@ class Gateway:
             await self._call(self._queue.enqueue, key, event)  # no acknowledgement yet
             return
         if not event.internal:
-            command, rest = _command(event.text, (*self.triggers, "/stop", "/queue"))
+            command, rest = parse_command(event.text, (*self.triggers, "/stop", "/queue"))
             if command in self.triggers:
                 await self._reset(key, event, rest)
                 return

@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 
 from hermes_core.cli import main
+from hermes_core.gateway_texts import NEW_SESSION
 from hermes_core.ledger import RESTART_PREFIX
-from hermes_core.runtime import NEW_SESSION
 
 
 def test_demo_crashes_and_recovers_the_reply_once(

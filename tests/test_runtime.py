@@ -11,17 +11,17 @@ import pytest
 
 from hermes_core import GatewayConfig, LifecycleEvent, MessageEvent, SessionEntry, hookimpl
 from hermes_core.agents import EchoAgent, InMemoryAdapter
-from hermes_core.models import MessageType
-from hermes_core.runtime import (
+from hermes_core.gateway_texts import (
     ACK_INTERRUPT,
     ACK_QUEUED,
     NEW_SESSION,
     NOTHING_TO_STOP,
     QUEUE_USAGE,
     REFUSED_CAP,
-    Gateway,
     HostCallbacks,
 )
+from hermes_core.models import MessageType
+from hermes_core.runtime import Gateway
 from hermes_core.testing import LifecycleRecorder, fresh_plugin_manager, telegram_dm
 
 pytestmark = pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
