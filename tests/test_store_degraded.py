@@ -171,7 +171,8 @@ def test_garbled_fts_blocks_degrade_search_until_rebuild(tmp_path: Path) -> None
     for i in range(30):
         store.append_to_transcript(entry.session_id, {"role": "user", "content": f"alpha {i}"})
     raw = sqlite3.connect(home / "state.db")
-    raw.execute("UPDATE messages_fts_data SET block = randomblob(length(block)) WHERE id > 1")
+    garbage = "x'" + "ff" * 16 + "'"  # always undecodable (random bytes only almost always)
+    raw.execute(f"UPDATE messages_fts_data SET block = {garbage} WHERE id > 1")
     raw.commit()
     raw.close()
     hits = store.search("alpha")
