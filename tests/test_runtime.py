@@ -180,12 +180,14 @@ async def test_stop_discards_the_follow_up_but_keeps_queue_items(
     await gateway.handle_message(_event("follow-up a"))
     await gateway.handle_message(_event("follow-up b"))  # merged into the slot item
     await gateway.handle_message(_event("/queue kept item"))
+    await gateway.handle_message(_event("build done", internal=True))
     agents.hurry()
     await gateway.handle_message(_event("/stop"))
     await gateway.idle()
     texts = adapter.texts()
     assert "Stopped. Discarded 2 queued messages." in texts
     assert "echo: kept item" in texts
+    assert "echo: build done" in texts  # internal wake-ups survive /stop
     assert not any("follow-up" in t for t in texts if t.startswith("echo:"))
     entry = gateway.store.lookup_by_session_key("agent:main:telegram:dm:1")
     assert entry is not None
@@ -201,7 +203,7 @@ async def test_reset_trigger(make_gateway: Any) -> None:
     await asyncio.sleep(0.05)
     old = gateway.store.peek_session_id("agent:main:telegram:dm:1")
     await gateway.handle_message(_event("queued human", user="u2"))
-    wake = _event("", internal=True, metadata={"wake": True})
+    wake = _event("background job finished", internal=True, metadata={"wake": True})
     await gateway.handle_message(wake)
     agents.hurry()
     await gateway.handle_message(_event("/NEW@hermes_bot fresh start"))
@@ -212,6 +214,7 @@ async def test_reset_trigger(make_gateway: Any) -> None:
     assert NEW_SESSION in texts
     assert "echo: fresh start" in texts
     assert "echo: queued human" not in texts
+    assert "echo: background job finished" in texts  # internal wake-ups survive /new
     assert new is not None
     contents = [m.get("content") for m in gateway.store.load_transcript(new)]
     assert "fresh start" in contents
