@@ -67,8 +67,17 @@ class _Lane:
     task: asyncio.Task[None] | None = None
     agent: Agent | None = None
     stop: str | None = None
-    """Why the task was cancelled: ``user`` (/stop, /new, /reset) or ``drain``."""
+    """Why the lane is being stopped: ``user`` (/stop, /new, /reset) or ``drain``."""
     interrupted: bool = False
+    in_agent: bool = False
+    """Only the agent's part of a turn is cancelled: before it the marker is being written, after
+    it the reply is being delivered, both short and both better finished."""
+
+    def halt(self, reason: str) -> None:
+        """Stop after the current turn; cancel it if the agent is still working on it."""
+        self.stop = reason
+        if self.in_agent and self.task is not None:
+            self.task.cancel()
 
 
 class Gateway:
@@ -298,8 +307,7 @@ class Gateway:
         lane = self._lanes.get(key)
         if lane is None or lane.task is None:
             return False
-        lane.stop = reason
-        lane.task.cancel()
+        lane.halt(reason)
         await asyncio.gather(lane.task, return_exceptions=True)
         return True
 
@@ -422,7 +430,8 @@ class Gateway:
             while True:
                 await self._run_turn(key, lane, event, event_id)
                 lane.interrupted = False
-                item = None if self._stopping or self._gate else self._next_item(key)
+                halted = lane.stop is not None or self._stopping or self._gate
+                item = None if halted else self._next_item(key)
                 if item is None:
                     return
                 event, event_id = item
@@ -440,11 +449,14 @@ class Gateway:
             return
         turn, agent, request, suspended_before = prepared
         lane.agent = agent
-        if suspended_before and not event.internal:
-            await self._reply(event.source, SUSPENDED_NOTICE)
         reply: str | None = None
         failed = False
+        lane.in_agent = lane.stop is None
         try:
+            if lane.stop is not None:  # halted while the turn was being prepared
+                raise asyncio.CancelledError
+            if suspended_before and not event.internal:
+                await self._reply(event.source, SUSPENDED_NOTICE)
             reply = await agent.run_turn(request)
         except asyncio.CancelledError:
             self.cache.end_turn(key, agent)
@@ -455,6 +467,8 @@ class Gateway:
             logger.exception("a turn failed")
             failed = True
             await self._reply(event.source, TURN_FAILED)
+        finally:
+            lane.in_agent = False
         success = not failed and not lane.interrupted
         owed = await self._call(self._finish, turn, None if failed else reply, success)
         result = (
@@ -588,9 +602,7 @@ class Gateway:
         if pending:
             for key, lane in list(self._lanes.items()):
                 await self._call(self.store.mark_resume_pending, key, reason)
-                lane.stop = "drain"
-                if lane.task is not None:
-                    lane.task.cancel()
+                lane.halt("drain")
             await asyncio.gather(*pending, return_exceptions=True)
             crash_point("drain_timed_out")
         await asyncio.to_thread(self.cache.close)

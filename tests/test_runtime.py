@@ -410,3 +410,31 @@ async def test_housekeeping_pass_is_isolated(make_gateway: Any, monkeypatch: Any
     assert (gateway.store.sessions_dir / "sessions.json").exists()
     assert gateway.store.lookup_by_session_key("agent:main:telegram:dm:1") is not None
     await gateway.stop()
+
+
+class _SlowAdapter(InMemoryAdapter):
+    """Takes its time to send replies (not notices)."""
+
+    async def send(self, source: Any, text: str, *, reply_to: str | None = None) -> Any:
+        if text.startswith("echo:"):
+            await asyncio.sleep(0.3)
+        return await super().send(source, text, reply_to=reply_to)
+
+
+async def test_stop_during_delivery_lets_the_reply_finish(hermes_home: Path) -> None:
+    config = GatewayConfig.from_dict({}, environ={"HERMES_HOME": str(hermes_home)})
+    adapter = _SlowAdapter()
+    gateway = Gateway(config, fresh_plugin_manager(hermes_home), Agents(), [adapter])
+    await gateway.start()
+    await gateway.handle_message(_event("question"))
+    await asyncio.sleep(0.1)  # the agent answered; the reply is being sent
+    await gateway.handle_message(_event("/stop"))
+    await gateway.idle()
+    assert adapter.texts() == ["echo: question", "Stopped."]
+    ledger = gateway.store.ledger
+    assert ledger is not None
+    assert ledger.rows.obligations(("pending", "attempting", "failed")) == []
+    entry = gateway.store.lookup_by_session_key("agent:main:telegram:dm:1")
+    assert entry is not None
+    assert entry.active_turn_token is None
+    await gateway.stop()
