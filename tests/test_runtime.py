@@ -438,3 +438,25 @@ async def test_stop_during_delivery_lets_the_reply_finish(hermes_home: Path) -> 
     assert entry is not None
     assert entry.active_turn_token is None
     await gateway.stop()
+
+
+async def test_disconnected_platform_waits_and_reconnect_catches_up(make_gateway: Any) -> None:
+    from hermes_core.ledger import RECONNECT_PREFIX, SendResult
+
+    gateway, adapter, _ = make_gateway()
+    await gateway.start()
+    adapter.fail_with = SendResult(ok=False, failure_kind="disconnected", error="socket closed")
+    await gateway.handle_message(_event("sent while the link drops"))
+    await gateway.idle()  # the reply could not be sent: its ledger row is "failed"
+    adapter.fail_with = None
+    adapter.connected = False
+    await gateway.handle_message(_event("arrives while offline", chat="2"))
+    await gateway.idle()
+    assert gateway.queue is not None
+    assert gateway.queue.depth("agent:main:telegram:dm:2") == 1  # waits, never dropped
+    adapter.connected = True
+    await gateway.platform_connected("telegram")
+    await gateway.idle()
+    assert adapter.texts("1") == [f"{RECONNECT_PREFIX}\n\necho: sent while the link drops"]
+    assert adapter.texts("2") == ["echo: arrives while offline"]
+    await gateway.stop()
