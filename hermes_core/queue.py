@@ -24,6 +24,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Literal
 
+from cachetools import LRUCache
+
 from hermes_core.config import GatewayConfig
 from hermes_core.crashpoints import crash_point
 from hermes_core.errors import StoreError
@@ -31,7 +33,7 @@ from hermes_core.models import MessageEvent, MessageType
 from hermes_core.specs import LifecycleEvent, LifecycleKind
 from hermes_core.store import SessionStore
 
-__all__ = ["MERGED_KEY", "EnqueueResult", "QueuedItem", "TurnQueue"]
+__all__ = ["MERGED_KEY", "EnqueueResult", "QueuedItem", "SeenMessages", "TurnQueue"]
 
 logger = logging.getLogger(__name__)
 
@@ -286,3 +288,25 @@ class TurnQueue:
         with self._lock:
             heads = [(lane.items[0].order, key) for key, lane in self._lanes.items() if lane.items]
         return [key for _, key in sorted(heads)]
+
+
+class SeenMessages:
+    """Platform messages recently seen per lane, so a redelivery (e.g. of a message whose
+    acknowledgement a crash prevented) is not answered twice. Bounded (least recent forgotten)."""
+
+    def __init__(self, size: int = 10_000) -> None:
+        self._seen: LRUCache[tuple[str, str], bool] = LRUCache(maxsize=size)
+
+    def seen_before(self, session_key: str, event: MessageEvent) -> bool:
+        """Whether the event's platform message was already seen on the lane."""
+        return bool(event.message_id) and (session_key, str(event.message_id)) in self._seen
+
+    def remember(self, session_key: str, message_id: object) -> None:
+        """Note a platform message id as seen on the lane (empty ids are ignored)."""
+        if message_id:
+            self._seen[(session_key, str(message_id))] = True
+
+    def remember_event(self, session_key: str, event: MessageEvent) -> None:
+        """Note a human event's platform message."""
+        if not event.internal:
+            self.remember(session_key, event.message_id)

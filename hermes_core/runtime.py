@@ -44,7 +44,7 @@ from hermes_core.ledger import SendResult
 from hermes_core.models import MessageEvent, SessionContext, SessionEntry, SessionSource
 from hermes_core.pipeline import Reply, Turn, TurnPipeline
 from hermes_core.plugins import HermesPluginManager, create_plugin_manager
-from hermes_core.queue import TurnQueue
+from hermes_core.queue import SeenMessages, TurnQueue
 from hermes_core.recovery import GatewayState
 from hermes_core.resume import resume_candidates, resume_event
 from hermes_core.store import SessionStore
@@ -119,7 +119,7 @@ class Gateway:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._housekeeping: Housekeeping | None = None
         self._inline_store = False
-        self._seen: LRUCache[tuple[str, str], bool] = LRUCache(maxsize=SEEN_MESSAGES)
+        self._seen = SeenMessages(SEEN_MESSAGES)
         self._prompts: LRUCache[tuple[str, SessionSource], tuple[str, SessionContext]] = LRUCache(
             maxsize=PROMPT_CACHE_SIZE
         )
@@ -138,25 +138,15 @@ class Gateway:
         restored = self.queue.restore()
         for key in self.queue.lanes():
             for item in self.queue.items(key):
-                self._remember(key, item.event)
+                self._seen.remember_event(key, item.event)
         return restored
 
-    def _remember(self, key: str, event: MessageEvent) -> None:
-        """Note a platform message as seen, so a redelivery is not answered twice."""
-        if event.message_id and not event.internal:
-            self._seen[(key, event.message_id)] = True
-
-    def _seen_before(self, key: str, event: MessageEvent) -> bool:
-        return bool(event.message_id) and (key, str(event.message_id)) in self._seen
-
     def _remember_recent(self, entries: Sequence[SessionEntry]) -> None:
-        """Seed the seen set with the recent messages of lanes a crash interrupted: the
+        """Seed the seen messages with the recent ones of lanes a crash interrupted: the
         platform may deliver their unacknowledged messages again."""
         for entry in entries:
             for message in self.store.load_transcript(entry.session_id)[-RECENT_MESSAGES:]:
-                message_id = message.get("platform_message_id")
-                if message_id:
-                    self._seen[(entry.session_key, str(message_id))] = True
+                self._seen.remember(entry.session_key, message.get("platform_message_id"))
 
     @property
     def _notify(self) -> Callable[[Any], None] | None:
@@ -236,10 +226,10 @@ class Gateway:
     async def handle_message(self, event: MessageEvent) -> None:
         """Run or queue the turn for an inbound event (SPEC §7.9, §8.4)."""
         key = self.store.session_key_for(event.source)
-        if self._seen_before(key, event):
+        if self._seen.seen_before(key, event):
             logger.info("ignored a message delivered again")
             return
-        self._remember(key, event)
+        self._seen.remember_event(key, event)
         if self._stopping is not None:
             await self._enqueue_while_draining(key, event)
             return

@@ -20,7 +20,7 @@ from hermes_core.config import GatewayConfig
 from hermes_core.errors import InvalidValueError
 from hermes_core.models import SessionSource
 from hermes_core.plugins import HermesPluginManager, create_plugin_manager, hookimpl
-from hermes_core.specs import LifecycleEvent
+from hermes_core.specs import LifecycleEvent, RecoveryStep
 from hermes_core.store import SessionStore
 
 StoreFactory = Callable[[Path], SessionStore]
@@ -44,6 +44,17 @@ class LifecycleRecorder:
     @hookimpl
     def hermes_on_lifecycle_event(self, event: LifecycleEvent) -> None:
         self.kinds.append(event.kind)
+
+
+class RecoveryStepsPlugin:
+    """A plugin registering the given recovery steps (to test step ordering and isolation)."""
+
+    def __init__(self, *steps: RecoveryStep) -> None:
+        self.steps = list(steps)
+
+    @hookimpl
+    def hermes_register_recovery_steps(self, config: GatewayConfig) -> list[RecoveryStep]:
+        return self.steps
 
 
 def telegram_dm(chat_id: str = "99", **fields: Any) -> SessionSource:

@@ -28,7 +28,7 @@ from hermes_core import (
     create_plugin_manager,
     hookimpl,
 )
-from hermes_core.testing import LifecycleRecorder
+from hermes_core.testing import LifecycleRecorder, RecoveryStepsPlugin
 from hermes_hookspecs import SPEC_MODULES
 
 EXAMPLE_SRC = Path(__file__).resolve().parents[1] / "examples" / "hermes-irc" / "src"
@@ -224,24 +224,17 @@ def _step(name: str, order: int, phase: Literal["startup", "shutdown"] = "startu
     return RecoveryStep(name=name, order=order, run=run, phase=phase)
 
 
-class _Steps:
-    def __init__(self, *steps: RecoveryStep) -> None:
-        self.steps = list(steps)
-
-    @hookimpl
-    def hermes_register_recovery_steps(self, config: GatewayConfig) -> list[RecoveryStep]:
-        return self.steps
-
-
 def test_recovery_steps_sorted_by_order_then_name(hermes_home: Path) -> None:
     manager = create_plugin_manager(
         _config(hermes_home, {"plugins": {"disable": ["recovery_steps"]}}), load_entrypoints=False
     )
-    manager.register(_Steps(_step("b", 200), _step("z", 100)), name="one")
-    manager.register(_Steps(_step("a", 200), _step("flush", 50, "shutdown")), name="two")
+    manager.register(RecoveryStepsPlugin(_step("b", 200), _step("z", 100)), name="one")
+    manager.register(
+        RecoveryStepsPlugin(_step("a", 200), _step("flush", 50, "shutdown")), name="two"
+    )
     assert [step.name for step in manager.recovery_steps()] == ["z", "a", "b"]
     assert [step.name for step in manager.recovery_steps("shutdown")] == ["flush"]
-    manager.register(_Steps(_step("a", 1)), name="three")
+    manager.register(RecoveryStepsPlugin(_step("a", 1)), name="three")
     with pytest.raises(PluginError, match="recovery step 'a' is registered twice"):
         manager.recovery_steps()
 

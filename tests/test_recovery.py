@@ -13,13 +13,13 @@ from typing import Any
 
 import pytest
 
-from hermes_core import GatewayConfig, RecoveryContext, RecoveryStep, hookimpl
+from hermes_core import GatewayConfig, RecoveryContext, RecoveryStep
 from hermes_core.instance import GatewayLockedError, InstanceLock, RestartCounts
 from hermes_core.ledger import RESTART_PREFIX, SILENCE_NOTICE, SendResult
 from hermes_core.recovery import GatewayState, RecoveryAbortedError, record_crash_left_replies
 from hermes_core.store import SessionStore
 from hermes_core.store.backend import Obligation
-from hermes_core.testing import fresh_plugin_manager, telegram_dm
+from hermes_core.testing import RecoveryStepsPlugin, fresh_plugin_manager, telegram_dm
 
 
 def _config(home: Path, **settings: Any) -> GatewayConfig:
@@ -307,15 +307,6 @@ def test_reply_already_ledgered_only_clears_the_marker(hermes_home: Path) -> Non
 # -- recovery steps from plugins -------------------------------------------------------------
 
 
-class _Steps:
-    def __init__(self, *steps: RecoveryStep) -> None:
-        self.steps = list(steps)
-
-    @hookimpl
-    def hermes_register_recovery_steps(self, config: GatewayConfig) -> list[RecoveryStep]:
-        return self.steps
-
-
 def _failing(context: RecoveryContext) -> None:
     raise RuntimeError("plugin step broke")
 
@@ -328,7 +319,7 @@ def test_non_critical_step_failure_is_isolated(
     hermes_home: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     plugins = fresh_plugin_manager(hermes_home)
-    plugins.register(_Steps(RecoveryStep(name="flaky", order=250, run=_failing),
+    plugins.register(RecoveryStepsPlugin(RecoveryStep(name="flaky", order=250, run=_failing),
                             RecoveryStep(name="after", order=260, run=_recording)),
                      name="extra")  # fmt: skip
     gateway = GatewayState(_config(hermes_home), plugins=plugins)
@@ -343,8 +334,8 @@ def test_non_critical_step_failure_is_isolated(
 
 def test_critical_step_failure_aborts_start_and_releases_the_lock(hermes_home: Path) -> None:
     plugins = fresh_plugin_manager(hermes_home)
-    plugins.register(_Steps(RecoveryStep(name="vital", order=350, run=_failing, critical=True)),
-                     name="extra")  # fmt: skip
+    vital = RecoveryStep(name="vital", order=350, run=_failing, critical=True)
+    plugins.register(RecoveryStepsPlugin(vital), name="extra")
     with pytest.raises(RecoveryAbortedError, match="recovery step vital failed"):
         GatewayState(_config(hermes_home), plugins=plugins).start()
     InstanceLock.acquire(hermes_home).release()  # the failed start let go of the lock
