@@ -21,6 +21,7 @@ import os
 import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -116,6 +117,14 @@ class JsonlBackend:
         self._warned: set[str] = set()
 
     # -- lifecycle ------------------------------------------------------------------------------
+
+    def stats(self) -> dict[str, int]:
+        """Nothing is counted here."""
+        return {}
+
+    def transaction(self) -> AbstractContextManager[object]:
+        """Every write is durable on its own here; grouping changes nothing."""
+        return nullcontext()
 
     def close(self) -> None:
         """Write coalesced touches."""

@@ -9,6 +9,7 @@ stores them verbatim (``entry_json``) beside the column copies it needs for quer
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -132,6 +133,14 @@ class StoreBackend(Protocol):
 
     def close(self) -> None:
         """Flush and release connections and files."""
+
+    def stats(self) -> dict[str, int]:
+        """Counters for benchmarks (for SQL: ``commits``, ``statements``, ``reads``,
+        ``round_trips``); empty where there is nothing to count."""
+
+    def transaction(self) -> AbstractContextManager[object]:
+        """One transaction around several write methods (the store's group commit): their
+        writes join it and commit together when it exits, or none of them if it raises."""
 
     def health(self) -> dict[str, Any]:
         """``backend``, ``fts`` (``ok``/``stale``/``unavailable``) and backend-specific details."""

@@ -5,17 +5,17 @@ mode, the bounded entry cache, the sessions.json mirror, health and closing.
 from __future__ import annotations
 
 import copy
+import functools
 import logging
 import secrets
 import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
-from concurrent.futures import Future
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, Concatenate, ParamSpec, TypeVar
 
 from hermes_core.config import GatewayConfig
 from hermes_core.errors import (
@@ -35,17 +35,46 @@ from hermes_core.store.backend import (
 from hermes_core.store.files import ensure_private_dir
 from hermes_core.store.mirror import MirrorWriter, load_mirror, read_mirror
 from hermes_core.store.replay import ReplayReport, replay_backlog
+from hermes_core.store.writer import StoreWriter
 
 logger = logging.getLogger(__name__)
 
 DEGRADED_WARNING = "SQL session store unavailable, falling back to JSONL: "
 MIRROR_IMPORTED = "sessions_json_imported"
-_STRIPES = 64
+
+_S = TypeVar("_S", bound="StoreBase")
+_P = ParamSpec("_P")
+_T = TypeVar("_T")
 
 
 def new_session_id(now: datetime) -> str:
     """``YYYYMMDD_HHMMSS_<8 hex>`` from the creation time (UTC) and 32 random bits."""
     return f"{now:%Y%m%d_%H%M%S}_{secrets.token_hex(4)}"
+
+
+def _on_writer(
+    method: Callable[Concatenate[_S, _P], _T], *, alone: bool
+) -> Callable[Concatenate[_S, _P], _T]:
+    def run(self: _S, /, *args: _P.args, **kwargs: _P.kwargs) -> _T:
+        writer = self._writer
+        if writer.on_writer_thread:
+            return method(self, *args, **kwargs)
+        return writer.run(functools.partial(method, self, *args, **kwargs), alone=alone)
+
+    functools.update_wrapper(run, method)
+    return run
+
+
+def serialised(method: Callable[Concatenate[_S, _P], _T]) -> Callable[Concatenate[_S, _P], _T]:
+    """Run a mutating store method on the store's writer thread (see ``writer``): it returns
+    once its writes are committed, and never interleaves with another mutation."""
+    return _on_writer(method, alone=False)
+
+
+def exclusive(method: Callable[Concatenate[_S, _P], _T]) -> Callable[Concatenate[_S, _P], _T]:
+    """Like :func:`serialised`, but outside any group commit: for maintenance whose own reads
+    (through other connections) must see what it has just written."""
+    return _on_writer(method, alone=True)
 
 
 class StoreBase:
@@ -67,8 +96,6 @@ class StoreBase:
         self._cache_size = entry_cache_size
         self._map_lock = threading.Lock()
         self._entries: OrderedDict[str, SessionEntry] = OrderedDict()
-        self._stripes = tuple(threading.RLock() for _ in range(_STRIPES))
-        self._inflight: dict[str, Future[SessionEntry]] = {}
         self._mirror = MirrorWriter(self.sessions_dir / "sessions.json")
         self._routing_revision = 0
         self._mirror_revision = 0
@@ -78,8 +105,17 @@ class StoreBase:
         self._closed = False
         self._sql: SqlMaintenance | None = None
         self._backend: StoreBackend = self._open_backend()
+        self._writer = StoreWriter(self._transaction, self._drop_cache)
         if self._sql is not None:
             self._import_mirror_once(self._sql)
+
+    def _transaction(self) -> AbstractContextManager[object]:
+        return self._backend.transaction()
+
+    def _drop_cache(self) -> None:
+        """After a rolled-back write batch: the cache may hold uncommitted entries."""
+        with self._map_lock:
+            self._entries.clear()
 
     # -- backend selection and degraded mode -------------------------------------------------------
 
@@ -140,6 +176,7 @@ class StoreBase:
                 self._enter_degraded(exc)
             raise
 
+    @exclusive
     def replay_backlog(self) -> ReplayReport | None:
         """Import the JSONL backlog into SQL exactly once (step ``jsonl_backlog_replay``);
         None while degraded (nothing to import into)."""
@@ -167,20 +204,16 @@ class StoreBase:
         except StoreError as exc:
             logger.debug("the SQL store is still unavailable: %s", exc)
             return False
-        for stripe in self._stripes:  # no lane operation runs during the switch
-            stripe.acquire()
-        try:
-            self._backend.close()
-            self._backend, self._sql = backend, backend  # type: ignore[assignment]
-            self._degraded_reason = None
-            with self._map_lock:
-                self._entries.clear()
-        finally:
-            for stripe in self._stripes:
-                stripe.release()
+        self._writer.run(self._switch_to, backend)  # no lane operation runs during the switch
         logger.warning("the SQL session store is available again; replaying the JSONL backlog")
         self.replay_backlog()
         return True
+
+    def _switch_to(self, backend: StoreBackend) -> None:
+        self._backend.close()
+        self._backend, self._sql = backend, backend  # type: ignore[assignment]
+        self._degraded_reason = None
+        self._drop_cache()
 
     @property
     def degraded(self) -> bool:
@@ -188,9 +221,6 @@ class StoreBase:
         return self._sql is None
 
     # -- entry cache -------------------------------------------------------------------------------
-
-    def _stripe(self, session_key: str) -> threading.RLock:
-        return self._stripes[hash(session_key) % _STRIPES]
 
     def _remember(self, entry: SessionEntry) -> None:
         with self._map_lock:
@@ -222,7 +252,10 @@ class StoreBase:
             return None
 
     def _load(self, session_key: str) -> SessionEntry | None:
-        """The entry of a key from the cache or the backend (a stale route counts as none)."""
+        """The entry of a key from the cache or the backend (a stale route counts as none).
+
+        Only the writer thread fills the cache: a reader elsewhere could otherwise put back an
+        entry older than one the writer has just cached."""
         with self._map_lock:
             entry = self._entries.get(session_key)
             if entry is not None:
@@ -238,7 +271,8 @@ class StoreBase:
             row = self._backend.get_session(entry.session_id)
         if row is not None and row.end_reason is not None:
             return None  # stale route: its session ended at a boundary elsewhere
-        self._remember(entry)
+        if self._writer.on_writer_thread:
+            self._remember(entry)
         return entry
 
     def _current_entry_of(self, session_id: str) -> SessionEntry | None:
@@ -263,11 +297,12 @@ class StoreBase:
             self._routing_revision += 1
 
     def _notify(self, kind: LifecycleKind, entry: SessionEntry, **detail: Any) -> None:
+        """Tell observers, once the change is committed."""
         if self.plugins.observing:
             event = LifecycleEvent(
                 kind=kind, session_key=entry.session_key, session_id=entry.session_id, detail=detail
             )
-            self.plugins.notify(event)
+            self._writer.after_commit(functools.partial(self.plugins.notify, event))
 
     @staticmethod
     def _snapshot(entry: SessionEntry) -> SessionEntry:
@@ -285,6 +320,7 @@ class StoreBase:
         if self.import_sessions_json(self._mirror.path):
             logger.warning("imported the routing index from %s", self._mirror.path)
 
+    @exclusive
     def import_sessions_json(self, path: str | Path) -> int:
         """Import the entries of a sessions.json whose keys the routing table lacks."""
         if self._sql is None:
@@ -339,12 +375,19 @@ class StoreBase:
             "queue_persistent": self._backend.durable_queue,
         }
 
+    def stats(self) -> dict[str, int]:
+        """What the store has done so far, for benchmarks: the backend's counters (commits,
+        round trips) and the writer's (``batches`` committed, ``steps`` run)."""
+        return {**self._backend.stats(), **self._writer.stats()}
+
     def close(self) -> None:
-        """Write the mirror if routing changed, then release the backend (idempotent)."""
+        """Finish the writes handed over, write the mirror if routing changed, then release the
+        backend (idempotent)."""
         if self._closed:
             return
         self._closed = True
         try:
+            self._writer.close()
             if self._sql is not None:
                 self.flush_mirror(force=True)
         finally:

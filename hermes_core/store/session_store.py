@@ -13,7 +13,6 @@ import logging
 import secrets
 import time
 from collections.abc import Callable
-from concurrent.futures import Future
 from datetime import datetime, timedelta, timezone
 from types import TracebackType
 from typing import Any
@@ -33,7 +32,7 @@ from hermes_core.store.backend import (
     Message,
     SessionRow,
 )
-from hermes_core.store.base import new_session_id
+from hermes_core.store.base import exclusive, new_session_id, serialised
 from hermes_core.store.transcripts import TranscriptStore
 from hermes_core.store.turns import TurnRecoveryStore
 from hermes_core.timeutil import utc_now
@@ -76,36 +75,13 @@ class SessionStore(TurnRecoveryStore, TranscriptStore):
         """The key the store files ``source`` under (effective flags and profile of the config)."""
         return resolve_for_config(source, self.config, self.plugins).key
 
+    @serialised
     def get_or_create_session(
         self, source: SessionSource, force_new: bool = False, touch_activity: bool = True
     ) -> SessionEntry:
-        """The lane's current session, creating one at a boundary; single-flight per key."""
+        """The lane's current session, creating one at a boundary."""
         key = self.session_key_for(source)
-        with self._map_lock:
-            flight = self._inflight.get(key)
-            leader = flight is None
-            if flight is None:
-                flight = self._inflight[key] = Future()
-        if not leader:
-            entry = flight.result()  # the leader's entry, or its exception
-            if touch_activity:
-                with self._stripe(key):
-                    current = self._load(key)
-                    if current is not None and current.session_id == entry.session_id:
-                        entry = self._touch(current)
-            return self._snapshot(entry)
-        try:
-            with self._stripe(key):
-                entry = self._get_or_create(key, source, force_new, touch_activity)
-        except BaseException as exc:
-            flight.set_exception(exc)
-            raise
-        else:
-            flight.set_result(entry)
-            return self._snapshot(entry)
-        finally:
-            with self._map_lock:
-                self._inflight.pop(key, None)
+        return self._snapshot(self._get_or_create(key, source, force_new, touch_activity))
 
     def _touch(self, entry: SessionEntry) -> SessionEntry:
         touched = entry.model_copy(update={"updated_at": utc_now()})
@@ -217,20 +193,20 @@ class SessionStore(TurnRecoveryStore, TranscriptStore):
 
     # -- lane state (SPEC §3.2) --------------------------------------------------------------------
 
+    @serialised
     def reset_session(
         self, session_key: str, display_name: str | None = None
     ) -> SessionEntry | None:
         """Start a new session on the lane (``/new``, ``/reset``); None if the key is unknown."""
-        with self._stripe(session_key):
-            entry = self._load(session_key)
-            if entry is None:
-                return None
-            source = entry.origin or self._bare_source(entry)
-            name = display_name if display_name is not None else entry.display_name
-            created = self._create(
-                session_key, source, entry, "session_reset", kind="reset", display_name=name
-            )
-            return self._snapshot(created)
+        entry = self._load(session_key)
+        if entry is None:
+            return None
+        source = entry.origin or self._bare_source(entry)
+        name = display_name if display_name is not None else entry.display_name
+        created = self._create(
+            session_key, source, entry, "session_reset", kind="reset", display_name=name
+        )
+        return self._snapshot(created)
 
     @staticmethod
     def _bare_source(entry: SessionEntry) -> SessionSource:
@@ -242,17 +218,17 @@ class SessionStore(TurnRecoveryStore, TranscriptStore):
         self, session_key: str, change: Callable[[SessionEntry], dict[str, Any] | None]
     ) -> SessionEntry | None:
         """Apply ``change`` (field updates, or None for no change) to a lane and persist it."""
-        with self._stripe(session_key):
-            entry = self._load(session_key)
-            if entry is None:
-                return None
-            updates = change(entry)
-            if updates is None:
-                return None
-            updated = entry.model_copy(update=updates)
-            self._persist(updated)
-            return updated
+        entry = self._load(session_key)
+        if entry is None:
+            return None
+        updates = change(entry)
+        if updates is None:
+            return None
+        updated = entry.model_copy(update=updates)
+        self._persist(updated)
+        return updated
 
+    @serialised
     def suspend_session(self, session_key: str) -> bool:
         """Hard stop: the next message starts a new session. True iff the entry existed."""
         entry = self._update(session_key, lambda e: {"suspended": True})
@@ -260,6 +236,7 @@ class SessionStore(TurnRecoveryStore, TranscriptStore):
             self._notify("session_suspended", entry)
         return entry is not None
 
+    @serialised
     def mark_resume_pending(self, session_key: str, reason: str = "restart_timeout") -> bool:
         """Soft recovery flag; False if the key is unknown or suspended."""
         entry = self._update(
@@ -272,6 +249,7 @@ class SessionStore(TurnRecoveryStore, TranscriptStore):
             self._notify("resume_marked", entry, reason=reason)
         return entry is not None
 
+    @serialised
     def clear_resume_pending(self, session_key: str) -> bool:
         """Clear the recovery flag; False if the key is unknown or not pending."""
         cleared = {"resume_pending": False, "resume_reason": None, "last_resume_marked_at": None}
@@ -280,6 +258,7 @@ class SessionStore(TurnRecoveryStore, TranscriptStore):
             self._notify("resume_cleared", entry)
         return entry is not None
 
+    @serialised
     def mark_turn_active(
         self,
         session_key: str,
@@ -287,41 +266,41 @@ class SessionStore(TurnRecoveryStore, TranscriptStore):
         user_message: Message | None = None,
     ) -> str | None:
         """Persist a new turn marker (and, atomically, the dequeue and the user message)."""
-        with self._stripe(session_key):
-            entry = self._load(session_key)
-            if entry is None:
-                return None
-            token = secrets.token_hex(16)
-            updated = entry.model_copy(
-                update={"active_turn_token": token, "active_turn_started_at": utc_now()}
-            )
-            message = (entry.session_id, user_message) if user_message is not None else None
-            with self._canonical():
-                self._backend.begin_turn(updated.to_dict(), consumed_event_id, message)
-            self._routing_changed()
-            self._remember(updated)
+        entry = self._load(session_key)
+        if entry is None:
+            return None
+        token = secrets.token_hex(16)
+        updated = entry.model_copy(
+            update={"active_turn_token": token, "active_turn_started_at": utc_now()}
+        )
+        message = (entry.session_id, user_message) if user_message is not None else None
+        with self._canonical():
+            self._backend.begin_turn(updated.to_dict(), consumed_event_id, message)
+        self._routing_changed()
+        self._remember(updated)
         self._notify("turn_started", updated, token=token)
         return token
 
+    @serialised
     def clear_turn_active(self, session_key: str, token: str) -> bool:
         """Compare-and-swap: clear the marker iff ``token`` still owns it."""
-        with self._stripe(session_key):
-            entry = self._load(session_key)
-            if entry is None or entry.active_turn_token != token:
-                return False
-            updated = entry.model_copy(
-                update={"active_turn_token": None, "active_turn_started_at": None}
-            )
-            with self._canonical():
-                cleared = self._backend.clear_turn_marker(updated.to_dict(), token)
-            if not cleared:
-                self._forget(session_key)  # someone else owns the row now: reload next time
-                return False
-            self._routing_changed()
-            self._remember(updated)
+        entry = self._load(session_key)
+        if entry is None or entry.active_turn_token != token:
+            return False
+        updated = entry.model_copy(
+            update={"active_turn_token": None, "active_turn_started_at": None}
+        )
+        with self._canonical():
+            cleared = self._backend.clear_turn_marker(updated.to_dict(), token)
+        if not cleared:
+            self._forget(session_key)  # someone else owns the row now: reload next time
+            return False
+        self._routing_changed()
+        self._remember(updated)
         self._notify("turn_ended", updated, token=token)
         return True
 
+    @serialised
     def update_session(
         self,
         session_key: str,
@@ -338,35 +317,34 @@ class SessionStore(TurnRecoveryStore, TranscriptStore):
     ) -> None:
         """Add token and cost deltas; mirror them to the session row (unknown key: no-op)."""
         total = total_tokens if total_tokens is not None else input_tokens + output_tokens
-        with self._stripe(session_key):
-            entry = self._load(session_key)
-            if entry is None:
-                return
-            updates: dict[str, Any] = {
-                "input_tokens": entry.input_tokens + input_tokens,
-                "output_tokens": entry.output_tokens + output_tokens,
-                "cache_read_tokens": entry.cache_read_tokens + cache_read_tokens,
-                "cache_write_tokens": entry.cache_write_tokens + cache_write_tokens,
-                "total_tokens": entry.total_tokens + total,
-                "estimated_cost_usd": entry.estimated_cost_usd + estimated_cost_usd,
-            }
-            if cost_status is not None:
-                updates["cost_status"] = cost_status
-            if last_prompt_tokens is not None:
-                updates["last_prompt_tokens"] = last_prompt_tokens
-            if touch_activity:
-                updates["updated_at"] = utc_now()
-            updated = entry.model_copy(update=updates)
-            delta = CounterDelta(
-                input_tokens=input_tokens, output_tokens=output_tokens,
-                cache_read_tokens=cache_read_tokens, cache_write_tokens=cache_write_tokens,
-                total_tokens=total, estimated_cost_usd=estimated_cost_usd, cost_status=cost_status,
-                last_activity_at=updated.updated_at.timestamp() if touch_activity else None,
-            )  # fmt: skip
-            with self._canonical():
-                self._backend.update_counters(updated.to_dict(), entry.session_id, delta)
-            self._routing_changed()
-            self._remember(updated)
+        entry = self._load(session_key)
+        if entry is None:
+            return
+        updates: dict[str, Any] = {
+            "input_tokens": entry.input_tokens + input_tokens,
+            "output_tokens": entry.output_tokens + output_tokens,
+            "cache_read_tokens": entry.cache_read_tokens + cache_read_tokens,
+            "cache_write_tokens": entry.cache_write_tokens + cache_write_tokens,
+            "total_tokens": entry.total_tokens + total,
+            "estimated_cost_usd": entry.estimated_cost_usd + estimated_cost_usd,
+        }
+        if cost_status is not None:
+            updates["cost_status"] = cost_status
+        if last_prompt_tokens is not None:
+            updates["last_prompt_tokens"] = last_prompt_tokens
+        if touch_activity:
+            updates["updated_at"] = utc_now()
+        updated = entry.model_copy(update=updates)
+        delta = CounterDelta(
+            input_tokens=input_tokens, output_tokens=output_tokens,
+            cache_read_tokens=cache_read_tokens, cache_write_tokens=cache_write_tokens,
+            total_tokens=total, estimated_cost_usd=estimated_cost_usd, cost_status=cost_status,
+            last_activity_at=updated.updated_at.timestamp() if touch_activity else None,
+        )  # fmt: skip
+        with self._canonical():
+            self._backend.update_counters(updated.to_dict(), entry.session_id, delta)
+        self._routing_changed()
+        self._remember(updated)
 
     def get_session_metadata(self, session_key: str, name: str, default: Any = None) -> Any:
         """A deep copy of one per-lane metadata value, or ``default``."""
@@ -375,6 +353,7 @@ class SessionStore(TurnRecoveryStore, TranscriptStore):
             return default
         return copy.deepcopy(entry.metadata[name])
 
+    @serialised
     def set_session_metadata(self, session_key: str, name: str, value: Any) -> bool:
         """Store one JSON value in the lane's metadata (≤ 64 KiB in all); False if unknown."""
 
@@ -444,6 +423,7 @@ class SessionStore(TurnRecoveryStore, TranscriptStore):
             logger.warning("has_active_processes_fn failed; keeping the lane", exc_info=True)
             return True
 
+    @exclusive
     def prune_old_entries(self, max_age_days: float | None) -> int:
         """Remove routing entries idle for ``max_age_days`` (sessions and messages stay)."""
         if max_age_days is None or max_age_days <= 0 or self._sql is None:

@@ -17,7 +17,7 @@ from hermes_core.store.backend import (
     Message,
     SearchHit,
 )
-from hermes_core.store.base import StoreBase
+from hermes_core.store.base import StoreBase, exclusive, serialised
 
 logger = logging.getLogger(__name__)
 
@@ -35,6 +35,7 @@ class TranscriptStore(StoreBase):
                 "session_id", f"session_id {session_id!r} is invalid: {problem}."
             )
 
+    @serialised
     def append_to_transcript(
         self, session_id: str, message: Message, skip_db: bool = False
     ) -> None:
@@ -61,6 +62,7 @@ class TranscriptStore(StoreBase):
         except StoreError as exc:
             raise TranscriptReadError(f"the transcript could not be read: {exc}") from exc
 
+    @serialised
     def rewrite_transcript(
         self, session_id: str, messages: list[Message], *, force: bool = False
     ) -> int:
@@ -83,6 +85,7 @@ class TranscriptStore(StoreBase):
         except StoreError as exc:
             raise TranscriptWriteError(f"the transcript was not rewritten: {exc}") from exc
 
+    @serialised
     def soft_delete_messages(self, session_id: str, message_ids: list[int]) -> int:
         """Deactivate messages (``active=0``); never deletes rows."""
         self._check_session_id(session_id)
@@ -104,6 +107,7 @@ class TranscriptStore(StoreBase):
                 query, session_id=session_id, session_key=session_key, limit=limit
             )
 
+    @exclusive
     def rebuild_search_index(self) -> bool:
         """Rebuild the derived full-text index (step ``fts_rebuild_if_stale``)."""
         if self._sql is None:

@@ -20,7 +20,7 @@ from hermes_core.instance import RestartCounter, RestartCounts, instance_id
 from hermes_core.ledger import DeliveryLedger, obligation_id
 from hermes_core.models import MessageEvent, SessionEntry
 from hermes_core.store.backend import Obligation, SqlMaintenance
-from hermes_core.store.base import StoreBase
+from hermes_core.store.base import StoreBase, serialised
 from hermes_core.timeutil import utc_now
 
 logger = logging.getLogger(__name__)
@@ -103,12 +103,14 @@ class TurnRecoveryStore(StoreBase):
         for entry in entries:
             self._remember(entry)
 
+    @serialised
     def discard_active_turn_markers(self) -> int:
         """Clear every turn marker without arming a resume (after a clean stop); the count."""
         entries = self._entries_with_markers()
         self._write_all([entry.model_copy(update=_CLEARED_MARKER) for entry in entries])
         return len(entries)
 
+    @serialised
     def recover_turn_markers(self, max_age_seconds: float = 3600) -> MarkerRecovery:
         """SPEC §7.3: a fresh marker on a non-suspended lane arms ``resume_pending``
         (``restart_interrupted``) unless a more specific reason is already set; every marker is
@@ -159,6 +161,7 @@ class TurnRecoveryStore(StoreBase):
             self._ledger = DeliveryLedger(self._sql, settings, notify)
         return self._ledger
 
+    @serialised
     def record_delivery_obligation(
         self,
         session_key: str,
@@ -187,27 +190,27 @@ class TurnRecoveryStore(StoreBase):
             origin_kind=origin_kind, state="pending", attempts=0, failure_kind=None,
             last_error=None, created_at=now, updated_at=now,
         )  # fmt: skip
-        with self._stripe(session_key):
-            entry = self._load(session_key) if turn_token else None
-            cleared = None
-            if entry is not None and entry.active_turn_token == turn_token:
-                cleared = entry.model_copy(update=_CLEARED_MARKER)
-            marker = (cleared.to_dict(), turn_token) if cleared and turn_token else None
-            try:
-                with self._canonical():
-                    _added, marker_cleared = rows.add_obligation(record, marker)
-            except StoreError as exc:
-                logger.error("delivery ledger: could not record a reply: %s", exc)
-                return None
-            if cleared is not None and marker_cleared:
-                self._routing_changed()
-                self._remember(cleared)
+        entry = self._load(session_key) if turn_token else None
+        cleared = None
+        if entry is not None and entry.active_turn_token == turn_token:
+            cleared = entry.model_copy(update=_CLEARED_MARKER)
+        marker = (cleared.to_dict(), turn_token) if cleared and turn_token else None
+        try:
+            with self._canonical():
+                _added, marker_cleared = rows.add_obligation(record, marker)
+        except StoreError as exc:
+            logger.error("delivery ledger: could not record a reply: %s", exc)
+            return None
+        if cleared is not None and marker_cleared:
+            self._routing_changed()
+            self._remember(cleared)
         if cleared is not None and marker_cleared:
             self._notify("turn_ended", cleared, token=turn_token, recorded=record.obligation_id)
         return record.obligation_id
 
     # -- durable queue (SPEC §8.7) ----------------------------------------------------------
 
+    @serialised
     def queue_add(self, session_key: str, event: MessageEvent) -> int | None:
         """Persist a queued event; its id, or None while degraded (queues are memory-only)."""
         if self._sql is None:
@@ -218,6 +221,7 @@ class TurnRecoveryStore(StoreBase):
                 session_key, event.internal, event.bound_session_id, payload
             )
 
+    @serialised
     def queue_replace(self, event_id: int | None, event: MessageEvent) -> None:
         """Persist a merge into a queued event (no-op for memory-only items)."""
         if self._sql is None or event_id is None:
@@ -225,6 +229,7 @@ class TurnRecoveryStore(StoreBase):
         with self._canonical():
             self._sql.replace_queued(event_id, json.dumps(event.to_dict(), ensure_ascii=False))
 
+    @serialised
     def queue_remove(self, event_ids: list[int]) -> int:
         """Delete discarded queued events."""
         if self._sql is None or not event_ids:

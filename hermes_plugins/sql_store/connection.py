@@ -2,7 +2,8 @@
 
 One writer connection, guarded by a lock, carries every write (SQLite has one writer anyway; on
 PostgreSQL it keeps commit order simple); reads use pooled connections so they never wait for it.
-Each write method is one transaction committed before it returns.
+Each write method is one transaction committed before it returns, unless it runs inside
+:meth:`SqlConnection.transaction`, where the store's writer groups many steps into one commit.
 """
 
 from __future__ import annotations
@@ -68,7 +69,10 @@ class SqlConnection:
         self.url = make_url(url)
         self.display = display_url(self.url)
         self.name = "sqlite" if self.url.get_backend_name() == "sqlite" else "postgresql"
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()
+        self._batch_depth = 0
+        self.counters = {"commits": 0, "statements": 0, "reads": 0}
+        """Write commits, statements sent by the writer and read transactions, for benchmarks."""
         self._warned_fts = False
         self._closed = False
         self._engine = self._create_engine(config)
@@ -86,7 +90,7 @@ class SqlConnection:
         except StoreError:
             self._engine.dispose()
             raise
-        self._cursor = self._writer.cursor()
+        self._cursor = _CountingCursor(self._writer.cursor(), self.counters)
         self._dialect = self._engine.dialect
         self._sql = Statements(self._dialect)
         self._obligation_updates: dict[tuple[str, ...], Prepared] = {}
@@ -144,13 +148,51 @@ class SqlConnection:
                 os.chmod(sidecar, 0o600)
 
     @contextmanager
+    def transaction(self) -> Iterator[None]:
+        """One transaction around several write methods (the store's group commit): the writes
+        inside join it and it commits once at the end; nothing is committed if it raises."""
+        with self._lock:
+            self._batch_depth += 1
+            try:
+                yield
+                if self._batch_depth == 1:
+                    self._writer.commit()
+                    self.counters["commits"] += 1
+            except BaseException as exc:
+                if self._batch_depth == 1:
+                    self._rollback()
+                if isinstance(exc, self._driver_error):
+                    raise self._translate(exc, "committing") from exc
+                raise
+            finally:
+                self._batch_depth -= 1
+
+    @property
+    def _batched(self) -> bool:
+        """Whether writes now join an open :meth:`transaction` (on the thread holding it)."""
+        return self._batch_depth > 0
+
+    def _rollback(self) -> None:
+        try:
+            self._writer.rollback()
+        except self._driver_error:
+            logger.debug("rollback after a failed write also failed", exc_info=True)
+
+    @contextmanager
     def _write(self, what: str, *, ddl: bool = False) -> Iterator[Any]:
-        """One write transaction on the writer's DBAPI cursor, committed on success.
+        """One write transaction on the writer's DBAPI cursor, committed on success (or part of
+        the open :meth:`transaction`, which commits it).
 
         Statements are Core, compiled once (``Statements``); executing them on the driver
         directly keeps a one-row transaction close to the cost of raw SQL.
         """
         with self._lock:
+            if self._batched:
+                try:
+                    yield self._cursor
+                except self._driver_error as exc:
+                    raise self._translate(exc, what) from exc
+                return
             try:
                 if (
                     ddl and self.name == "sqlite"
@@ -158,11 +200,9 @@ class SqlConnection:
                     self._cursor.execute("BEGIN IMMEDIATE")
                 yield self._cursor
                 self._writer.commit()
+                self.counters["commits"] += 1
             except BaseException as exc:
-                try:
-                    self._writer.rollback()
-                except self._driver_error:
-                    logger.debug("rollback after a failed write also failed", exc_info=True)
+                self._rollback()
                 if isinstance(exc, self._driver_error):
                     raise self._translate(exc, what) from exc
                 raise
@@ -170,6 +210,7 @@ class SqlConnection:
     @contextmanager
     def _read(self, what: str) -> Iterator[Connection]:
         """A pooled read connection (never blocked by the writer)."""
+        self.counters["reads"] += 1
         try:
             with self._engine.connect() as conn:
                 yield conn
@@ -266,7 +307,11 @@ class SqlConnection:
         try:
             return write()
         except StoreError as first:
-            if not self._triggers_present() or isinstance(first, StoreUnavailableError):
+            if (
+                self._batched  # the writer reruns the step on its own, where this applies
+                or not self._triggers_present()
+                or isinstance(first, StoreUnavailableError)
+            ):
                 raise
             if "locked" in str(first).lower():
                 return write()  # one retry on a busy database
@@ -310,6 +355,34 @@ class SqlConnection:
         """``backend`` and ``fts`` state."""
         return {"backend": self.name, "fts": self._fts}
 
+    def stats(self) -> dict[str, int]:
+        """Counters for benchmarks: ``commits``, ``statements`` (writer), ``reads``, and
+        ``round_trips`` (all three: on PostgreSQL each is one exchange with the server; a read
+        also returns its connection to the pool, which SQLAlchemy ends with a rollback)."""
+        counters = dict(self.counters)
+        counters["round_trips"] = counters["commits"] + counters["statements"]
+        counters["round_trips"] += 2 * counters["reads"]
+        return counters
+
     def _execute(self, cursor: Any, statement: Any) -> Any:
         """Run a rarely used Core statement on the writer cursor (compiled per call)."""
         return Prepared(statement, self._engine.dialect).run(cursor, None)
+
+
+class _CountingCursor:
+    """The writer's DBAPI cursor, counting the statements it sends."""
+
+    __slots__ = ("_counters", "_cursor")
+
+    def __init__(self, cursor: Any, counters: dict[str, int]) -> None:
+        self._cursor = cursor
+        self._counters = counters
+
+    def execute(self, sql: str, params: Any = None) -> Any:
+        self._counters["statements"] += 1
+        if params is None:
+            return self._cursor.execute(sql)
+        return self._cursor.execute(sql, params)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._cursor, name)

@@ -1,0 +1,218 @@
+"""The store's one writer: a thread that runs every mutation, many callers' steps per commit.
+
+Every mutating store operation is a *step* (a function) handed to :class:`StoreWriter`. The
+writer thread takes all steps waiting, runs them inside one backend transaction and commits once
+(group commit); each caller resumes only after the commit that holds its step. Because one
+thread runs every mutation, a read-modify-write of a lane never races another, and no caller
+waits on a lock, the disk or the network on its own thread: an asyncio host awaits
+:meth:`StoreWriter.arun` and its event loop stays free.
+
+A step that raises spoils its batch: the transaction is rolled back, ``on_abort`` runs (the
+store drops its entry cache, which may hold the batch's uncommitted state), and every step of the
+batch runs again on its own, so one bad message fails only its own caller. Work a step defers
+with :meth:`StoreWriter.after_commit` (observer events) runs only once its commit is done.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import queue
+import threading
+from collections.abc import Callable
+from concurrent.futures import Future
+from contextlib import AbstractContextManager
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+from hermes_core.errors import StoreUnavailableError
+
+logger = logging.getLogger(__name__)
+
+_T = TypeVar("_T")
+
+MAX_BATCH = 256
+"""Steps committed together at most (a bound on how long one transaction holds the lock)."""
+
+
+@dataclass
+class _Step:
+    run: Callable[[], Any]
+    done: Callable[[Any, BaseException | None], None]
+    alone: bool = False
+    """Run outside any batch (its writes commit one by one, so its own reads see them)."""
+    deferred: list[Callable[[], None]] = field(default_factory=list)
+
+
+class StoreWriter:
+    """Runs store mutations on one thread, committing concurrent callers' steps together."""
+
+    def __init__(
+        self,
+        transaction: Callable[[], AbstractContextManager[object]],
+        on_abort: Callable[[], None],
+        *,
+        name: str = "hermes-store-writer",
+    ) -> None:
+        self._transaction = transaction
+        self._on_abort = on_abort
+        self._queue: queue.SimpleQueue[_Step | None] = queue.SimpleQueue()
+        self._current: _Step | None = None
+        self._closed = False
+        self._batches = 0
+        self._steps = 0
+        self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
+        self._thread.start()
+
+    @property
+    def on_writer_thread(self) -> bool:
+        """Whether the caller is the writer thread (inside a step)."""
+        return threading.current_thread() is self._thread
+
+    def run(self, function: Callable[..., _T], *args: Any, alone: bool = False) -> _T:
+        """Run ``function(*args)`` as a step and return its result once committed (blocking).
+
+        ``alone``: outside any batch, for maintenance that reads back what it wrote through
+        other connections. Called from a step (the writer thread) it runs inline, as part of
+        that step.
+        """
+        if self.on_writer_thread:
+            return function(*args)
+        future: Future[_T] = Future()
+
+        def done(result: Any, error: BaseException | None) -> None:
+            if error is not None:
+                future.set_exception(error)
+            else:
+                future.set_result(result)
+
+        self._put(_Step(lambda: function(*args), done, alone))
+        return future.result()
+
+    async def arun(self, function: Callable[..., _T], *args: Any) -> _T:
+        """Run ``function(*args)`` as a step; the awaiting coroutine resumes after the commit."""
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[_T] = loop.create_future()
+
+        def settle(result: Any, error: BaseException | None) -> None:
+            if future.cancelled():
+                return
+            if error is not None:
+                future.set_exception(error)
+            else:
+                future.set_result(result)
+
+        def done(result: Any, error: BaseException | None) -> None:
+            loop.call_soon_threadsafe(settle, result, error)
+
+        self._put(_Step(lambda: function(*args), done))
+        return await asyncio.shield(future)
+
+    def after_commit(self, callback: Callable[[], None]) -> None:
+        """Run ``callback`` once the current step is committed (at once outside a step)."""
+        step = self._current if self.on_writer_thread else None
+        if step is None:
+            callback()
+        else:
+            step.deferred.append(callback)
+
+    def stats(self) -> dict[str, int]:
+        """Batches committed and steps run so far (steps per batch shows the grouping)."""
+        return {"batches": self._batches, "steps": self._steps}
+
+    def close(self) -> None:
+        """Finish the steps already handed over, then stop the thread (idempotent)."""
+        if self._closed:
+            return
+        self._closed = True
+        self._queue.put(None)
+        if not self.on_writer_thread:
+            self._thread.join()
+
+    def _put(self, step: _Step) -> None:
+        if self._closed:
+            raise StoreUnavailableError("the session store is closed; open it again to write.")
+        self._queue.put(step)
+
+    # -- the writer thread ---------------------------------------------------------------------
+
+    def _loop(self) -> None:
+        pending: _Step | None = None
+        while True:
+            first = pending if pending is not None else self._queue.get()
+            pending = None
+            if first is None:
+                return
+            if first.alone:
+                self._alone(first)
+                continue
+            batch = [first]
+            while len(batch) < MAX_BATCH:
+                try:
+                    step = self._queue.get_nowait()
+                except queue.Empty:
+                    break
+                if step is None or step.alone:
+                    pending = step
+                    break
+                batch.append(step)
+            self._commit(batch)
+            if pending is None and self._closed and self._queue.empty():
+                return
+
+    def _commit(self, batch: list[_Step]) -> None:
+        """Run the batch in one transaction; on any failure run each step alone."""
+        results: list[Any] = []
+        try:
+            with self._transaction():
+                for step in batch:
+                    results.append(self._execute(step))
+        except BaseException as exc:  # noqa: BLE001 - isolated per step below
+            for step in batch:
+                step.deferred.clear()
+            self._abort(exc)
+            for step in batch:
+                self._alone(step)
+            return
+        self._batches += 1
+        for step, result in zip(batch, results, strict=True):
+            self._finish(step, result, None)
+
+    def _alone(self, step: _Step) -> None:
+        """Run a step outside any batch: each of its writes commits on its own, so a backend's
+        own fault handling (a full-text index failing open) applies as it does without a
+        writer."""
+        try:
+            result = self._execute(step)
+        except BaseException as exc:  # noqa: BLE001 - handed to the step's caller
+            step.deferred.clear()
+            self._abort(exc)
+            self._finish(step, None, exc)
+            return
+        self._batches += 1
+        self._finish(step, result, None)
+
+    def _execute(self, step: _Step) -> Any:
+        self._current = step
+        try:
+            return step.run()
+        finally:
+            self._current = None
+            self._steps += 1
+
+    def _abort(self, error: BaseException) -> None:
+        logger.debug("a store write batch was rolled back: %s", error)
+        try:
+            self._on_abort()
+        except Exception:
+            logger.exception("resetting the store after a failed write failed")
+
+    @staticmethod
+    def _finish(step: _Step, result: Any, error: BaseException | None) -> None:
+        if error is None:
+            for callback in step.deferred:
+                try:
+                    callback()
+                except Exception:
+                    logger.exception("a callback after a store commit failed")
+        step.done(result, error)
