@@ -245,6 +245,8 @@ class GatewaySection(_SharedSection):
     instance_id: str | None = Field(None, pattern=r"\S", description="a non-empty string")
     startup_restore_timeout_secs: _Secs = 120.0
     busy_ack_enabled: _Flag = True
+    max_dispatch_attempts: _Count = 3
+    redelivery_window_days: _Secs = 7.0
     busy_queue: BusyQueueConfig = BusyQueueConfig()
     delivery_ledger: DeliveryLedgerConfig = Field(
         DeliveryLedgerConfig(), description=f"true, false or {_SECTION}"

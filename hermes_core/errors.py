@@ -67,6 +67,15 @@ class TranscriptWriteError(StoreError):
     """A transcript message could not be stored; nothing was acknowledged."""
 
 
+class MessageNotStoredError(HermesError):
+    """``Gateway.handle_message`` could not store an inbound message: leave the platform's
+    message unacknowledged so that the platform delivers it again (the sender was told)."""
+
+
+class MessageRedeliveredError(HermesError):
+    """The platform delivered a message the lane has already stored; it is not stored again."""
+
+
 class TranscriptReadError(StoreError):
     """A stored transcript could not be read (never reported as an empty transcript)."""
 

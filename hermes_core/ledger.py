@@ -1,25 +1,26 @@
 """The delivery ledger (SPEC §7.5, §7.6): every final reply is recorded before its first send,
 so a crash never loses an owed reply, and every ambiguous re-send carries a visible prefix.
 
-States: ``pending`` → ``attempting`` (written just before the platform call) → delivered (the
-row is deleted) | ``failed`` | ``abandoned``. The ledger is a helper of the store: it exists only
-while the SQL store is available and ``gateway.delivery_ledger.enabled`` is true; its failures
-are logged and swallowed, never blocking a send.
+States: ``pending`` → ``attempting`` (written just before the platform call; a turn's reply is
+recorded already claimed) → delivered (the row is deleted) | ``failed`` | ``abandoned``. The
+ledger is a helper of the store: it exists only while the SQL store is available and
+``gateway.delivery_ledger.enabled`` is true; its failures are logged and swallowed, never
+blocking a send. It decides what is owed and with which prefix; the runtime sends.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import logging
 import re
 import time
 import unicodedata
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Container, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
 from hermes_core.config import DeliveryLedgerConfig
-from hermes_core.crashpoints import crash_point
 from hermes_core.errors import StoreError
 from hermes_core.specs import LifecycleEvent
 
@@ -86,17 +87,8 @@ class SendResult:
     error: str | None = None
 
 
-SendFunction = Callable[["Obligation", str], SendResult]
-"""Sends the text (the reply, prefixed when ambiguous) to the obligation's chat."""
-
-
-@dataclass(frozen=True)
-class SweepReport:
-    """What a sweep did, by obligation id."""
-
-    delivered: tuple[str, ...] = ()
-    failed: tuple[str, ...] = ()
-    abandoned: tuple[str, ...] = ()
+Occasion = Literal["boot", "reconnect", "rate_limit"]
+"""When owed replies are sent outside their turn (see :meth:`DeliveryLedger.due`)."""
 
 
 class DeliveryLedger:
@@ -136,40 +128,40 @@ class DeliveryLedger:
             return
         self._transition(row, state)
 
-    def deliver(self, row: Obligation, send: SendFunction, prefix: str | None = None) -> bool:
-        """Claim (spending an attempt), send, settle. True when the platform accepted it."""
-        if not self.claim(row):
-            return False
-        text = f"{prefix}\n\n{row.content}" if prefix else row.content
-        try:
-            result = send(row, text)
-        except Exception as exc:  # noqa: BLE001 - a raising adapter is a failed delivery
-            result = SendResult(ok=False, failure_kind="disconnected", error=repr(exc))
-        return self.settle(row, result)
+    def claimed(self, row: Obligation) -> Obligation:
+        """``row`` as it is once claimed: ``attempting``, one more attempt spent, owned by this
+        instance for the lease."""
+        owner, boot = self.owner
+        now = self._clock()
+        return dataclasses.replace(
+            row, state="attempting", attempts=row.attempts + 1, owner_instance=owner,
+            owner_boot=boot, lease_expires_at=now + self.settings.lease_secs, updated_at=now,
+        )  # fmt: skip
 
-    def claim(self, row: Obligation) -> bool:
-        """Mark a row ``attempting`` just before the platform call, spending an attempt;
-        False (the row abandoned) when no attempt is left."""
+    def claim(self, row: Obligation) -> Obligation | None:
+        """Mark a row ``attempting`` just before the platform call, spending an attempt; the
+        claimed row, or None (the row abandoned) when no attempt is left."""
         if row.attempts >= self.settings.max_attempts:
             self.abandon(row, f"{row.attempts} attempts used")
-            return False
-        owner, boot = self.owner
-        lease = self._clock() + self.settings.lease_secs
-        self._update(row, "attempting", attempts=row.attempts + 1, owner_instance=owner,
-                     owner_boot=boot, lease_expires_at=lease)  # fmt: skip
-        return True
+            return None
+        claimed = self.claimed(row)
+        self._update(
+            row, "attempting", attempts=claimed.attempts, owner_instance=claimed.owner_instance,
+            owner_boot=claimed.owner_boot, lease_expires_at=claimed.lease_expires_at,
+            updated_at=claimed.updated_at,
+        )  # fmt: skip
+        return claimed
 
     def settle(self, row: Obligation, result: SendResult) -> bool:
-        """Record a claimed row's send: delivered (row deleted) or failed with its kind."""
+        """Record a claimed row's send: delivered (row deleted) or failed with its kind. True
+        when the platform accepted it."""
         if result.ok:
-            crash_point("sent")
             try:
                 self.rows.delete_obligation(row.obligation_id)
             except StoreError as exc:
                 logger.error("delivery ledger: could not mark a reply delivered: %s", exc)
                 return True
             self._transition(row, "delivered")
-            crash_point("delivered")
             return True
         kind = result.failure_kind or "rejected"
         self._update(row, "failed", failure_kind=kind, last_error=result.error)
@@ -192,65 +184,41 @@ class DeliveryLedger:
         self._update(row, "abandoned", last_error=f"stale: {age:.0f} s old")
         return True
 
-    def boot_sweep(
-        self,
-        platforms: Iterable[str],
-        send: SendFunction,
-        settled: Callable[[str], object] | None = None,
-    ) -> SweepReport:
-        """Deliver what the previous boot left (SPEC §7.5 boot sweep) for connected platforms.
+    def due(
+        self, occasion: Occasion, platforms: Sequence[str], skip: Container[str] = ()
+    ) -> list[tuple[Obligation, str | None]]:
+        """The rows to send now on ``platforms``, each with the prefix it needs, for one of the
+        occasions of SPEC §7.5; stale rows and rows without an attempt left are abandoned here.
 
-        Rows found ``attempting`` or ``failed``, and every crash-recorded reply, carry the restart
-        prefix; ``pending`` rows are sent plainly. ``settled(session_key)`` runs after each send
-        attempt (the store's ``clear_resume_pending``) so the turn is not rerun too.
+        - ``boot``: what the previous process left; ``attempting`` and ``failed`` rows and
+          crash-recorded replies carry the restart prefix, ``pending`` rows go plainly;
+        - ``reconnect``: a platform (re)connected: ``pending`` rows go plainly, ``attempting``
+          and ``failed`` ones (not rate-limited) with the reconnect prefix;
+        - ``rate_limit``: rate-limited rows, with the rate-limit prefix.
+
+        ``skip`` holds the obligation ids being sent right now (never sent twice at once).
         """
-        return self._sweep(
-            self.rows.obligations(("pending", "attempting", "failed"), list(platforms)),
-            send, settled, boot=True,
-        )  # fmt: skip
-
-    def retry_failed(
-        self, platform: str, send: SendFunction, *, rate_limited: bool = False
-    ) -> SweepReport:
-        """After a reconnect (or a rate-limit back-off): retry that platform's failed rows."""
-        rows = [
-            row for row in self.rows.obligations(("failed",), [platform])
-            if (row.failure_kind == "rate_limited") == rate_limited
-        ]  # fmt: skip
-        return self._sweep(rows, send, None, boot=False)
-
-    def _sweep(
-        self,
-        rows: Sequence[Obligation],
-        send: SendFunction,
-        settled: Callable[[str], object] | None,
-        *,
-        boot: bool,
-    ) -> SweepReport:
-        delivered: list[str] = []
-        failed: list[str] = []
-        abandoned: list[str] = []
-        for row in rows:
+        states = ("failed",) if occasion == "rate_limit" else ("pending", "attempting", "failed")
+        plan: list[tuple[Obligation, str | None]] = []
+        for row in self.rows.obligations(states, list(platforms)):
+            limited = row.state == "failed" and row.failure_kind == "rate_limited"
+            if row.obligation_id in skip or limited != (occasion == "rate_limit"):
+                continue
             if self._stale(row):
-                abandoned.append(row.obligation_id)
                 continue
             if row.attempts >= self.settings.max_attempts:
                 self.abandon(row, f"{row.attempts} attempts used")
-                abandoned.append(row.obligation_id)
                 continue
-            prefix = self._prefix(row, boot=boot)
-            outcome = delivered if self.deliver(row, send, prefix) else failed
-            outcome.append(row.obligation_id)
-            if settled is not None:
-                settled(row.session_key)
-        return SweepReport(tuple(delivered), tuple(failed), tuple(abandoned))
+            plan.append((row, self._prefix(row, occasion)))
+        return plan
 
     @staticmethod
-    def _prefix(row: Obligation, *, boot: bool) -> str | None:
-        if boot:
-            ambiguous = row.state in ("attempting", "failed") or row.origin_kind == "crash"
-            return RESTART_PREFIX if ambiguous else None
-        return RATE_LIMIT_PREFIX if row.failure_kind == "rate_limited" else RECONNECT_PREFIX
+    def _prefix(row: Obligation, occasion: Occasion) -> str | None:
+        if occasion == "rate_limit":
+            return RATE_LIMIT_PREFIX
+        if row.state == "pending" and row.origin_kind != "crash":
+            return None
+        return RESTART_PREFIX if occasion == "boot" else RECONNECT_PREFIX
 
     def housekeeping(self) -> int:
         """Abandon stale rows, then apply retention and the row cap; returns rows pruned."""

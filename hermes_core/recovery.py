@@ -106,10 +106,11 @@ def record_crash_left_replies(
             continue
         content = SILENCE_NOTICE if is_silent_reply(text) else text
         origin = entry.origin
+        answers = user.get("platform_message_id") if user is not None else None
         recorded = store.record_delivery_obligation(
             key, entry.session_id, origin.platform, origin.chat_id, origin.thread_id, content,
-            f"crash:{token}", reply_to_message_id=origin.message_id, turn_token=token,
-            origin_kind="crash",
+            f"crash:{token}", reply_to_message_id=str(answers) if answers else None,
+            turn_token=token, origin_kind="crash",
         )  # fmt: skip
         if recorded is not None:
             outcome[key] = "silence_notice" if content == SILENCE_NOTICE else "recorded"

@@ -1,8 +1,18 @@
 """The asyncio runtime (SPEC §7.2, §7.8, §7.9, §8, §10, §11): one ``Gateway`` per process.
 
 Turns of one session key never overlap; turns of different keys run concurrently. Every store
-operation runs in a worker thread. Messages that arrive while a lane is busy, during the start-up
+write runs on the store's writer thread (``store.arun``), where concurrent lanes' steps share a
+commit, so the event loop never waits on a lock, the disk or the network; reads that may touch
+the disk run in worker threads. Messages that arrive while a lane is busy, during the start-up
 gate or during a drain are queued durably and dispatched in order.
+
+The acknowledgement contract: :meth:`Gateway.handle_message` returns once the event is durably
+stored (the turn's first commit for an idle lane, the queue commit otherwise); an adapter may
+then acknowledge the platform's message. When it cannot be stored, the sender is told and
+:class:`~hermes_core.errors.MessageNotStoredError` is raised, so the adapter leaves the message
+unacknowledged for the platform to deliver again. Every later stage of a turn is guarded: a
+failure sends the "something went wrong" notice, keeps the stored state consistent, is logged
+once and never stops the lane.
 """
 
 from __future__ import annotations
@@ -11,7 +21,7 @@ import asyncio
 import functools
 import logging
 from collections.abc import Callable, Sequence
-from typing import Any, TypeVar
+from typing import Any, NoReturn
 
 from cachetools import LRUCache, TTLCache
 
@@ -20,7 +30,7 @@ from hermes_core.cache import AgentCache
 from hermes_core.config import GatewayConfig
 from hermes_core.context import build_session_context, build_session_context_prompt, prefix_sender
 from hermes_core.crashpoints import crash_point
-from hermes_core.errors import HermesError, StoreError
+from hermes_core.errors import HermesError, MessageNotStoredError
 from hermes_core.gateway_texts import (
     ACK_INTERRUPT,
     ACK_INTERVAL_SECS,
@@ -40,11 +50,11 @@ from hermes_core.gateway_texts import (
     parse_command,
 )
 from hermes_core.housekeeping import Housekeeping
-from hermes_core.ledger import SendResult
+from hermes_core.ledger import Occasion, SendResult
 from hermes_core.models import MessageEvent, SessionContext, SessionEntry, SessionSource
-from hermes_core.pipeline import Reply, Turn, TurnPipeline
+from hermes_core.pipeline import Turn, TurnPipeline
 from hermes_core.plugins import HermesPluginManager, create_plugin_manager
-from hermes_core.queue import SeenMessages, TurnQueue
+from hermes_core.queue import EnqueueResult, QueuedItem, SeenMessages, TurnQueue
 from hermes_core.recovery import GatewayState
 from hermes_core.resume import resume_candidates, resume_event
 from hermes_core.store import SessionStore
@@ -53,16 +63,19 @@ from hermes_core.store.backend import Obligation
 logger = logging.getLogger(__name__)
 
 SEEN_MESSAGES = 10_000
-"""How many (lane, platform message id) pairs are remembered to ignore redeliveries."""
-RECENT_MESSAGES = 20
+"""How many (lane, platform message id) pairs are kept in memory in front of the store's
+durable redelivery check."""
 PROMPT_CACHE_SIZE = 1024
+DISPATCH_RETRY_SECS = 2.0
+"""Wait before a queued message whose turn failed to start is tried again (times attempts)."""
+RATE_LIMIT_RETRY_SECS = 5.0
+"""Wait before a rate-limited reply is sent again (times its attempts so far)."""
 
 AgentFactory = Callable[[SessionEntry], Agent]
-_T = TypeVar("_T")
 
 
 class _Lane:
-    """A lane with a turn task running."""
+    """A lane with a turn task running (or about to: its first turn is being stored)."""
 
     task: asyncio.Task[None] | None = None
     agent: Agent | None = None
@@ -113,12 +126,20 @@ class Gateway:
         self.queue: TurnQueue | None = None
         self.pipeline: TurnPipeline | None = None
         self._lanes: dict[str, _Lane] = {}
+        self._commands: dict[str, asyncio.Task[None]] = {}
+        """Lanes whose queue head is a command being carried out (nothing else dispatches)."""
+        self._retrying: dict[str, asyncio.TimerHandle] = {}
+        """Lanes waiting to retry a queued message whose turn failed to start."""
+        self._timers: set[asyncio.TimerHandle] = set()
+        self._background: set[asyncio.Future[Any]] = set()
+        self._sending: set[str] = set()
+        """Ledger rows being sent right now (never sent twice at once)."""
         self._gate = True
         self._stopping: str | None = None
+        self._ready = asyncio.Event()
         self._acked: TTLCache[str, bool] = TTLCache(maxsize=SEEN_MESSAGES, ttl=ACK_INTERVAL_SECS)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._housekeeping: Housekeeping | None = None
-        self._inline_store = False
         self._seen = SeenMessages(SEEN_MESSAGES)
         self._prompts: LRUCache[tuple[str, SessionSource], tuple[str, SessionContext]] = LRUCache(
             maxsize=PROMPT_CACHE_SIZE
@@ -134,19 +155,15 @@ class Gateway:
         return self.state.store
 
     def _restore_queue(self) -> int:
-        self.queue = TurnQueue(self.store, self.config, notify=self._notify)
-        restored = self.queue.restore()
-        for key in self.queue.lanes():
-            for item in self.queue.items(key):
+        """The ``queue_restore`` recovery step (in start's worker thread): the queue is made
+        visible only once restored, so nothing enqueued meanwhile is restored twice."""
+        queue = TurnQueue(self.store, self.config, notify=self._notify)
+        restored = queue.restore()
+        for key in queue.lanes():
+            for item in queue.items(key):
                 self._seen.remember_event(key, item.event)
+        self.queue = queue
         return restored
-
-    def _remember_recent(self, entries: Sequence[SessionEntry]) -> None:
-        """Seed the seen messages with the recent ones of lanes a crash interrupted: the
-        platform may deliver their unacknowledged messages again."""
-        for entry in entries:
-            for message in self.store.load_transcript(entry.session_id)[-RECENT_MESSAGES:]:
-                self._seen.remember(entry.session_key, message.get("platform_message_id"))
 
     @property
     def _notify(self) -> Callable[[Any], None] | None:
@@ -156,51 +173,43 @@ class Gateway:
         """SPEC §7.2: lock, store, recovery steps under the gate; ledger sweep; auto-resume;
         lower the gate when the resumed turns end (or the wait expires); housekeeping."""
         self._loop = asyncio.get_running_loop()
-        store = await asyncio.to_thread(self.state.start)
-        self._inline_store = (
-            store.health()["backend"] == "sqlite"
-            and self.config.storage.sqlite_synchronous == "normal"
-        )
-        self.pipeline = TurnPipeline(store, self.config)
-        if self.queue is None:  # the queue_restore step was disabled
-            self.queue = TurnQueue(store, self.config, notify=self._notify)
-        ledger = store.ledger
-        if ledger is not None:
-            connected = [name for name, adapter in self.adapters.items() if adapter.is_connected()]
-            await asyncio.to_thread(  # the sweep's sends hop back onto the loop
-                ledger.boot_sweep, connected, self._send_sync, store.clear_resume_pending
-            )
+        try:
+            store = await asyncio.to_thread(self.state.start)
+            self.pipeline = TurnPipeline(store, self.config)
+            if self.queue is None:  # the queue_restore step was disabled
+                self.queue = TurnQueue(store, self.config, notify=self._notify)
+        finally:
+            self._ready.set()  # messages waiting for the queue go on (or fail, if start did)
+        connected = [name for name, adapter in self.adapters.items() if adapter.is_connected()]
+        await self._send_due("boot", connected)
         await self._resume(None)
         resuming = [lane.task for lane in self._lanes.values() if lane.task is not None]
         if resuming:
             await asyncio.wait(resuming, timeout=self.config.gateway.startup_restore_timeout_secs)
         self._gate = False
-        for key in self.queue.lanes():
+        for key in self._queue.lanes():
             self._dispatch_next(key)
         self._housekeeping = Housekeeping(self.config, store, self.cache)
         self._housekeeping.start()
 
     async def _resume(self, platform: str | None) -> int:
-        """Dispatch one internal resume event per eligible lane (SPEC §7.8)."""
-        entries = await self._call(
+        """Start one internal resume turn per eligible lane (SPEC §7.8)."""
+        entries = await asyncio.to_thread(
             functools.partial(
                 resume_candidates, self.store, self.config.agent.gateway_auto_continue_freshness,
-                platform=platform, connected=self._connected, busy=self._lanes.__contains__,
+                platform=platform, connected=self._connected, busy=self._busy,
                 authorised=self.callbacks.authorised,
             )
         )  # fmt: skip
-        await self._call(self._remember_recent, entries)
         for entry in entries:
-            if entry.session_key not in self._lanes:
-                self._start_lane(entry.session_key, resume_event(entry), None)
+            if not self._busy(entry.session_key):
+                self._start_lane(entry.session_key, resume_event(entry))
         return len(entries)
 
     async def platform_connected(self, platform: str) -> None:
-        """After (re)connecting a platform: retry its failed replies, resume its lanes and
+        """After (re)connecting a platform: send its owed replies, resume its lanes and
         dispatch the queue heads that waited for it."""
-        ledger = self.store.ledger
-        if ledger is not None:
-            await asyncio.to_thread(ledger.retry_failed, platform, self._send_sync)
+        await self._send_due("reconnect", [platform])
         await self._resume(platform)
         for key in self._queue.lanes():
             self._dispatch_next(key)
@@ -223,42 +232,49 @@ class Gateway:
         adapter = self.adapters.get(platform)
         return adapter is not None and adapter.is_connected()
 
+    def _busy(self, key: str) -> bool:
+        return key in self._lanes or key in self._commands
+
     async def handle_message(self, event: MessageEvent) -> None:
-        """Run or queue the turn for an inbound event (SPEC §7.9, §8.4)."""
+        """Store an inbound event durably, then run or queue its turn (SPEC §7.9, §8.4).
+
+        Returns once the event is stored: the adapter may acknowledge it then. A message the
+        lane already has (the platform delivering it again) is ignored. Raises
+        :class:`MessageNotStoredError` when it could not be stored (the sender was told):
+        leave it unacknowledged so that the platform delivers it again.
+        """
+        if not self._ready.is_set():
+            if self._loop is None:
+                raise HermesError("the gateway is not started; await gateway.start() first")
+            await self._ready.wait()  # start-up has not restored the queue yet
         key = self.store.session_key_for(event.source)
         if self._seen.seen_before(key, event):
             logger.info("ignored a message delivered again")
             return
-        self._seen.remember_event(key, event)
         if self._stopping is not None:
             await self._enqueue_while_draining(key, event)
             return
         if self._gate:
-            await self._call(self._queue.enqueue, key, event)  # no acknowledgement yet
+            await self._enqueue(key, event)  # no acknowledgement yet
             return
-        if not event.internal:
-            command, rest = parse_command(event.text, (*self.triggers, "/stop", "/queue"))
-            if command in self.triggers:
-                await self._reset(key, event, rest)
-                return
-            if command == "/stop":
-                await self._stop_lane(key, event)
-                return
-            if command == "/queue":
-                await self._queue_command(key, event, rest)
-                return
+        if not event.internal and self._command(event)[0] is not None:
+            await self._run_command(key, event)
+            return
         await self._accept(key, event)
 
+    def _command(self, event: MessageEvent) -> tuple[str | None, str]:
+        """The command a human event carries (``/new``, ``/reset``, ``/stop``, ``/queue``)."""
+        if event.internal or event.queued_via_command:
+            return None, ""
+        return parse_command(event.text, (*self.triggers, "/stop", "/queue"))
+
     async def _accept(self, key: str, event: MessageEvent) -> None:
-        queue = self._queue
-        idle = key not in self._lanes and queue.depth(key) == 0
+        idle = not self._busy(key) and self._queue.depth(key) == 0
         if idle and self._connected(event.source.platform):
-            self._start_lane(key, event, None)
+            await self._begin_idle(key, event)
             return
-        result = await self._call(queue.enqueue, key, event)
+        result = await self._enqueue(key, event)
         if not result.accepted:
-            if not event.internal:
-                await self._refusal(event, result.refused, result.depth)
             return
         lane = self._lanes.get(key)
         if lane is None:
@@ -268,13 +284,69 @@ class Gateway:
             return
         interrupting = False
         if self.config.display.busy_input_mode == "interrupt" and lane.agent is not None:
-            interrupting = await lane.agent.interrupt()
+            try:
+                interrupting = await lane.agent.interrupt()
+            except Exception:
+                logger.exception("the agent failed to interrupt its turn")
             lane.interrupted = lane.interrupted or interrupting
         await self._ack(key, event, ACK_INTERRUPT if interrupting else ACK_QUEUED)
 
-    async def _refusal(self, event: MessageEvent, reason: str | None, depth: int) -> None:
-        text = REFUSED_CAP.format(n=depth) if reason == "cap" else REFUSED_NOT_SAVED
-        await self._reply(event.source, text)
+    async def _begin_idle(self, key: str, event: MessageEvent) -> None:
+        """An idle lane: store the turn's start, then run it (the lane is reserved meanwhile,
+        so a message arriving during the commit queues behind this one)."""
+        lane = self._lanes[key] = _Lane()
+        try:
+            turn = await self.store.arun(self._pipeline.begin, key, event, None)
+        except Exception as exc:  # noqa: BLE001 - whatever the cause, the message is not stored
+            self._release(key, lane)
+            await self._not_stored(event, exc)
+        if turn is None:  # the platform delivered a message the lane already has
+            self._release(key, lane)
+            logger.info("ignored a message delivered again")
+            return
+        self._begun(key, event)
+        lane.task = asyncio.create_task(self._run_lane(key, lane, turn))
+
+    def _release(self, key: str, lane: _Lane) -> None:
+        if self._lanes.get(key) is lane:
+            del self._lanes[key]
+        self._dispatch_next(key)
+
+    def _begun(self, key: str, event: MessageEvent) -> None:
+        """A turn's first commit is done."""
+        self._seen.remember_event(key, event)
+        crash_point("marker_written")
+        crash_point("user_stored")
+
+    async def _not_stored(self, event: MessageEvent, cause: BaseException | None) -> NoReturn:
+        """Tell the sender their message was not saved, then raise for the adapter."""
+        logger.error("an inbound message could not be stored: %s", cause)
+        if not event.internal:
+            await self._reply(event.source, REFUSED_NOT_SAVED)
+        raise MessageNotStoredError(
+            "the message could not be stored; leave it unacknowledged so that the platform "
+            f"delivers it again ({cause})"
+        ) from cause
+
+    async def _enqueue(self, key: str, event: MessageEvent) -> EnqueueResult:
+        """Queue an event durably; a refusal is answered (and raised when not saved)."""
+        try:
+            result = await self.store.arun(self._queue.enqueue, key, event)
+        except HermesError as exc:  # the store is closed or its commit failed twice
+            await self._not_stored(event, exc)
+        if result.refused == "duplicate":
+            logger.info("ignored a message delivered again")
+            self._seen.remember_event(key, event)
+            return result
+        if result.refused == "cap":
+            if not event.internal:
+                await self._reply(event.source, REFUSED_CAP.format(n=result.depth))
+            return result
+        if result.refused is not None:
+            await self._not_stored(event, None)
+        self._seen.remember_event(key, event)
+        crash_point("enqueued")
+        return result
 
     async def _ack(self, key: str, event: MessageEvent, text: str) -> None:
         """Acceptance acknowledgements: at most one per lane per 30 s, and only if enabled."""
@@ -284,13 +356,36 @@ class Gateway:
         await self._reply(event.source, text)
 
     async def _enqueue_while_draining(self, key: str, event: MessageEvent) -> None:
-        result = await self._call(self._queue.enqueue, key, event)
-        if event.internal or self._stopping is None:
+        stopping = self._stopping
+        try:
+            result = await self._enqueue(key, event)
+        except MessageNotStoredError:
+            if stopping is not None and not event.internal:
+                await self._reply(event.source, DRAIN_REFUSED[stopping])
+            raise
+        if event.internal or stopping is None or result.refused == "duplicate":
             return
         texts = DRAIN_QUEUED if result.accepted else DRAIN_REFUSED
-        await self._reply(event.source, texts[self._stopping])
+        await self._reply(event.source, texts[stopping])
 
     # -- commands ----------------------------------------------------------------------------------
+
+    async def _run_command(self, key: str, event: MessageEvent) -> None:
+        """Carry out a command; a failure is logged and answered, never raised to the host."""
+        command, rest = self._command(event)
+        self._seen.remember_event(key, event)
+        try:
+            if command in self.triggers:
+                await self._reset(key, event, rest)
+            elif command == "/stop":
+                await self._stop_lane(key, event)
+            elif command == "/queue":
+                await self._queue_command(key, event, rest)
+        except MessageNotStoredError:
+            raise
+        except Exception:
+            logger.exception("the command %s failed", command)
+            await self._reply(event.source, TURN_FAILED)
 
     async def _halt(self, key: str, reason: str) -> bool:
         """Hard-interrupt the lane's running turn; True if one was running."""
@@ -301,10 +396,12 @@ class Gateway:
         await asyncio.gather(lane.task, return_exceptions=True)
         return True
 
-    def _interrupt_background(self, key: str) -> bool:
+    async def _interrupt_background(self, key: str) -> bool:
         interrupt = self.callbacks.interrupt_background
-        session_id = self.store.peek_session_id(key)
-        if interrupt is None or session_id is None:
+        if interrupt is None:
+            return False
+        session_id = await asyncio.to_thread(self.store.peek_session_id, key)
+        if session_id is None:
             return False
         try:
             return bool(interrupt(key, session_id))
@@ -312,34 +409,31 @@ class Gateway:
             logger.exception("interrupting background work failed")
             return False
 
-    async def _discard(self, discard: Callable[[str], int], key: str) -> int:
-        """Run a queue discard; a store failure keeps the items (logged) and counts nothing."""
-        try:
-            return await self._call(discard, key)
-        except StoreError:
-            logger.exception("queued messages could not be discarded; they stay queued")
-            return 0
-
     async def _reset(self, key: str, event: MessageEvent, rest: str) -> None:
         """SPEC §6.2: interrupt, discard human items, clean up the agent, new session, reply."""
         await self._halt(key, "user")
-        self._interrupt_background(key)
-        await self._discard(self._queue.discard_humans, key)
+        await self._interrupt_background(key)
+        await self.store.arun(self._queue.discard_humans, key)
         await asyncio.to_thread(self.cache.discard, key)  # full cleanup runs off the loop
-        if await self._call(self.store.reset_session, key) is None:
-            await self._call(self.store.get_or_create_session, event.source, True)
-        await self._call(self._pipeline.counts.remove, key)
+        await self.store.arun(self._new_session, key, event.source)
         await self._reply(event.source, NEW_SESSION)
         if rest.strip():
-            await self._call(self._queue.enqueue, key, event.replace(text=rest))
+            await self._enqueue(key, event.replace(text=rest))
         self._dispatch_next(key)
+
+    def _new_session(self, key: str, source: SessionSource) -> None:
+        """A new session on the lane and its stuck-loop count forgotten (one commit)."""
+        store = self.store
+        if store.reset_session(key) is None:
+            store.get_or_create_session(source, True)
+        store.counts.remove(key)
 
     async def _stop_lane(self, key: str, event: MessageEvent) -> None:
         """SPEC §8.5 ``/stop``: interrupt the turn and background work, drop the slot's human
         follow-up, keep the overflow (``/queue`` items and internal wakes), say what happened."""
         stopped = await self._halt(key, "user")
-        stopped = self._interrupt_background(key) or stopped
-        discarded = await self._discard(self._queue.discard_slot, key)
+        stopped = await self._interrupt_background(key) or stopped
+        discarded = await self.store.arun(self._queue.discard_slot, key)
         if stopped or discarded:
             text = STOPPED
             if discarded:
@@ -355,166 +449,238 @@ class Gateway:
         if not prompt.strip() and not event.media_urls:
             await self._reply(event.source, QUEUE_USAGE)
             return
-        if key not in self._lanes and self._queue.depth(key) == 0:
+        if not self._busy(key) and self._queue.depth(key) == 0:
             await self._accept(key, event.replace(text=prompt))
             return
-        item = event.replace(text=prompt, queued_via_command=True)
-        result = await self._call(self._queue.enqueue, key, item)
+        result = await self._enqueue(key, event.replace(text=prompt, queued_via_command=True))
         if not result.accepted:
-            await self._refusal(event, result.refused, result.depth)
             return
         suffix = f" ({result.depth} queued)" if result.depth > 1 else ""
         await self._reply(event.source, QUEUED_COMMAND + suffix)
         if key not in self._lanes:
             self._dispatch_next(key)
 
+    async def _queued_command(self, key: str) -> None:
+        """A command that was queued (behind the start-up gate or a drain) reaches the head:
+        take it out of the queue and carry it out."""
+        try:
+            item = await self.store.arun(self._take_head, key)
+            if item is not None:
+                await self._run_command(key, item.event)
+        except Exception:
+            logger.exception("a queued command could not be carried out")
+        finally:
+            self._commands.pop(key, None)
+        self._dispatch_next(key)
+
+    def _take_head(self, key: str) -> QueuedItem | None:
+        """Remove the lane's queue head, memory and row (writer step)."""
+        item = self._queue.pop_head(key)
+        if item is not None and item.event_id is not None:
+            self.store.queue_remove([item.event_id])
+        return item
+
     # -- lanes and turns ---------------------------------------------------------------------------
 
-    def _start_lane(self, key: str, event: MessageEvent, event_id: int | None) -> None:
+    def _start_lane(self, key: str, first: MessageEvent | None) -> None:
+        """A lane task that begins with ``first`` (an internal resume) or the queue head."""
         lane = self._lanes[key] = _Lane()
-        lane.task = asyncio.create_task(self._run_lane(key, lane, event, event_id))
+        lane.task = asyncio.create_task(self._run_lane(key, lane, first))
 
     def _dispatch_next(self, key: str) -> None:
         """Start the lane's queue head if the lane is idle and the gateway dispatches."""
-        if key in self._lanes or self._gate or self._stopping is not None:
+        if self._busy(key) or key in self._retrying or self._gate or self._stopping is not None:
             return
-        item = self._next_item(key)
-        if item is not None:
-            self._start_lane(key, item[0], item[1])
+        head = self._queue.head(key)
+        if head is None:
+            return
+        if self._command(head.event)[0] is not None:
+            self._commands[key] = asyncio.create_task(self._queued_command(key))
+            return
+        if self._connected(head.event.source.platform):
+            self._start_lane(key, None)
 
-    def _next_item(self, key: str) -> tuple[MessageEvent, int | None] | None:
-        """The lane's next dispatchable event: its platform connected; a wake bound to an older
-        session only if the host's resolver allows it (else dropped, logged)."""
-        queue = self._queue
-        while (head := queue.head(key)) is not None:
+    async def _run_lane(self, key: str, lane: _Lane, first: Turn | MessageEvent | None) -> None:
+        """Run the lane's turns one after another until its queue has nothing dispatchable."""
+        try:
+            turn = first if isinstance(first, Turn) else await self._begin_next(key, first)
+            while turn is not None:
+                await self._run_turn(lane, turn)
+                lane.interrupted = False
+                if lane.stop is not None or self._stopping is not None or self._gate:
+                    return
+                turn = await self._begin_next(key, None)
+        finally:
+            if self._lanes.get(key) is lane:
+                del self._lanes[key]
+                if lane.stop is None:
+                    self._dispatch_next(key)  # a command at the head, or a retry to schedule
+
+    async def _begin_next(self, key: str, resume: MessageEvent | None) -> Turn | None:
+        """Store the start of the lane's next turn: ``resume`` (an internal event) or the queue
+        head when it can be dispatched now; None when there is nothing to start."""
+        if resume is not None:
+            try:
+                turn = await self.store.arun(self._pipeline.begin, key, resume, None)
+            except Exception:
+                logger.exception("a resumed turn could not start; it resumes at the next start")
+                return None
+            if turn is not None:
+                self._begun(key, resume)
+            return turn
+        while (head := self._queue.head(key)) is not None:
+            if self._command(head.event)[0] is not None:
+                return None
             if not self._connected(head.event.source.platform):
                 return None  # waits for the platform, never dropped
-            item = queue.pop_head(key)
-            if item is None:
-                return None
-            bound = item.event.bound_session_id
-            stale = item.event.internal and bound and bound != self.store.peek_session_id(key)
-            if stale and not self._wake_allowed(item.event, str(bound)):
+            if not await self._wake_current(key, head.event):
                 logger.warning("dropped an internal wake bound to an earlier session")
-                if item.event_id is not None:
-                    self.store.queue_remove([item.event_id])
+                await self.store.arun(self._take_head, key)
                 continue
-            return item.event, item.event_id
+            try:
+                turn = await self.store.arun(self._begin_head, key)
+            except Exception as exc:  # noqa: BLE001 - counted towards its dead-lettering
+                await self._dispatch_failed(key, head, exc)
+                return None
+            if turn is not None:
+                self._begun(key, turn.event)
+                return turn
         return None
 
-    def _wake_allowed(self, event: MessageEvent, session_id: str) -> bool:
+    def _begin_head(self, key: str) -> Turn | None:
+        """Take the queue head and store its turn's start (writer step: one commit, which
+        also deletes its row); a redelivered head is dropped. None if nothing started."""
+        item = self._queue.pop_head(key)
+        if item is None:
+            return None
+        turn = self._pipeline.begin(key, item.event, item.event_id)
+        if turn is None and item.event_id is not None:
+            self.store.queue_remove([item.event_id])
+        return turn
+
+    async def _wake_current(self, key: str, event: MessageEvent) -> bool:
+        """Whether an event may run now: a wake bound to an older session only if the host's
+        resolver allows it (SPEC §8.6)."""
+        bound = event.bound_session_id
+        if not (event.internal and bound):
+            return True
+        if bound == await asyncio.to_thread(self.store.peek_session_id, key):
+            return True
         resolver = self.callbacks.wake_allowed
         if resolver is None:
             return False
         try:
-            return bool(resolver(event, session_id))
+            return bool(resolver(event, bound))
         except Exception:
             logger.exception("the wake resolver failed")
             return False
 
-    async def _run_lane(
-        self, key: str, lane: _Lane, event: MessageEvent, event_id: int | None
-    ) -> None:
-        """Run the lane's turns one after another until its queue has nothing dispatchable."""
+    async def _dispatch_failed(self, key: str, head: QueuedItem, error: Exception) -> None:
+        """A queued event's turn could not start: count the attempt; at the limit set it aside
+        as a dead letter (the sender is told), else try again after a pause."""
+        logger.error("a queued message could not start its turn: %s", error)
         try:
-            while True:
-                await self._run_turn(key, lane, event, event_id)
-                lane.interrupted = False
-                halted = lane.stop is not None or self._stopping or self._gate
-                item = None if halted else self._next_item(key)
-                if item is None:
-                    return
-                event, event_id = item
-        finally:
-            if self._lanes.get(key) is lane:
-                del self._lanes[key]
-
-    async def _run_turn(
-        self, key: str, lane: _Lane, event: MessageEvent, event_id: int | None
-    ) -> None:
-        """One turn: the blocking work before the agent, after it, and after the send runs in
-        one store call each (see ``_call``); the agent and the adapter run on the loop."""
-        prepared = await self._call(self._prepare, key, event, event_id)
-        if prepared is None:
+            dead = await self.store.arun(self._fail_head, key, head, repr(error))
+        except Exception:
+            logger.exception("the failed start could not be recorded")
+            dead = False
+        if dead:
+            logger.error("a queued message was set aside as a dead letter after %d attempts",
+                         head.attempts)  # fmt: skip
+            if not head.event.internal:
+                await self._reply(head.event.source, TURN_FAILED)
             return
-        turn, agent, request, suspended_before = prepared
+        loop = asyncio.get_running_loop()
+        delay = DISPATCH_RETRY_SECS * max(1, head.attempts)
+        self._retrying[key] = loop.call_later(delay, self._retry_dispatch, key)
+
+    def _retry_dispatch(self, key: str) -> None:
+        self._retrying.pop(key, None)
+        self._dispatch_next(key)
+
+    def _fail_head(self, key: str, head: QueuedItem, error: str) -> bool:
+        """Record a failed start of the head (writer step); True when it became a dead letter
+        and left the queue."""
+        head.attempts += 1
+        dead = self.store.queue_fail(head.event_id, error)
+        if head.event_id is None:  # held in memory only (degraded store)
+            dead = head.attempts >= self.config.gateway.max_dispatch_attempts
+        if dead and self._queue.head(key) is head:
+            self._queue.pop_head(key)
+        return dead
+
+    async def _run_turn(self, lane: _Lane, turn: Turn) -> None:
+        """One begun turn: the agent on the loop, then the reply stored and recorded (one
+        commit), sent, and settled with the turn closed (one commit)."""
+        key = turn.key
+        try:
+            agent = self.cache.get_or_create(
+                key, turn.entry.session_id, lambda: self.agent_factory(turn.entry),
+                begin_turn=True,
+            )  # fmt: skip
+        except Exception:
+            logger.exception("the lane's agent could not be built")
+            await self._turn_failed(turn)
+            return
+        try:
+            await self._agent_turn(lane, turn, agent)
+        finally:
+            self.cache.end_turn(key, agent)
+            # The turn's user message and reply are in the store: nothing held only in memory.
+            self.cache.report_persistence(key, agent, persisted=2, in_memory=2)
+
+    async def _agent_turn(self, lane: _Lane, turn: Turn, agent: Agent) -> None:
         lane.agent = agent
         reply: str | None = None
         failed = False
         lane.in_agent = lane.stop is None
         try:
-            if lane.stop is not None:  # halted while the turn was being prepared
+            if lane.stop is not None:  # halted while the turn was being stored
                 raise asyncio.CancelledError
-            if suspended_before and not event.internal:
-                await self._reply(event.source, SUSPENDED_NOTICE)
+            request = self._request(turn)
+            if turn.suspended_before and not turn.event.internal:
+                await self._reply(turn.event.source, SUSPENDED_NOTICE)
             reply = await agent.run_turn(request)
         except asyncio.CancelledError:
-            self.cache.end_turn(key, agent)
             if lane.stop == "user":  # stopped by the user: nothing owed, nothing to resume
-                await self._call(self.store.clear_turn_active, key, turn.token)
+                await self._close(turn, success=False)
             raise  # a drain keeps the marker: the turn resumes after the restart
         except Exception:
             logger.exception("a turn failed")
             failed = True
-            await self._reply(event.source, TURN_FAILED)
+            await self._reply(turn.event.source, TURN_FAILED)
         finally:
             lane.in_agent = False
         success = not failed and not lane.interrupted
-        owed = await self._call(self._finish, turn, None if failed else reply, success)
-        result = (
-            await self._send(self._pipeline.addressed(turn, owed), owed.content) if owed else None
-        )
-        await self._call(self._close, turn, agent, owed, result, success)
-
-    async def _call(self, function: Callable[..., _T], *args: Any) -> _T:
-        """Run a blocking store call: inline on the loop when the store never waits for a disk
-        flush or the network (SQLite with ``synchronous: normal``, where a worker-thread hop
-        costs more than the call), else in a worker thread."""
-        if self._inline_store and not self.store.degraded:
-            return function(*args)
-        return await asyncio.to_thread(function, *args)
-
-    def _prepare(
-        self, key: str, event: MessageEvent, event_id: int | None
-    ) -> tuple[Turn, Agent, TurnRequest, bool] | None:
-        """Start the turn durably, take the lane's agent and build its input (blocking)."""
-        before = self.store.lookup_by_session_key(key)
-        turn = self._pipeline.begin(event, event_id)
-        if turn is None:
-            return None
-        agent = self.cache.get_or_create(
-            key, turn.entry.session_id, lambda: self.agent_factory(turn.entry), begin_turn=True
-        )
         try:
-            request = self._request(turn)
-        except BaseException:
-            self.cache.end_turn(key, agent)
-            self._pipeline.complete(turn, success=False)
-            raise
-        return turn, agent, request, before is not None and before.suspended
+            owed = await self.store.arun(
+                self._pipeline.finish, turn, None if failed else reply, success
+            )
+        except Exception:
+            logger.exception("a turn's reply could not be stored")
+            if not failed:
+                await self._reply(turn.event.source, TURN_FAILED)
+            await self._close(turn, success=False)
+            return
+        if owed is None:
+            crash_point("marker_cleared")
+            return
+        crash_point("reply_stored")
+        crash_point("obligation_recorded")
+        await self._deliver(owed.row, turn=turn, success=success, claimed=owed.ledgered)
 
-    def _finish(self, turn: Turn, reply: str | None, success: bool) -> Reply | None:
-        """Store and record the reply, then claim it for sending (blocking); None if nothing is
-        to be sent."""
-        if not (success or reply):
-            return None
-        owed = self._pipeline.finish(turn, reply)
-        return owed if owed is not None and self._pipeline.claim(owed) else None
+    async def _turn_failed(self, turn: Turn) -> None:
+        await self._reply(turn.event.source, TURN_FAILED)
+        await self._close(turn, success=False)
 
-    def _close(
-        self, turn: Turn, agent: Agent, owed: Reply | None, result: SendResult | None,
-        success: bool,
-    ) -> None:  # fmt: skip
-        """Settle the send, close the turn and update the cache (blocking)."""
-        key = turn.entry.session_key
+    async def _close(self, turn: Turn, *, success: bool) -> None:
+        """Close a turn that owes nothing; a store failure leaves its marker (logged), so the
+        turn is resumed after the next restart rather than lost."""
         try:
-            if owed is not None and result is not None:
-                self._pipeline.settle(turn, owed, result)
-        finally:
-            self.cache.end_turn(key, agent)
-            # The turn's user message and reply are in the store: nothing held only in memory.
-            self.cache.report_persistence(key, agent, persisted=2, in_memory=2)
-            self._pipeline.complete(turn, success=success)
+            close = functools.partial(self.store.close_turn, success=success)
+            await self.store.arun(close, turn.key, turn.token)
+        except Exception:
+            logger.exception("a turn could not be closed; its marker stays set")
 
     def _request(self, turn: Turn) -> TurnRequest:
         """The agent's input: the session-context prompt (cached per session and source: it is
@@ -531,19 +697,101 @@ class Gateway:
             text = prefix_sender(text, source, context, plugins=self.plugins)
         store = self.store
         return TurnRequest(
-            turn.entry.session_key, session_id, prompt, turn.message(text), turn.event,
+            turn.key, session_id, prompt, turn.message(text), turn.event,
             lambda: store.load_transcript(session_id)[:-1],
         )  # fmt: skip
 
     # -- sending -----------------------------------------------------------------------------------
 
+    async def _deliver(
+        self,
+        row: Obligation,
+        *,
+        prefix: str | None = None,
+        turn: Turn | None = None,
+        success: bool = True,
+        claimed: bool = False,
+        close: bool = False,
+    ) -> bool:
+        """The one claim → send → settle path, for turns, the boot sweep, reconnects and
+        rate-limit retries. A turn's reply arrives claimed (``claimed``); settling also closes
+        the turn, or with ``close`` (the boot sweep) clears the lane's resume flag. True when
+        the platform accepted the reply."""
+        ident = row.obligation_id
+        if ident and ident in self._sending:
+            return False
+        if ident:
+            self._sending.add(ident)
+        try:
+            ledger = self.store.ledger
+            if not claimed and ident and ledger is not None:
+                claimed_row = await self.store.arun(ledger.claim, row)
+                if claimed_row is None:  # no attempt left: abandoned
+                    if turn is not None:
+                        await self._close(turn, success=success)
+                    return False
+                row = claimed_row
+            text = f"{prefix}\n\n{row.content}" if prefix else row.content
+            result = await self._send(row, text)
+            if result.ok:
+                crash_point("sent")
+            try:
+                delivered = await self.store.arun(
+                    self._pipeline.settle, row, result, turn, success, close
+                )
+            except Exception:
+                logger.exception("a send could not be settled; the reply stays owed")
+                return result.ok
+            if delivered:
+                crash_point("delivered")
+                crash_point("marker_cleared")
+            elif result.failure_kind == "rate_limited":
+                self._later(RATE_LIMIT_RETRY_SECS * max(1, row.attempts),
+                            self._send_due("rate_limit", [row.platform]))  # fmt: skip
+            return delivered
+        finally:
+            self._sending.discard(ident)
+
+    async def _send_due(self, occasion: Occasion, platforms: Sequence[str]) -> None:
+        """Send the owed replies of ``platforms`` for an occasion (see ``DeliveryLedger.due``)."""
+        ledger = self.store.ledger
+        if ledger is None or not platforms:
+            return
+        try:
+            due = await self.store.arun(ledger.due, occasion, platforms, frozenset(self._sending))
+        except Exception:
+            logger.exception("owed replies could not be read (%s)", occasion)
+            return
+        for row, prefix in due:
+            await self._deliver(row, prefix=prefix, close=occasion == "boot")
+
+    def _later(self, delay: float, work: Any) -> None:
+        """Run a coroutine after ``delay`` seconds (cancelled by ``stop``)."""
+        loop = asyncio.get_running_loop()
+
+        def fire() -> None:
+            self._timers.discard(handle)
+            if self._stopping is None:
+                task = asyncio.ensure_future(work)
+                self._background.add(task)
+                task.add_done_callback(self._background.discard)
+            else:
+                work.close()
+
+        handle = loop.call_later(delay, fire)
+        self._timers.add(handle)
+
     async def _reply(self, source: SessionSource, text: str) -> None:
-        """A direct (unledgered) message: acknowledgements, notices, command replies."""
+        """A direct (unledgered) message: acknowledgements, notices, command replies; a failure
+        to send one is logged, never raised."""
         adapter = self.adapters.get(source.platform)
         if adapter is None or not adapter.is_connected():
             logger.warning("no connected adapter for %s; a notice was not sent", source.platform)
             return
-        await adapter.send(source, text)
+        try:
+            await adapter.send(source, text)
+        except Exception:
+            logger.exception("a notice could not be sent")
 
     async def _send(self, row: Obligation, text: str) -> SendResult:
         """Send a claimed reply through its platform's adapter (on the loop)."""
@@ -557,43 +805,63 @@ class Gateway:
         except Exception as exc:  # noqa: BLE001 - a raising adapter is a failed send
             return SendResult(ok=False, failure_kind="disconnected", error=repr(exc))
 
-    def _send_sync(self, row: Obligation, text: str) -> SendResult:
-        """The ledger sweeps' send function (they run in a worker thread; the send on the loop)."""
-        if self._loop is None:
-            return SendResult(ok=False, failure_kind="disconnected", error="not connected")
-        return asyncio.run_coroutine_threadsafe(self._send(row, text), self._loop).result()
-
     async def idle(self) -> None:
-        """Wait until no turn is running (queued events of connected platforms included)."""
-        while self._lanes:
+        """Wait until no turn or queued command is running (queued events of connected
+        platforms included)."""
+        while self._lanes or self._commands:
             tasks = [lane.task for lane in self._lanes.values() if lane.task is not None]
+            tasks += list(self._commands.values())
+            if not tasks:  # a lane is storing its first turn
+                await asyncio.sleep(0.001)
+                continue
             await asyncio.gather(*tasks, return_exceptions=True)
 
     # -- stop --------------------------------------------------------------------------------------
 
     async def stop(self, restart: bool = False) -> bool:
-        """SPEC §7.8: stop dispatching, mark running lanes, drain (bounded), interrupt what is
-        left, clean up agents, close the store; True when the drain finished in time."""
+        """SPEC §7.8: stop dispatching, mark running turns, drain (bounded), interrupt what is
+        left, clean up agents, close the store; True when the drain finished in time and every
+        mark was stored."""
         mode = "restart" if restart else "shutdown"
-        reason = "restart_timeout" if restart else "shutdown_timeout"
         self._stopping = mode
         if self._housekeeping is not None:
             await self._housekeeping.stop()
-        running = dict(self._lanes)
-        for key in running:
-            await self._call(self.store.mark_resume_pending, key, reason)
+        for handle in [*self._timers, *self._retrying.values()]:
+            handle.cancel()
+        self._timers.clear()
+        self._retrying.clear()
+        marked = await self._mark_running(mode)
         crash_point("drain_marked")
-        tasks = [lane.task for lane in running.values() if lane.task is not None]
+        tasks = [lane.task for lane in self._lanes.values() if lane.task is not None]
+        tasks += list(self._commands.values())
         pending: set[asyncio.Task[None]] = set()
         if tasks:
             _done, pending = await asyncio.wait(
                 tasks, timeout=self.config.agent.restart_drain_timeout
             )
         if pending:
-            for key, lane in list(self._lanes.items()):
-                await self._call(self.store.mark_resume_pending, key, reason)
+            marked = await self._mark_running(mode) and marked
+            for lane in list(self._lanes.values()):
                 lane.halt("drain")
             await asyncio.gather(*pending, return_exceptions=True)
             crash_point("drain_timed_out")
         await asyncio.to_thread(self.cache.close)
-        return await asyncio.to_thread(self.state.stop, drained=not pending)
+        return await asyncio.to_thread(self.state.stop, drained=not pending and marked)
+
+    async def _mark_running(self, mode: str) -> bool:
+        """Flag the lanes whose turn is still running (their marker still set when the flag is
+        written) to resume after the restart; False if a flag could not be stored."""
+        reason = f"{mode}_timeout"
+        stored = True
+        for key, lane in list(self._lanes.items()):
+            if lane.task is None or lane.task.done():
+                continue
+            try:
+                await self.store.arun(
+                    functools.partial(self.store.mark_resume_pending, only_if_running=True),
+                    key, reason,
+                )  # fmt: skip
+            except Exception:
+                logger.exception("a running turn could not be flagged to resume")
+                stored = False
+        return stored

@@ -240,16 +240,19 @@ class JsonlBackend:
         entry: EntryDict,
         consumed_event_id: int | None,
         user_message: tuple[str, Message] | None,
-    ) -> None:
-        """Append the user message, then write the entry with its marker.
+        seen: str | None = None,
+    ) -> bool:
+        """Append the user message, then write the entry with its marker (always True).
 
-        Queues are memory-only while degraded, so ``consumed_event_id`` has nothing to delete.
+        Queues are memory-only while degraded, so ``consumed_event_id`` has nothing to delete;
+        redeliveries are only caught by the runtime's memory (``seen`` is not recorded).
         The message goes first: a crash in between leaves a stored message without a marker,
         never a marker whose message is missing.
         """
         if user_message is not None:
             self.append_message(*user_message)
         self._commit(entry)
+        return True
 
     def routes_with_markers(self) -> list[EntryDict]:
         """Every entry whose turn marker is set."""

@@ -23,7 +23,6 @@ from hermes_core.ledger import (
 )
 from hermes_core.resume import freshness_epoch, is_fresh, resume_candidates, resume_note
 from hermes_core.store import SessionStore
-from hermes_core.store.backend import Obligation
 from hermes_core.testing import fresh_plugin_manager, telegram_dm
 
 
@@ -35,24 +34,12 @@ def store(hermes_home: Path) -> Iterator[SessionStore]:
     opened.close()
 
 
-class Platform:
-    """A fake platform: records sends; answers with the queued results (default: success)."""
-
-    def __init__(self, *results: SendResult) -> None:
-        self.sent: list[str] = []
-        self.results = list(results)
-
-    def __call__(self, row: Obligation, text: str) -> SendResult:
-        self.sent.append(text)
-        return self.results.pop(0) if self.results else SendResult(ok=True)
-
-
 def _record(store: SessionStore, content: str = "the answer", ref: str = "m1") -> str:
     recorded = store.record_delivery_obligation(
         "agent:main:telegram:dm:99", None, "telegram", "99", None, content, ref
     )
     assert recorded is not None
-    return recorded
+    return recorded.obligation_id
 
 
 @pytest.mark.parametrize(
@@ -78,14 +65,16 @@ def test_record_is_idempotent_and_clears_the_owning_marker(store: SessionStore) 
     stale = store.record_delivery_obligation(
         entry.session_key, entry.session_id, "telegram", "99", None, "hi", "m1", turn_token=old
     )
-    assert stale == expected
+    assert stale is not None
+    assert stale.obligation_id == expected
     lane = store.lookup_by_session_key(entry.session_key)
     assert lane is not None
     assert lane.active_turn_token == token
     again = store.record_delivery_obligation(
         entry.session_key, entry.session_id, "telegram", "99", None, "hi", "m1", turn_token=token
     )
-    assert again == expected
+    assert again is not None
+    assert again.obligation_id == expected
     lane = store.lookup_by_session_key(entry.session_key)
     assert lane is not None
     assert lane.active_turn_token is None
@@ -94,37 +83,60 @@ def test_record_is_idempotent_and_clears_the_owning_marker(store: SessionStore) 
     assert len(ledger.rows.obligations(("pending",))) == 1
 
 
-def test_delivery_settles_the_row(store: SessionStore) -> None:
+def test_claim_and_settle(store: SessionStore) -> None:
     _record(store)
     ledger = store.ledger
     assert ledger is not None
     row = ledger.rows.obligations(("pending",))[0]
-    platform = Platform(SendResult(ok=False, failure_kind="disconnected", error="offline"))
-    assert not ledger.deliver(row, platform)
+    claimed = ledger.claim(row)
+    assert claimed is not None
+    assert (claimed.state, claimed.attempts) == ("attempting", 1)
+    assert ledger.rows.obligations(("attempting",)) == [claimed]
+    offline = SendResult(ok=False, failure_kind="disconnected", error="offline")
+    assert not ledger.settle(claimed, offline)
     failed = ledger.rows.obligations(("failed",))
     assert [(r.failure_kind, r.attempts, r.last_error) for r in failed] == [
         ("disconnected", 1, "offline")
     ]
-    assert ledger.deliver(failed[0], platform)
+    again = ledger.claim(failed[0])
+    assert again is not None
+    assert ledger.settle(again, SendResult(ok=True))
     assert ledger.rows.obligations(("pending", "attempting", "failed")) == []
-    assert platform.sent == ["the answer", "the answer"]
+
+
+def test_a_row_without_attempts_left_is_abandoned_when_claimed(store: SessionStore) -> None:
+    ledger = store.ledger
+    assert ledger is not None
+    tired = _record(store)
+    ledger.rows.update_obligation(tired, {"state": "failed", "attempts": 3})
+    assert ledger.claim(ledger.rows.obligations(("failed",))[0]) is None
+    assert [row.obligation_id for row in ledger.rows.obligations(("abandoned",))] == [tired]
+
+
+def _plan(store: SessionStore, occasion: Any, platform: str = "telegram") -> dict[str, str | None]:
+    ledger = store.ledger
+    assert ledger is not None
+    return {row.content: prefix for row, prefix in ledger.due(occasion, [platform])}
 
 
 def test_boot_sweep_prefixes_ambiguous_rows(store: SessionStore) -> None:
     ledger = store.ledger
     assert ledger is not None
-    pending, attempting, failed = (_record(store, f"reply {i}", f"m{i}") for i in range(3))
+    _pending, attempting, failed = (_record(store, f"reply {i}", f"m{i}") for i in range(3))
     ledger.rows.update_obligation(attempting, {"state": "attempting", "attempts": 1})
     ledger.rows.update_obligation(failed, {"state": "failed", "attempts": 1})
-    settled: list[str] = []
-    platform = Platform()
-    report = ledger.boot_sweep(["telegram"], platform, settled=settled.append)
-    assert sorted(platform.sent) == sorted(
-        ["reply 0", f"{RESTART_PREFIX}\n\nreply 1", f"{RESTART_PREFIX}\n\nreply 2"]
-    )
-    assert set(report.delivered) == {pending, attempting, failed}
-    assert settled == ["agent:main:telegram:dm:99"] * 3
-    assert ledger.boot_sweep(["discord"], platform) == ledger.boot_sweep(["discord"], platform)
+    crash = store.record_delivery_obligation(
+        "agent:main:telegram:dm:99", None, "telegram", "99", None, "crash-left", "crash:t",
+        origin_kind="crash",
+    )  # fmt: skip
+    assert crash is not None
+    assert _plan(store, "boot") == {
+        "reply 0": None, "reply 1": RESTART_PREFIX, "reply 2": RESTART_PREFIX,
+        "crash-left": RESTART_PREFIX,
+    }  # fmt: skip
+    assert _plan(store, "boot", "discord") == {}
+    skipped = ledger.due("boot", ["telegram"], skip={attempting})
+    assert attempting not in {row.obligation_id for row, _ in skipped}
 
 
 def test_stale_and_exhausted_replies_are_abandoned(
@@ -135,26 +147,27 @@ def test_stale_and_exhausted_replies_are_abandoned(
     stale, tired = _record(store, "old", "m1"), _record(store, "tired", "m2")
     ledger.rows.update_obligation(stale, {"created_at": 1.0})
     ledger.rows.update_obligation(tired, {"state": "failed", "attempts": 3})
-    platform = Platform()
     with caplog.at_level(logging.WARNING):
-        report = ledger.boot_sweep(["telegram"], platform)
-    assert platform.sent == []
-    assert set(report.abandoned) == {stale, tired}
+        assert _plan(store, "boot") == {}
     assert "agent:main:telegram:dm:99" in caplog.text
     assert "s old" in caplog.text
-    assert len(ledger.rows.obligations(("abandoned",))) == 2
+    abandoned = {row.obligation_id for row in ledger.rows.obligations(("abandoned",))}
+    assert abandoned == {stale, tired}
 
 
 def test_runtime_retries_carry_their_own_prefix(store: SessionStore) -> None:
     ledger = store.ledger
     assert ledger is not None
-    lost, limited = _record(store, "lost", "m1"), _record(store, "limited", "m2")
+    lost, limited, _owed, claimed = (
+        _record(store, text, f"m{n}") for n, text in enumerate(("lost", "limited", "owed", "sent?"))
+    )
     ledger.rows.update_obligation(lost, {"state": "failed", "failure_kind": "disconnected"})
     ledger.rows.update_obligation(limited, {"state": "failed", "failure_kind": "rate_limited"})
-    platform = Platform()
-    ledger.retry_failed("telegram", platform)
-    ledger.retry_failed("telegram", platform, rate_limited=True)
-    assert platform.sent == [f"{RECONNECT_PREFIX}\n\nlost", f"{RATE_LIMIT_PREFIX}\n\nlimited"]
+    ledger.rows.update_obligation(claimed, {"state": "attempting", "attempts": 1})
+    assert _plan(store, "reconnect") == {
+        "lost": RECONNECT_PREFIX, "owed": None, "sent?": RECONNECT_PREFIX
+    }  # fmt: skip
+    assert _plan(store, "rate_limit") == {"limited": RATE_LIMIT_PREFIX}
 
 
 def test_housekeeping_applies_retention_and_the_row_cap(hermes_home: Path) -> None:

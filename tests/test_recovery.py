@@ -15,10 +15,9 @@ import pytest
 
 from hermes_core import GatewayConfig, RecoveryContext, RecoveryStep
 from hermes_core.instance import GatewayLockedError, InstanceLock, RestartCounts
-from hermes_core.ledger import RESTART_PREFIX, SILENCE_NOTICE, SendResult
+from hermes_core.ledger import RESTART_PREFIX, SILENCE_NOTICE
 from hermes_core.recovery import GatewayState, RecoveryAbortedError, record_crash_left_replies
 from hermes_core.store import SessionStore
-from hermes_core.store.backend import Obligation
 from hermes_core.testing import RecoveryStepsPlugin, fresh_plugin_manager, telegram_dm
 
 
@@ -243,19 +242,11 @@ def test_restart_counts_file(hermes_home: Path) -> None:
 # -- crash-left replies ----------------------------------------------------------------------
 
 
-def _sent(outbox: list[tuple[str, str]]) -> Callable[[Obligation, str], SendResult]:
-    def send(row: Obligation, text: str) -> SendResult:
-        outbox.append((row.session_key, text))
-        return SendResult(ok=True)
-
-    return send
-
-
 @pytest.mark.parametrize(
     ("user", "reply", "outcome", "sent_text"),
     [
-        ({"role": "user", "content": "q"}, {"role": "assistant", "content": "answer"},
-         "recorded", f"{RESTART_PREFIX}\n\nanswer"),
+        ({"role": "user", "content": "q", "platform_message_id": "m7"},
+         {"role": "assistant", "content": "answer"}, "recorded", f"{RESTART_PREFIX}\n\nanswer"),
         ({"role": "user", "content": "q"}, {"role": "assistant", "content": " NO_REPLY "},
          "silence_notice", f"{RESTART_PREFIX}\n\n{SILENCE_NOTICE}"),
         ({"role": "user", "content": "", "display_kind": "internal_notification"},
@@ -284,9 +275,12 @@ def test_crash_left_replies(
     assert (marker.active_turn_token is None) is (outcome is not None)
     ledger = store.ledger
     assert ledger is not None
-    outbox: list[tuple[str, str]] = []
-    ledger.boot_sweep(["telegram"], _sent(outbox))
-    assert [text for _, text in outbox] == ([sent_text] if sent_text else [])
+    due = ledger.due("boot", ["telegram"])
+    assert [f"{prefix}\n\n{row.content}" for row, prefix in due] == (
+        [sent_text] if sent_text else []
+    )
+    for row, _prefix in due:  # threaded under the message it answers, not the lane's first
+        assert row.reply_to_message_id == user.get("platform_message_id")
     store.close()
 
 

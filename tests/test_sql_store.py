@@ -16,11 +16,17 @@ import pytest
 from sqlalchemy import create_engine, text
 
 from conftest import POSTGRES_URL
-from hermes_core import GatewayConfig
-from hermes_core.errors import InvalidValueError, SchemaVersionError, TurnInProgressError
+from hermes_core import GatewayConfig, MessageEvent
+from hermes_core.errors import (
+    InvalidValueError,
+    MessageRedeliveredError,
+    SchemaVersionError,
+    TurnInProgressError,
+)
 from hermes_core.store import SessionStore
 from hermes_core.store.mirror import MIRROR_README
 from hermes_core.testing import LifecycleRecorder, fresh_plugin_manager, telegram_dm
+from hermes_plugins.sql_store.schema import SCHEMA_VERSION
 
 Opener = Callable[..., SessionStore]
 
@@ -267,7 +273,8 @@ def test_newer_schema_is_refused_untouched(open_store: Opener) -> None:
     store = open_store()
     store.close()
     sql(store, "UPDATE schema_version SET version = 99")
-    with pytest.raises(SchemaVersionError, match=r"schema version 99, newer than version 2"):
+    newer = rf"schema version 99, newer than version {SCHEMA_VERSION}"
+    with pytest.raises(SchemaVersionError, match=newer):
         open_store()
     assert sql(store, "SELECT version FROM schema_version")[0][0] == 99
 
@@ -285,10 +292,18 @@ def test_version_one_database_upgrades_in_place(open_store: Opener, backend: str
     else:
         sql(store, "DROP INDEX ix_messages_search")
         sql(store, "ALTER TABLE messages DROP COLUMN search_tsv")
+    sql(store, "DROP TABLE seen_messages")  # and what version 3 added
+    for column in ("attempts", "last_error", "dead_at"):
+        sql(store, f"ALTER TABLE queued_events DROP COLUMN {column}")
     sql(store, "UPDATE schema_version SET version = 1")
     upgraded = open_store()
-    assert sql(upgraded, "SELECT version FROM schema_version")[0][0] == 2
+    assert sql(upgraded, "SELECT version FROM schema_version")[0][0] == SCHEMA_VERSION
     assert [hit.session_id for hit in upgraded.search("ancient")] == [entry.session_id]
+    event = MessageEvent(source=telegram_dm(), text="queued", message_id="m9")
+    event_id = upgraded.queue_add(entry.session_key, event)  # the version 3 columns work
+    assert upgraded.queue_fail(event_id, "boom") is False
+    with pytest.raises(MessageRedeliveredError):
+        upgraded.queue_add(entry.session_key, event)
     assert upgraded.health()["fts"] == "ok"
 
 

@@ -1,13 +1,15 @@
 """The persistence contract a storage backend implements (SPEC §3, §13.2).
 
-:class:`~hermes_core.store.SessionStore` owns the lifecycle rules (keys, flags, single flight,
-the entry cache); a backend only persists. Every write method is one transaction committed before
-it returns (tier D). Routing entries travel as ``SessionEntry.to_dict()`` mappings; the backend
-stores them verbatim (``entry_json``) beside the column copies it needs for queries.
+:class:`~hermes_core.store.SessionStore` owns the lifecycle rules (keys, flags, the writer, the
+entry cache); a backend only persists. Every write method is one transaction committed before
+it returns (tier D), unless it runs inside ``transaction()``, which commits them together.
+Routing entries travel as ``SessionEntry.to_dict()`` mappings; the backend stores them verbatim
+(``entry_json``) beside the column copies it needs for queries.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
@@ -112,6 +114,41 @@ class Obligation:
     lease_expires_at: float | None = None
 
 
+def new_obligation(
+    session_key: str,
+    session_id: str | None,
+    platform: str,
+    chat_id: str | None,
+    thread_id: str | None,
+    reply_to_message_id: str | None,
+    content: str,
+    *,
+    obligation_id: str = "",
+    origin_kind: str = "turn",
+) -> Obligation:
+    """A new, unsent ledger row (``obligation_id`` empty for a reply sent without the ledger)."""
+    now = time.time()
+    return Obligation(
+        obligation_id=obligation_id, session_key=session_key, session_id=session_id,
+        platform=platform, chat_id=chat_id, thread_id=thread_id,
+        reply_to_message_id=reply_to_message_id, content=content, origin_kind=origin_kind,
+        state="pending", attempts=0, failure_kind=None, last_error=None, created_at=now,
+        updated_at=now,
+    )  # fmt: skip
+
+
+@dataclass(frozen=True, slots=True)
+class DeadLetter:
+    """A queued event set aside after failing to start ``gateway.max_dispatch_attempts`` times."""
+
+    event_id: int
+    session_key: str
+    event_json: str
+    attempts: int
+    last_error: str | None
+    dead_at: float
+
+
 @dataclass(frozen=True, slots=True)
 class SearchHit:
     """One full-text search result (SPEC §3.5.5)."""
@@ -168,9 +205,12 @@ class StoreBackend(Protocol):
         entry: EntryDict,
         consumed_event_id: int | None,
         user_message: tuple[str, Message] | None,
-    ) -> None:
-        """One transaction: write ``entry`` (with its new marker), delete the queued event,
-        append ``(session_id, message)``."""
+        seen: str | None = None,
+    ) -> bool:
+        """One transaction: record ``seen`` (a platform message id) as seen on the lane, write
+        ``entry`` (with its new marker), delete the queued event, append ``(session_id,
+        message)``. False, with nothing written, when ``seen`` was recorded before (a
+        redelivery); backends without a durable redelivery record always write."""
 
     def delete_routes(self, session_keys: Sequence[str]) -> int:
         """Remove routing rows (pruning); sessions and messages stay. Returns the count."""
@@ -287,17 +327,36 @@ class SqlMaintenance(BacklogTarget, Protocol):
     def delete_obligation(self, obligation_id: str) -> None:
         """Remove one ledger row (a delivered reply)."""
 
-    def add_queued(self, session_key: str, internal: bool, bound: str | None, event: str) -> int:
-        """Append one queued event (JSON text) to a lane's durable queue; returns its id."""
+    def add_queued(
+        self, session_key: str, internal: bool, bound: str | None, event: str,
+        seen: str | None = None,
+    ) -> int | None:  # fmt: skip
+        """Append one queued event (JSON text) to a lane's durable queue and record ``seen`` as
+        seen on the lane, in one transaction; its id, or None (nothing written) when ``seen``
+        was recorded before."""
 
-    def replace_queued(self, event_id: int, event: str) -> None:
-        """Replace a queued event's JSON (a merge)."""
+    def replace_queued(
+        self, event_id: int, event: str, seen: tuple[str, str] | None = None
+    ) -> bool:
+        """Replace a queued event's JSON (a merge), recording ``seen`` = (session key, platform
+        message id); False (nothing written) when it was recorded before."""
+
+    def fail_queued(self, event_id: int, error: str, max_attempts: int) -> bool:
+        """Count a failed dispatch; at ``max_attempts`` the event becomes a dead letter (kept,
+        no longer queued). True when it did."""
+
+    def dead_letters(self) -> list[DeadLetter]:
+        """The dead-lettered events, oldest first."""
+
+    def prune_seen(self, before: float) -> int:
+        """Forget redelivery records older than ``before`` (epoch seconds); the count."""
 
     def remove_queued(self, event_ids: Sequence[int]) -> int:
         """Delete queued events (discarded by a command); returns how many."""
 
     def queued(self) -> list[tuple[int, str, str]]:
-        """Every queued event as (id, session key, event JSON), in queue order."""
+        """Every queued event (dead letters excluded) as (id, session key, event JSON), in queue
+        order."""
 
     def restart_counts(self, owner: str) -> dict[str, int]:
         """The stuck-loop counts of the lanes instance ``owner`` struck last."""

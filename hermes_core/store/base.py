@@ -375,6 +375,23 @@ class StoreBase:
             "queue_persistent": self._backend.durable_queue,
         }
 
+    def run(self, function: Callable[..., _T], *args: Any) -> _T:
+        """Run ``function(*args)`` as one step of the store's writer (its writes commit
+        together, possibly with other callers' steps) and return once committed."""
+        return self._writer.run(function, *args)
+
+    async def arun(self, function: Callable[..., _T], *args: Any) -> _T:
+        """:meth:`run` for asyncio: the event loop stays free until the commit is done."""
+        return await self._writer.arun(function, *args)
+
+    def after_commit(self, callback: Callable[[], None]) -> None:
+        """Within a writer step: run ``callback`` once the step is committed (else at once)."""
+        self._writer.after_commit(callback)
+
+    def on_rollback(self, callback: Callable[[], None]) -> None:
+        """Within a writer step: undo an in-memory change if the step's commit fails."""
+        self._writer.on_rollback(callback)
+
     def stats(self) -> dict[str, int]:
         """What the store has done so far, for benchmarks: the backend's counters (commits,
         round trips) and the writer's (``batches`` committed, ``steps`` run)."""

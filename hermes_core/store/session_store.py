@@ -21,15 +21,18 @@ from hermes_core.config import GatewayConfig
 from hermes_core.errors import (
     DuplicateSessionIdError,
     InvalidValueError,
+    MessageRedeliveredError,
     StoreError,
 )
 from hermes_core.keys import config_profile, resolve_for_config
+from hermes_core.ledger import SendResult
 from hermes_core.models import SessionEntry, SessionSource
 from hermes_core.plugins import HermesPluginManager
 from hermes_core.specs import LifecycleKind
 from hermes_core.store.backend import (
     CounterDelta,
     Message,
+    Obligation,
     SessionRow,
 )
 from hermes_core.store.base import exclusive, new_session_id, serialised
@@ -77,10 +80,16 @@ class SessionStore(TurnRecoveryStore, TranscriptStore):
 
     @serialised
     def get_or_create_session(
-        self, source: SessionSource, force_new: bool = False, touch_activity: bool = True
+        self,
+        source: SessionSource,
+        force_new: bool = False,
+        touch_activity: bool = True,
+        *,
+        session_key: str | None = None,
     ) -> SessionEntry:
-        """The lane's current session, creating one at a boundary."""
-        key = self.session_key_for(source)
+        """The lane's current session, creating one at a boundary. ``session_key``: the key of
+        ``source``, when the caller has computed it already (``session_key_for``)."""
+        key = session_key if session_key is not None else self.session_key_for(source)
         return self._snapshot(self._get_or_create(key, source, force_new, touch_activity))
 
     def _touch(self, entry: SessionEntry) -> SessionEntry:
@@ -237,14 +246,19 @@ class SessionStore(TurnRecoveryStore, TranscriptStore):
         return entry is not None
 
     @serialised
-    def mark_resume_pending(self, session_key: str, reason: str = "restart_timeout") -> bool:
-        """Soft recovery flag; False if the key is unknown or suspended."""
-        entry = self._update(
-            session_key,
-            lambda e: None if e.suspended else {
-                "resume_pending": True, "resume_reason": reason, "last_resume_marked_at": utc_now()
-            },
-        )  # fmt: skip
+    def mark_resume_pending(
+        self, session_key: str, reason: str = "restart_timeout", *, only_if_running: bool = False
+    ) -> bool:
+        """Soft recovery flag; False if the key is unknown or suspended, or (``only_if_running``,
+        a draining gateway's mark) no turn marker is set any more: that turn has finished."""
+
+        def change(entry: SessionEntry) -> dict[str, Any] | None:
+            if entry.suspended or (only_if_running and entry.active_turn_token is None):
+                return None
+            return {"resume_pending": True, "resume_reason": reason,
+                    "last_resume_marked_at": utc_now()}  # fmt: skip
+
+        entry = self._update(session_key, change)
         if entry is not None:
             self._notify("resume_marked", entry, reason=reason)
         return entry is not None
@@ -264,18 +278,29 @@ class SessionStore(TurnRecoveryStore, TranscriptStore):
         session_key: str,
         consumed_event_id: int | None = None,
         user_message: Message | None = None,
+        *,
+        seen: str | None = None,
+        touch: bool = False,
     ) -> str | None:
-        """Persist a new turn marker (and, atomically, the dequeue and the user message)."""
+        """Persist a new turn marker and, in the same commit, the dequeue of
+        ``consumed_event_id``, the user message, ``seen`` (its platform message id) as seen on
+        the lane and, with ``touch``, the lane's activity. Returns the marker token, or None for
+        an unknown key; raises :class:`MessageRedeliveredError` (nothing written) when ``seen``
+        was seen on the lane before."""
         entry = self._load(session_key)
         if entry is None:
             return None
         token = secrets.token_hex(16)
-        updated = entry.model_copy(
-            update={"active_turn_token": token, "active_turn_started_at": utc_now()}
-        )
+        now = utc_now()
+        changes: dict[str, Any] = {"active_turn_token": token, "active_turn_started_at": now}
+        if touch:
+            changes["updated_at"] = now
+        updated = entry.model_copy(update=changes)
         message = (entry.session_id, user_message) if user_message is not None else None
         with self._canonical():
-            self._backend.begin_turn(updated.to_dict(), consumed_event_id, message)
+            begun = self._backend.begin_turn(updated.to_dict(), consumed_event_id, message, seen)
+        if not begun:
+            raise MessageRedeliveredError("the platform delivered this message again")
         self._routing_changed()
         self._remember(updated)
         self._notify("turn_started", updated, token=token)
@@ -299,6 +324,40 @@ class SessionStore(TurnRecoveryStore, TranscriptStore):
         self._remember(updated)
         self._notify("turn_ended", updated, token=token)
         return True
+
+    @serialised
+    def settle_delivery(
+        self,
+        row: Obligation,
+        result: SendResult,
+        close: tuple[str, str | None] | None = None,
+        *,
+        success: bool = True,
+    ) -> bool:
+        """After a send attempt (SPEC §7.5, §7.11), in one commit: settle the ledger row (none
+        without the ledger) and, with ``close`` = (session key, turn token), end the lane's
+        turn: its marker if still set and, after a ``success``, the resume flag and stuck-loop
+        count where set. True when the platform accepted the reply."""
+        ledger = self.ledger
+        delivered = result.ok
+        if ledger is not None and row.obligation_id:
+            delivered = ledger.settle(row, result)
+        if close is not None:
+            self.close_turn(*close, success=success)
+        return delivered
+
+    @serialised
+    def close_turn(self, session_key: str, token: str | None, *, success: bool = True) -> None:
+        """End a turn: clear its marker if ``token`` still owns it; after a success also the
+        resume flag and the stuck-loop count, each only where set (failed turns keep the flag,
+        SPEC §7.11). Writes nothing that would not change."""
+        if token is not None:
+            self.clear_turn_active(session_key, token)
+        if success:
+            entry = self._load(session_key)
+            if entry is not None and entry.resume_pending:
+                self.clear_resume_pending(session_key)
+            self.counts.remove(session_key)
 
     @serialised
     def update_session(

@@ -15,11 +15,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
 
-from hermes_core.errors import InvalidValueError, StoreError
+from hermes_core.errors import InvalidValueError, MessageRedeliveredError, StoreError
 from hermes_core.instance import RestartCounter, RestartCounts, instance_id
 from hermes_core.ledger import DeliveryLedger, obligation_id
 from hermes_core.models import MessageEvent, SessionEntry
-from hermes_core.store.backend import Obligation, SqlMaintenance
+from hermes_core.store.backend import DeadLetter, Obligation, SqlMaintenance, new_obligation
 from hermes_core.store.base import StoreBase, serialised
 from hermes_core.timeutil import utc_now
 
@@ -35,18 +35,25 @@ class SqlRestartCounts:
     def __init__(self, rows: SqlMaintenance, owner: str) -> None:
         self.rows = rows
         self.owner = owner
+        self._counts: dict[str, int] | None = None
 
     def load(self) -> dict[str, int]:
-        """The counts of the lanes this instance struck last."""
-        return self.rows.restart_counts(self.owner)
+        """The counts of the lanes this instance struck last (read once, then kept)."""
+        if self._counts is None:
+            self._counts = self.rows.restart_counts(self.owner)
+        return dict(self._counts)
 
     def save(self, counts: Mapping[str, int]) -> None:
         """Replace this instance's counts."""
         self.rows.save_restart_counts(self.owner, counts)
+        self._counts = dict(counts)
 
     def remove(self, session_key: str) -> None:
-        """Forget a lane's count."""
-        self.rows.remove_restart_count(session_key)
+        """Forget a lane's count; no write when it has none."""
+        counts = self.load()
+        if counts.pop(session_key, None) is not None:
+            self.rows.remove_restart_count(session_key)
+            self._counts = counts
 
 
 @dataclass(frozen=True)
@@ -70,6 +77,7 @@ class TurnRecoveryStore(StoreBase):
     """Marker recovery and ledger recording on top of the store's plumbing."""
 
     _ledger: DeliveryLedger | None = None
+    _counts: RestartCounter | None = None
 
     def _entries_with_markers(self) -> list[SessionEntry]:
         with self._canonical():
@@ -148,6 +156,13 @@ class TurnRecoveryStore(StoreBase):
             return SqlRestartCounts(self._sql, owner)
         return RestartCounts(self.config.hermes_home)
 
+    @property
+    def counts(self) -> RestartCounter:
+        """This store's stuck-loop counts (loaded once, see :meth:`restart_counts`)."""
+        if self._counts is None:
+            self._counts = self.restart_counts()
+        return self._counts
+
     # -- delivery ledger ---------------------------------------------------------------------------
 
     @property
@@ -175,21 +190,23 @@ class TurnRecoveryStore(StoreBase):
         turn_token: str | None = None,
         *,
         origin_kind: str = "turn",
-    ) -> str | None:
+        claimed: bool = False,
+    ) -> Obligation | None:
         """Record a reply before its first send (SPEC §7.5); with ``turn_token`` the lane's
-        marker is cleared in the same commit. Returns the obligation id, or None when the ledger
-        is off or failed (logged: a ledger failure never blocks a send)."""
-        rows = self._sql
-        if self.ledger is None or rows is None:
+        marker is cleared in the same commit; ``claimed`` records it already ``attempting``
+        (the send follows at once, so the claim needs no commit of its own). Returns the row,
+        or None when the ledger is off or failed (logged: a ledger failure never blocks a
+        send)."""
+        ledger, rows = self.ledger, self._sql
+        if ledger is None or rows is None:
             return None
-        now = time.time()
-        record = Obligation(
+        record = new_obligation(
+            session_key, session_id, platform, chat_id, thread_id, reply_to_message_id, content,
             obligation_id=obligation_id(session_key, message_ref, content),
-            session_key=session_key, session_id=session_id, platform=platform, chat_id=chat_id,
-            thread_id=thread_id, reply_to_message_id=reply_to_message_id, content=content,
-            origin_kind=origin_kind, state="pending", attempts=0, failure_kind=None,
-            last_error=None, created_at=now, updated_at=now,
+            origin_kind=origin_kind,
         )  # fmt: skip
+        if claimed:
+            record = ledger.claimed(record)
         entry = self._load(session_key) if turn_token else None
         cleared = None
         if entry is not None and entry.active_turn_token == turn_token:
@@ -204,30 +221,69 @@ class TurnRecoveryStore(StoreBase):
         if cleared is not None and marker_cleared:
             self._routing_changed()
             self._remember(cleared)
-        if cleared is not None and marker_cleared:
             self._notify("turn_ended", cleared, token=turn_token, recorded=record.obligation_id)
-        return record.obligation_id
+        return record
 
     # -- durable queue (SPEC §8.7) ----------------------------------------------------------
 
     @serialised
     def queue_add(self, session_key: str, event: MessageEvent) -> int | None:
-        """Persist a queued event; its id, or None while degraded (queues are memory-only)."""
+        """Persist a queued event (and, for a human one, its platform message id as seen, in
+        the same commit); its id, or None while degraded (queues are memory-only). Raises
+        :class:`MessageRedeliveredError` (nothing written) for a message seen before."""
         if self._sql is None:
             return None
         payload = json.dumps(event.to_dict(), ensure_ascii=False)
         with self._canonical():
-            return self._sql.add_queued(
-                session_key, event.internal, event.bound_session_id, payload
+            event_id = self._sql.add_queued(
+                session_key, event.internal, event.bound_session_id, payload, _seen_id(event)
             )
+        if event_id is None:
+            raise MessageRedeliveredError("the platform delivered this message again")
+        return event_id
 
     @serialised
-    def queue_replace(self, event_id: int | None, event: MessageEvent) -> None:
-        """Persist a merge into a queued event (no-op for memory-only items)."""
+    def queue_replace(
+        self, event_id: int | None, merged: MessageEvent, session_key: str, arrived: MessageEvent
+    ) -> None:
+        """Persist a merge into a queued event (no-op for memory-only items), recording the
+        ``arrived`` message as seen; raises :class:`MessageRedeliveredError` like
+        :meth:`queue_add`."""
         if self._sql is None or event_id is None:
             return
+        seen_id = _seen_id(arrived)
+        seen = (session_key, seen_id) if seen_id is not None else None
+        payload = json.dumps(merged.to_dict(), ensure_ascii=False)
         with self._canonical():
-            self._sql.replace_queued(event_id, json.dumps(event.to_dict(), ensure_ascii=False))
+            if not self._sql.replace_queued(event_id, payload, seen):
+                raise MessageRedeliveredError("the platform delivered this message again")
+
+    @serialised
+    def queue_fail(self, event_id: int | None, error: str) -> bool:
+        """Count a failed start of a queued event's turn; True when it has now used its
+        ``gateway.max_dispatch_attempts`` and is set aside as a dead letter."""
+        if self._sql is None or event_id is None:
+            return False
+        with self._canonical():
+            return self._sql.fail_queued(event_id, error, self.config.gateway.max_dispatch_attempts)
+
+    def dead_letters(self) -> list[DeadLetter]:
+        """Queued events set aside after failing to start, oldest first (``[]`` while
+        degraded)."""
+        if self._sql is None:
+            return []
+        with self._canonical():
+            return self._sql.dead_letters()
+
+    @serialised
+    def prune_seen_messages(self) -> int:
+        """Forget platform message ids seen longer ago than ``gateway.redelivery_window_days``
+        (housekeeping); the count."""
+        if self._sql is None:
+            return 0
+        before = time.time() - self.config.gateway.redelivery_window_days * 86_400
+        with self._canonical():
+            return self._sql.prune_seen(before)
 
     @serialised
     def queue_remove(self, event_ids: list[int]) -> int:
@@ -253,3 +309,8 @@ class TurnRecoveryStore(StoreBase):
                 continue
             restored.append((event_id, key, event))
         return restored
+
+
+def _seen_id(event: MessageEvent) -> str | None:
+    """The platform message id a human event is remembered by (None: nothing to remember)."""
+    return str(event.message_id) if event.message_id and not event.internal else None

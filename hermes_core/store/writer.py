@@ -10,7 +10,9 @@ waits on a lock, the disk or the network on its own thread: an asyncio host awai
 A step that raises spoils its batch: the transaction is rolled back, ``on_abort`` runs (the
 store drops its entry cache, which may hold the batch's uncommitted state), and every step of the
 batch runs again on its own, so one bad message fails only its own caller. Work a step defers
-with :meth:`StoreWriter.after_commit` (observer events) runs only once its commit is done.
+with :meth:`StoreWriter.after_commit` (observer events) runs only once its commit is done; what
+it registers with :meth:`StoreWriter.on_rollback` undoes its in-memory changes (queue lists) if
+its batch is rolled back.
 """
 
 from __future__ import annotations
@@ -42,6 +44,7 @@ class _Step:
     alone: bool = False
     """Run outside any batch (its writes commit one by one, so its own reads see them)."""
     deferred: list[Callable[[], None]] = field(default_factory=list)
+    undo: list[Callable[[], None]] = field(default_factory=list)
 
 
 class StoreWriter:
@@ -116,6 +119,13 @@ class StoreWriter:
         else:
             step.deferred.append(callback)
 
+    def on_rollback(self, callback: Callable[[], None]) -> None:
+        """Undo an in-memory change of the current step if its batch is rolled back (the step
+        then runs again); nothing outside a step."""
+        step = self._current if self.on_writer_thread else None
+        if step is not None:
+            step.undo.append(callback)
+
     def stats(self) -> dict[str, int]:
         """Batches committed and steps run so far (steps per batch shows the grouping)."""
         return {"batches": self._batches, "steps": self._steps}
@@ -168,8 +178,8 @@ class StoreWriter:
                 for step in batch:
                     results.append(self._execute(step))
         except BaseException as exc:  # noqa: BLE001 - isolated per step below
-            for step in batch:
-                step.deferred.clear()
+            for step in reversed(batch):
+                self._undo(step)
             self._abort(exc)
             for step in batch:
                 self._alone(step)
@@ -185,7 +195,7 @@ class StoreWriter:
         try:
             result = self._execute(step)
         except BaseException as exc:  # noqa: BLE001 - handed to the step's caller
-            step.deferred.clear()
+            self._undo(step)
             self._abort(exc)
             self._finish(step, None, exc)
             return
@@ -199,6 +209,16 @@ class StoreWriter:
         finally:
             self._current = None
             self._steps += 1
+
+    @staticmethod
+    def _undo(step: _Step) -> None:
+        step.deferred.clear()
+        for callback in reversed(step.undo):
+            try:
+                callback()
+            except Exception:
+                logger.exception("undoing a rolled-back store step failed")
+        step.undo.clear()
 
     def _abort(self, error: BaseException) -> None:
         logger.debug("a store write batch was rolled back: %s", error)

@@ -96,20 +96,25 @@ class SqlBackend(CountRows):
         entry: EntryDict,
         consumed_event_id: int | None,
         user_message: tuple[str, Message] | None,
-    ) -> None:
-        """Marker, queue dequeue and the user message in one transaction."""
+        seen: str | None = None,
+    ) -> bool:
+        """Redelivery row, marker, queue dequeue and the user message in one transaction;
+        False (nothing written) when ``seen``, the platform message id, was seen on the lane."""
         route = route_params(entry)
         message = message_row(*user_message) if user_message is not None else None
 
-        def write() -> None:
+        def write() -> bool:
             with self._write("starting a turn") as cursor:
+                if seen is not None and not self._mark_seen(cursor, route["session_key"], seen):
+                    return False
                 self._sql.upsert_route.run(cursor, route)
                 if consumed_event_id is not None:
                     self._sql.delete_queued.run(cursor, {"event_id": consumed_event_id})
                 if message is not None:
                     self._insert_message(cursor, message)
+            return True
 
-        self._with_fts_fail_open(write)
+        return self._with_fts_fail_open(write)
 
     def delete_routes(self, session_keys: Sequence[str]) -> int:
         """Remove routing rows in one transaction."""

@@ -71,6 +71,7 @@ class SqlConnection:
         self.name = "sqlite" if self.url.get_backend_name() == "sqlite" else "postgresql"
         self._lock = threading.RLock()
         self._batch_depth = 0
+        self._spoiled = False
         self.counters = {"commits": 0, "statements": 0, "reads": 0}
         """Write commits, statements sent by the writer and read transactions, for benchmarks."""
         self._warned_fts = False
@@ -153,8 +154,12 @@ class SqlConnection:
         inside join it and it commits once at the end; nothing is committed if it raises."""
         with self._lock:
             self._batch_depth += 1
+            if self._batch_depth == 1:
+                self._spoiled = False
             try:
                 yield
+                if self._batch_depth == 1 and self._spoiled:
+                    raise StoreError(f"{self.display}: a write of the batch failed")
                 if self._batch_depth == 1:
                     self._writer.commit()
                     self.counters["commits"] += 1
@@ -190,8 +195,12 @@ class SqlConnection:
             if self._batched:
                 try:
                     yield self._cursor
-                except self._driver_error as exc:
-                    raise self._translate(exc, what) from exc
+                except BaseException as exc:
+                    # Even if the caller swallows it, the transaction is not to be trusted now.
+                    self._spoiled = True
+                    if isinstance(exc, self._driver_error):
+                        raise self._translate(exc, what) from exc
+                    raise
                 return
             try:
                 if (

@@ -1,21 +1,33 @@
-"""The durable per-lane queue of inbound events in the SQL store (SPEC §8.7)."""
+"""The durable per-lane queue of inbound events, its dead letters and the redelivery check in
+the SQL store (SPEC §8.7)."""
 
 from __future__ import annotations
 
 import time
 from collections.abc import Sequence
+from typing import Any
 
-from sqlalchemy import insert, select, update
+from sqlalchemy import delete, insert, select, update
 
+from hermes_core.store.backend import DeadLetter
 from hermes_plugins.sql_store.ledger import LedgerRows
-from hermes_plugins.sql_store.schema import queued_events
+from hermes_plugins.sql_store.schema import queued_events, seen_messages
 
 
 class QueueRows(LedgerRows):
     """Queue reads and writes; each write is one transaction. Order is the row id per key."""
 
-    def add_queued(self, session_key: str, internal: bool, bound: str | None, event: str) -> int:
-        """Append an event to the lane's queue; returns its id."""
+    def _mark_seen(self, cursor: Any, session_key: str, message_id: str) -> bool:
+        """Record a platform message as seen on the lane; False if it was already."""
+        params = {"session_key": session_key, "message_id": message_id, "seen_at": time.time()}
+        return bool(self._sql.insert_seen.run(cursor, params).rowcount == 1)
+
+    def add_queued(
+        self, session_key: str, internal: bool, bound: str | None, event: str,
+        seen: str | None = None,
+    ) -> int | None:  # fmt: skip
+        """Append an event to the lane's queue; returns its id, or None (nothing written) when
+        ``seen``, the platform message id, was seen on the lane already."""
         now = time.time()
         statement = insert(queued_events).values(
             session_key=session_key, internal=int(internal), bound_session_id=bound,
@@ -24,18 +36,60 @@ class QueueRows(LedgerRows):
         if self.name != "sqlite":
             statement = statement.returning(queued_events.c.id)
         with self._write("queueing an event") as cursor:
+            if seen is not None and not self._mark_seen(cursor, session_key, seen):
+                return None
             self._execute(cursor, statement)
             return int(cursor.lastrowid if self.name == "sqlite" else cursor.fetchone()[0])
 
-    def replace_queued(self, event_id: int, event: str) -> None:
-        """Store a merged event in place of the queued one."""
+    def replace_queued(
+        self, event_id: int, event: str, seen: tuple[str, str] | None = None
+    ) -> bool:
+        """Store a merged event in place of the queued one; False (nothing written) when
+        ``seen`` = (session key, platform message id) was seen already."""
         statement = (
             update(queued_events)
             .where(queued_events.c.id == event_id)
             .values(event_json=event, updated_at=time.time())
         )
         with self._write("merging a queued event") as cursor:
+            if seen is not None and not self._mark_seen(cursor, *seen):
+                return False
             self._execute(cursor, statement)
+        return True
+
+    def fail_queued(self, event_id: int, error: str, max_attempts: int) -> bool:
+        """Count a failed dispatch of a queued event; at ``max_attempts`` it becomes a dead
+        letter (kept, never restored). True when it did."""
+        table, row = queued_events, queued_events.c.id == event_id
+        counted = update(table).where(row).values(
+            attempts=table.c.attempts + 1, last_error=error[:2000]
+        )
+        dying = update(table).where(row, table.c.attempts >= max_attempts).values(
+            dead_at=time.time()
+        )
+        with self._write("recording a failed dispatch") as cursor:
+            self._execute(cursor, counted)
+            return bool(self._execute(cursor, dying).rowcount == 1)
+
+    def dead_letters(self) -> list[DeadLetter]:
+        """Queued events set aside after failing to start, oldest first."""
+        table = queued_events
+        query = select(table).where(table.c.dead_at.is_not(None)).order_by(table.c.id)
+        with self._read("reading dead letters") as conn:
+            rows = conn.execute(query).all()
+        return [
+            DeadLetter(
+                int(row.id), row.session_key, row.event_json, int(row.attempts), row.last_error,
+                float(row.dead_at),
+            )
+            for row in rows
+        ]
+
+    def prune_seen(self, before: float) -> int:
+        """Forget redelivery rows older than ``before`` (epoch seconds)."""
+        statement = delete(seen_messages).where(seen_messages.c.seen_at < before)
+        with self._write("pruning seen messages") as cursor:
+            return int(self._execute(cursor, statement).rowcount)
 
     def remove_queued(self, event_ids: Sequence[int]) -> int:
         """Delete queued events in one transaction."""
@@ -48,6 +102,10 @@ class QueueRows(LedgerRows):
     def queued(self) -> list[tuple[int, str, str]]:
         """Every queued event, oldest first."""
         table = queued_events
-        query = select(table.c.id, table.c.session_key, table.c.event_json).order_by(table.c.id)
+        query = (
+            select(table.c.id, table.c.session_key, table.c.event_json)
+            .where(table.c.dead_at.is_(None))
+            .order_by(table.c.id)
+        )
         with self._read("reading the queue") as conn:
             return [(int(row.id), row.session_key, row.event_json) for row in conn.execute(query)]

@@ -20,6 +20,7 @@ from sqlalchemy import (
     String,
     Table,
     Text,
+    inspect,
 )
 
 metadata = MetaData()
@@ -131,7 +132,19 @@ queued_events = Table(
     Column("event_json", Text, nullable=False),
     Column("enqueued_at", Float, nullable=False),
     Column("updated_at", Float, nullable=False),
+    Column("attempts", Integer, nullable=False, server_default="0"),
+    Column("last_error", Text),
+    Column("dead_at", Float),
     Index("ix_queued_events_key", "session_key", "id"),
+)
+
+seen_messages = Table(
+    "seen_messages",
+    metadata,
+    Column("session_key", String, primary_key=True),
+    Column("message_id", String, primary_key=True),
+    Column("seen_at", Float, nullable=False),
+    Index("ix_seen_messages_seen_at", "seen_at"),
 )
 
 session_turn_leases = Table(
@@ -273,7 +286,21 @@ def _v2_search(conn: Connection) -> None:
             conn.exec_driver_sql(statement)
 
 
-MIGRATIONS: tuple[Callable[[Connection], None], ...] = (_v1_canonical, _v2_search)
+def _v3_redelivery_and_dead_letters(conn: Connection) -> None:
+    """Version 3: ``seen_messages`` (the durable redelivery check) and the dispatch attempts of
+    queued events (dead letters). A database created at version 3 already has both."""
+    seen_messages.create(conn, checkfirst=True)
+    present = {column["name"] for column in inspect(conn).get_columns("queued_events")}
+    added = (("attempts", "INTEGER NOT NULL DEFAULT 0"), ("last_error", "TEXT"),
+             ("dead_at", "FLOAT"))  # fmt: skip
+    for name, kind in added:
+        if name not in present:
+            conn.exec_driver_sql(f"ALTER TABLE queued_events ADD COLUMN {name} {kind}")
+
+
+MIGRATIONS: tuple[Callable[[Connection], None], ...] = (
+    _v1_canonical, _v2_search, _v3_redelivery_and_dead_letters,
+)  # fmt: skip
 """Upgrade steps; step ``n`` brings a database from version ``n`` to ``n + 1``."""
 
 SCHEMA_VERSION = len(MIGRATIONS)

@@ -27,6 +27,7 @@ from hermes_plugins.sql_store.schema import (
     gateway_routing,
     messages,
     queued_events,
+    seen_messages,
     sessions,
     state_meta,
 )
@@ -178,6 +179,15 @@ class Statements:
             delete(delivery_obligations).where(
                 delivery_obligations.c.obligation_id == bindparam("obligation_id")
             )
+        )
+        self.insert_seen = prepare(
+            insert_fn(seen_messages)
+            .values(
+                session_key=bindparam("session_key"),
+                message_id=bindparam("message_id"),
+                seen_at=bindparam("seen_at"),
+            )
+            .on_conflict_do_nothing(index_elements=["session_key", "message_id"])
         )
         self.delete_meta = prepare(delete(state_meta).where(state_meta.c.key == bindparam("key")))
         self.insert_meta = prepare(
