@@ -197,6 +197,7 @@ class StorageConfig(_Section):
     sqlite_synchronous: Literal["normal", "full"] = Field(
         "normal", description="one of: normal, full"
     )
+    sqlite_busy_timeout_secs: _Secs = 5.0
     turn_lease_secs: _Secs = 120.0
 
 

@@ -1,6 +1,7 @@
 """Background housekeeping (SPEC §10): releases idle and memory-heavy agents, prunes stale routing
-entries, keeps the ledger tidy, repairs the search index, retries SQL while degraded and
-rewrites ``sessions.json``. It never ends a transcript or a session.
+entries, keeps the ledger tidy, forgets platform message ids past the redelivery window, repairs
+the search index, retries SQL while degraded and rewrites ``sessions.json``. It never ends a
+transcript or a session.
 """
 
 from __future__ import annotations
@@ -38,23 +39,33 @@ class Housekeeping:
         self._last_prune: float | None = None
         self._last_rebuild: float | None = None
         self._task: asyncio.Task[None] | None = None
+        self._running: asyncio.Future[dict[str, object]] | None = None
 
     def start(self) -> None:
         """Run the pass after ``initial_delay_secs``, then every ``interval_secs``."""
         self._task = asyncio.create_task(self._loop())
 
     async def stop(self) -> None:
-        """Cancel the pass (waiting for a running one to be interrupted)."""
+        """Stop the schedule; a pass already running (in its worker thread) is waited for, so
+        that it never meets a store that the gateway has closed."""
         if self._task is not None:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
             self._task = None
+        if self._running is not None:
+            await asyncio.wrap_future(self._running)
 
     async def _loop(self) -> None:
         settings = self.config.gateway.housekeeping
         await asyncio.sleep(settings.initial_delay_secs)
+        loop = asyncio.get_running_loop()
         while True:
-            await asyncio.to_thread(self.run_once)
+            self._running = loop.run_in_executor(None, self.run_once)
+            try:
+                await asyncio.shield(self._running)
+            finally:
+                if self._running.done():
+                    self._running = None
             await asyncio.sleep(settings.interval_secs)
 
     def _due(self, last: float | None, interval: float) -> bool:
@@ -67,6 +78,7 @@ class Housekeeping:
             ("pressure_sweep", self.cache.sweep_pressure),
             ("prune", self._prune),
             ("ledger", self._ledger),
+            ("seen_messages", self.store.prune_seen_messages),
             ("fts_rebuild", self._rebuild),
             ("degraded_retry", self._retry_sql),
             ("sessions_json", self.store.flush_mirror),

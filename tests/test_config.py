@@ -397,7 +397,8 @@ def test_owned_section_rejects_unknown_key(
 
 def test_unknown_key_message_lists_the_accepted_keys(tmp_path: Path) -> None:
     with pytest.raises(
-        ConfigError, match="accepted keys: url, sqlite_synchronous, turn_lease_secs"
+        ConfigError,
+        match="accepted keys: url, sqlite_synchronous, sqlite_busy_timeout_secs, turn_lease_secs",
     ):
         load_yaml(tmp_path, "storage: {uri: x}\n")
 

@@ -105,15 +105,16 @@ async def test_turns_of_one_key_never_overlap_and_keys_run_concurrently(make_gat
 
 
 async def test_interrupt_mode_interrupts_and_runs_the_follow_up(make_gateway: Any) -> None:
-    gateway, adapter, _ = make_gateway(delay=5.0)
+    gateway, adapter, agents = make_gateway(delay=5.0)
     await gateway.start()
     await gateway.handle_message(_event("long task"))
     await asyncio.sleep(0.05)
     await gateway.handle_message(_event("actually, stop that", user="u2"))
+    agents.hurry()  # the follow-up answers at once; the running turn keeps waiting its 5 s
     await gateway.idle()
-    texts = adapter.texts()
-    assert texts[0] == ACK_INTERRUPT
-    assert texts[-1] == "echo: actually, stop that"
+    # The interrupted turn answers nothing (an agent that ignored the interrupt would answer
+    # "echo: long task" after its 5 s); the follow-up runs next.
+    assert adapter.texts() == [ACK_INTERRUPT, "echo: actually, stop that"]
     await gateway.stop()
 
 

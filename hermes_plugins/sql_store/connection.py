@@ -119,7 +119,8 @@ class SqlConnection:
                 f"{self.display}: {self.path} is not a regular file (a symlink or device); move "
                 "it aside or point storage.url at a regular file."
             )
-        engine = create_engine(self.url, connect_args={"check_same_thread": False, "timeout": 5.0})
+        busy = config.storage.sqlite_busy_timeout_secs
+        engine = create_engine(self.url, connect_args={"check_same_thread": False, "timeout": busy})
         synchronous = config.storage.sqlite_synchronous.upper()
 
         @event.listens_for(engine, "connect")
@@ -127,7 +128,7 @@ class SqlConnection:
             # Implicit transactions start with BEGIN IMMEDIATE: a write never upgrades a read lock.
             dbapi_connection.isolation_level = "IMMEDIATE"
             dbapi_connection.execute("PRAGMA foreign_keys=ON")
-            dbapi_connection.execute("PRAGMA busy_timeout=5000")
+            dbapi_connection.execute(f"PRAGMA busy_timeout={int(busy * 1000)}")
             mode = dbapi_connection.execute("PRAGMA journal_mode=WAL").fetchone()[0]
             if str(mode).lower() != "wal":
                 logger.warning(

@@ -61,11 +61,11 @@ class QueueRows(LedgerRows):
         """Count a failed dispatch of a queued event; at ``max_attempts`` it becomes a dead
         letter (kept, never restored). True when it did."""
         table, row = queued_events, queued_events.c.id == event_id
-        counted = update(table).where(row).values(
-            attempts=table.c.attempts + 1, last_error=error[:2000]
+        counted = (
+            update(table).where(row).values(attempts=table.c.attempts + 1, last_error=error[:2000])
         )
-        dying = update(table).where(row, table.c.attempts >= max_attempts).values(
-            dead_at=time.time()
+        dying = (
+            update(table).where(row, table.c.attempts >= max_attempts).values(dead_at=time.time())
         )
         with self._write("recording a failed dispatch") as cursor:
             self._execute(cursor, counted)
@@ -79,7 +79,11 @@ class QueueRows(LedgerRows):
             rows = conn.execute(query).all()
         return [
             DeadLetter(
-                int(row.id), row.session_key, row.event_json, int(row.attempts), row.last_error,
+                int(row.id),
+                row.session_key,
+                row.event_json,
+                int(row.attempts),
+                row.last_error,
                 float(row.dead_at),
             )
             for row in rows
