@@ -128,27 +128,28 @@ class DeliveryLedger:
             return
         self._transition(row, state)
 
-    def claimed(self, row: Obligation) -> Obligation:
-        """``row`` as it is once claimed: ``attempting``, one more attempt spent, owned by this
-        instance for the lease."""
+    def claimed(self, row: Obligation, *, marked: bool = False) -> Obligation:
+        """``row`` as it is once claimed: ``attempting``, one more attempt spent (a ``marked``
+        one when the send carries a duplicate prefix), owned by this instance for the lease."""
         owner, boot = self.owner
         now = self._clock()
         return dataclasses.replace(
             row, state="attempting", attempts=row.attempts + 1, owner_instance=owner,
             owner_boot=boot, lease_expires_at=now + self.settings.lease_secs, updated_at=now,
+            marked_sends=row.marked_sends + int(marked),
         )  # fmt: skip
 
-    def claim(self, row: Obligation) -> Obligation | None:
+    def claim(self, row: Obligation, *, marked: bool = False) -> Obligation | None:
         """Mark a row ``attempting`` just before the platform call, spending an attempt; the
         claimed row, or None (the row abandoned) when no attempt is left."""
         if row.attempts >= self.settings.max_attempts:
             self.abandon(row, f"{row.attempts} attempts used")
             return None
-        claimed = self.claimed(row)
+        claimed = self.claimed(row, marked=marked)
         self._update(
             row, "attempting", attempts=claimed.attempts, owner_instance=claimed.owner_instance,
             owner_boot=claimed.owner_boot, lease_expires_at=claimed.lease_expires_at,
-            updated_at=claimed.updated_at,
+            updated_at=claimed.updated_at, marked_sends=claimed.marked_sends,
         )  # fmt: skip
         return claimed
 
@@ -205,6 +206,11 @@ class DeliveryLedger:
             if row.obligation_id in skip or limited != (occasion == "rate_limit"):
                 continue
             if self._stale(row):
+                continue
+            if row.state == "attempting" and row.marked_sends:
+                # A marked re-send was under way when its process died: it may have arrived,
+                # and a reply arrives at most once plainly and once marked.
+                self.abandon(row, "a marked re-send may already have arrived")
                 continue
             if row.attempts >= self.settings.max_attempts:
                 self.abandon(row, f"{row.attempts} attempts used")

@@ -725,7 +725,8 @@ class Gateway:
         try:
             ledger = self.store.ledger
             if not claimed and ident and ledger is not None:
-                claimed_row = await self.store.arun(ledger.claim, row)
+                claim = functools.partial(ledger.claim, marked=prefix is not None)
+                claimed_row = await self.store.arun(claim, row)
                 if claimed_row is None:  # no attempt left: abandoned
                     if turn is not None:
                         await self._close(turn, success=success)

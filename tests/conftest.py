@@ -123,9 +123,10 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
     if not CRASH_TABLE:
         return
     terminalreporter.write_sep("-", "crash suite")
-    header = f"{'crash point':24} {'restarts':>8} {'acked':>6} {'lost':>5} {'duplicates':>10}"
+    width = max(24, *(len(row[0]) for row in CRASH_TABLE))
+    header = f"{'crash point':{width}} {'restarts':>8} {'acked':>6} {'lost':>5} {'duplicates':>10}"
     terminalreporter.write_line(header)
     for point, restarts, acked, lost, duplicates in CRASH_TABLE:
         terminalreporter.write_line(
-            f"{point:24} {restarts:8d} {acked:6d} {lost:5d} {duplicates:10d}"
+            f"{point:{width}} {restarts:8d} {acked:6d} {lost:5d} {duplicates:10d}"
         )

@@ -139,6 +139,21 @@ def test_boot_sweep_prefixes_ambiguous_rows(store: SessionStore) -> None:
     assert attempting not in {row.obligation_id for row, _ in skipped}
 
 
+def test_a_marked_resend_that_may_have_arrived_is_not_sent_again(store: SessionStore) -> None:
+    ledger = store.ledger
+    assert ledger is not None
+    _record(store)
+    first = ledger.claim(ledger.rows.obligations(("pending",))[0])
+    assert first is not None  # the turn's plain send, then the process died
+    resend = ledger.claim(first, marked=True)  # the boot sweep's marked re-send, then it died
+    assert resend is not None
+    assert resend.marked_sends == 1
+    assert _plan(store, "boot") == {}  # one marked delivery at most: given up, not re-sent
+    assert [row.last_error for row in ledger.rows.obligations(("abandoned",))] == [
+        "a marked re-send may already have arrived"
+    ]
+
+
 def test_stale_and_exhausted_replies_are_abandoned(
     store: SessionStore, caplog: pytest.LogCaptureFixture
 ) -> None:

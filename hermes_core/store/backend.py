@@ -112,6 +112,8 @@ class Obligation:
     owner_instance: str | None = None
     owner_boot: str | None = None
     lease_expires_at: float | None = None
+    marked_sends: int = 0
+    """Sends attempted with a "may be a duplicate" prefix (at most one may ever arrive)."""
 
 
 def new_obligation(

@@ -119,6 +119,7 @@ delivery_obligations = Table(
     Column("owner_instance", String),
     Column("owner_boot", String),
     Column("lease_expires_at", Float),
+    Column("marked_sends", Integer, nullable=False, server_default="0"),
     Index("ix_delivery_obligations_state", "state", "platform"),
 )
 
@@ -287,15 +288,20 @@ def _v2_search(conn: Connection) -> None:
 
 
 def _v3_redelivery_and_dead_letters(conn: Connection) -> None:
-    """Version 3: ``seen_messages`` (the durable redelivery check) and the dispatch attempts of
-    queued events (dead letters). A database created at version 3 already has both."""
+    """Version 3: ``seen_messages`` (the durable redelivery check), the dispatch attempts of
+    queued events (dead letters) and the marked re-sends of ledger rows. A database created at
+    version 3 already has them."""
     seen_messages.create(conn, checkfirst=True)
-    present = {column["name"] for column in inspect(conn).get_columns("queued_events")}
-    added = (("attempts", "INTEGER NOT NULL DEFAULT 0"), ("last_error", "TEXT"),
-             ("dead_at", "FLOAT"))  # fmt: skip
-    for name, kind in added:
-        if name not in present:
-            conn.exec_driver_sql(f"ALTER TABLE queued_events ADD COLUMN {name} {kind}")
+    added = {
+        "queued_events": (("attempts", "INTEGER NOT NULL DEFAULT 0"), ("last_error", "TEXT"),
+                          ("dead_at", "FLOAT")),
+        "delivery_obligations": (("marked_sends", "INTEGER NOT NULL DEFAULT 0"),),
+    }  # fmt: skip
+    for table, columns in added.items():
+        present = {column["name"] for column in inspect(conn).get_columns(table)}
+        for name, kind in columns:
+            if name not in present:
+                conn.exec_driver_sql(f"ALTER TABLE {table} ADD COLUMN {name} {kind}")
 
 
 MIGRATIONS: tuple[Callable[[Connection], None], ...] = (
