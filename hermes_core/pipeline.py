@@ -86,7 +86,7 @@ class TurnPipeline:
         the user's text, or (for a synthesized, empty resume event) as the stored message.
         """
         store = self.store
-        before = store.lookup_by_session_key(key)
+        suspended = store.is_suspended(key)
         entry = store.get_or_create_session(event.source, touch_activity=False, session_key=key)
         if entry.was_auto_reset and entry.prev_session_id:
             store.counts.remove(key)
@@ -113,7 +113,6 @@ class TurnPipeline:
             return None
         if token is None:
             return None
-        suspended = before is not None and before.suspended
         return Turn(event, entry, token, note, suspended)
 
     def _interruption_fresh(self, entry: SessionEntry) -> bool:

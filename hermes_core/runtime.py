@@ -733,7 +733,7 @@ class Gateway:
                     return False
                 row = claimed_row
             text = f"{prefix}\n\n{row.content}" if prefix else row.content
-            result = await self._send(row, text)
+            result = await self._send(row, text, turn.event.source if turn is not None else None)
             if result.ok:
                 crash_point("sent")
             try:
@@ -794,13 +794,17 @@ class Gateway:
         except Exception:
             logger.exception("a notice could not be sent")
 
-    async def _send(self, row: Obligation, text: str) -> SendResult:
-        """Send a claimed reply through its platform's adapter (on the loop)."""
+    async def _send(
+        self, row: Obligation, text: str, source: SessionSource | None = None
+    ) -> SendResult:
+        """Send a claimed reply through its platform's adapter (on the loop), to ``source``
+        (the turn's) or else to the chat and thread the row names."""
         adapter = self.adapters.get(row.platform)
         if adapter is None or not adapter.is_connected():
             return SendResult(ok=False, failure_kind="disconnected", error="not connected")
-        source = SessionSource(platform=row.platform, chat_id=row.chat_id or "",
-                               chat_type="group", thread_id=row.thread_id)  # fmt: skip
+        if source is None:
+            source = SessionSource(platform=row.platform, chat_id=row.chat_id or "",
+                                   chat_type="group", thread_id=row.thread_id)  # fmt: skip
         try:
             return await adapter.send(source, text, reply_to=row.reply_to_message_id)
         except Exception as exc:  # noqa: BLE001 - a raising adapter is a failed send

@@ -441,6 +441,11 @@ class SessionStore(TurnRecoveryStore, TranscriptStore):
         entry = self._load(session_key) if session_key else None
         return self._snapshot(entry) if entry is not None else None
 
+    def is_suspended(self, session_key: str) -> bool:
+        """Whether the lane is suspended (its next message starts a new session)."""
+        entry = self._load(session_key) if session_key else None
+        return entry is not None and entry.suspended
+
     def peek_session_id(self, session_key: str) -> str | None:
         """The lane's current session id, or None."""
         entry = self._load(session_key) if session_key else None

@@ -40,7 +40,9 @@ MAX_BATCH = 256
 @dataclass
 class _Step:
     run: Callable[[], Any]
-    done: Callable[[Any, BaseException | None], None]
+    future: Future[Any] | asyncio.Future[Any]
+    loop: asyncio.AbstractEventLoop | None = None
+    """The event loop of an awaiting coroutine (its future is settled there)."""
     alone: bool = False
     """Run outside any batch (its writes commit one by one, so its own reads see them)."""
     deferred: list[Callable[[], None]] = field(default_factory=list)
@@ -82,34 +84,16 @@ class StoreWriter:
         if self.on_writer_thread:
             return function(*args)
         future: Future[_T] = Future()
-
-        def done(result: Any, error: BaseException | None) -> None:
-            if error is not None:
-                future.set_exception(error)
-            else:
-                future.set_result(result)
-
-        self._put(_Step(lambda: function(*args), done, alone))
+        self._put(_Step(lambda: function(*args), future, alone=alone))
         return future.result()
 
     async def arun(self, function: Callable[..., _T], *args: Any) -> _T:
-        """Run ``function(*args)`` as a step; the awaiting coroutine resumes after the commit."""
+        """Run ``function(*args)`` as a step; the awaiting coroutine resumes after the commit
+        (a cancelled caller does not undo the step: it runs and commits all the same)."""
         loop = asyncio.get_running_loop()
         future: asyncio.Future[_T] = loop.create_future()
-
-        def settle(result: Any, error: BaseException | None) -> None:
-            if future.cancelled():
-                return
-            if error is not None:
-                future.set_exception(error)
-            else:
-                future.set_result(result)
-
-        def done(result: Any, error: BaseException | None) -> None:
-            loop.call_soon_threadsafe(settle, result, error)
-
-        self._put(_Step(lambda: function(*args), done))
-        return await asyncio.shield(future)
+        self._put(_Step(lambda: function(*args), future, loop))
+        return await future
 
     def after_commit(self, callback: Callable[[], None]) -> None:
         """Run ``callback`` once the current step is committed (at once outside a step)."""
@@ -185,8 +169,7 @@ class StoreWriter:
                 self._alone(step)
             return
         self._batches += 1
-        for step, result in zip(batch, results, strict=True):
-            self._finish(step, result, None)
+        self._finish([(step, result, None) for step, result in zip(batch, results, strict=True)])
 
     def _alone(self, step: _Step) -> None:
         """Run a step outside any batch: each of its writes commits on its own, so a backend's
@@ -197,10 +180,10 @@ class StoreWriter:
         except BaseException as exc:  # noqa: BLE001 - handed to the step's caller
             self._undo(step)
             self._abort(exc)
-            self._finish(step, None, exc)
+            self._finish([(step, None, exc)])
             return
         self._batches += 1
-        self._finish(step, result, None)
+        self._finish([(step, result, None)])
 
     def _execute(self, step: _Step) -> Any:
         self._current = step
@@ -228,11 +211,38 @@ class StoreWriter:
             logger.exception("resetting the store after a failed write failed")
 
     @staticmethod
-    def _finish(step: _Step, result: Any, error: BaseException | None) -> None:
-        if error is None:
-            for callback in step.deferred:
-                try:
-                    callback()
-                except Exception:
-                    logger.exception("a callback after a store commit failed")
-        step.done(result, error)
+    def _finish(outcomes: list[tuple[_Step, Any, BaseException | None]]) -> None:
+        """Run the committed steps' deferred work and hand every caller its outcome: one
+        wake-up per event loop for the whole batch."""
+        by_loop: dict[asyncio.AbstractEventLoop, list[tuple[Any, Any, BaseException | None]]]
+        by_loop = {}
+        for step, result, error in outcomes:
+            if error is None:
+                for callback in step.deferred:
+                    try:
+                        callback()
+                    except Exception:
+                        logger.exception("a callback after a store commit failed")
+            if step.loop is None:
+                _settle(step.future, result, error)
+            else:
+                by_loop.setdefault(step.loop, []).append((step.future, result, error))
+        for loop, settled in by_loop.items():
+            try:
+                loop.call_soon_threadsafe(_settle_all, settled)
+            except RuntimeError:  # the loop is closed: nobody awaits these any more
+                logger.debug("a store step finished after its event loop closed")
+
+
+def _settle(future: Any, result: Any, error: BaseException | None) -> None:
+    if future.done():  # an awaiting coroutine was cancelled
+        return
+    if error is not None:
+        future.set_exception(error)
+    else:
+        future.set_result(result)
+
+
+def _settle_all(settled: list[tuple[Any, Any, BaseException | None]]) -> None:
+    for future, result, error in settled:
+        _settle(future, result, error)

@@ -239,8 +239,7 @@ class SqlBackend(CountRows):
     def _insert_message(self, cursor: Any, row: Mapping[str, Any]) -> int:
         self._sql.insert_message.run(cursor, row)
         message_id = cursor.lastrowid if self.name == "sqlite" else cursor.fetchone()[0]
-        self._sql.count_message.run(cursor, row)
-        return int(message_id)
+        return int(message_id)  # the session's count follows by trigger (schema version 3)
 
     def append_message(self, session_id: str, message: Message) -> int:
         """Insert one message (FTS fails open); returns its id."""

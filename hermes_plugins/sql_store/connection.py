@@ -28,6 +28,7 @@ from sqlalchemy import (
     make_url,
     select,
 )
+from sqlalchemy.dialects import sqlite
 from sqlalchemy.engine import URL
 from sqlalchemy.exc import OperationalError, SQLAlchemyError
 
@@ -93,6 +94,8 @@ class SqlConnection:
             raise
         self._cursor = _CountingCursor(self._writer.cursor(), self.counters)
         self._dialect = self._engine.dialect
+        if self.name == "sqlite":  # named parameters: rows go to the driver as they are, no tuples
+            self._dialect = sqlite.dialect(paramstyle="named")
         self._sql = Statements(self._dialect)
         self._obligation_updates: dict[tuple[str, ...], Prepared] = {}
 

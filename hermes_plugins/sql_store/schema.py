@@ -269,6 +269,25 @@ def create_sqlite_fts(conn: Connection) -> None:
         conn.exec_driver_sql(statement)
 
 
+# -- message counts (canonical, kept by the database) -------------------------------------------
+
+# Every stored message counts towards its session's ``message_count`` and moves its
+# ``last_activity_at``: a trigger does it inside the insert, so a message costs one statement.
+SQLITE_COUNT_TRIGGER = (
+    "CREATE TRIGGER IF NOT EXISTS messages_count AFTER INSERT ON messages BEGIN "
+    "UPDATE sessions SET message_count = message_count + 1, last_activity_at = new.timestamp "
+    "WHERE id = new.session_id; END"
+)
+POSTGRES_COUNT_TRIGGER = (
+    "CREATE OR REPLACE FUNCTION hermes_count_message() RETURNS trigger LANGUAGE plpgsql AS $$ "
+    "BEGIN UPDATE sessions SET message_count = message_count + 1, "
+    "last_activity_at = NEW.timestamp WHERE id = NEW.session_id; RETURN NULL; END $$",
+    "DROP TRIGGER IF EXISTS messages_count ON messages",
+    "CREATE TRIGGER messages_count AFTER INSERT ON messages FOR EACH ROW "
+    "EXECUTE FUNCTION hermes_count_message()",
+)
+
+
 # -- versions -------------------------------------------------------------------------------------
 
 
@@ -289,8 +308,8 @@ def _v2_search(conn: Connection) -> None:
 
 def _v3_redelivery_and_dead_letters(conn: Connection) -> None:
     """Version 3: ``seen_messages`` (the durable redelivery check), the dispatch attempts of
-    queued events (dead letters) and the marked re-sends of ledger rows. A database created at
-    version 3 already has them."""
+    queued events (dead letters), the marked re-sends of ledger rows, and message counts kept by
+    a trigger. Tables and columns a database created at version 3 already has are skipped."""
     seen_messages.create(conn, checkfirst=True)
     added = {
         "queued_events": (("attempts", "INTEGER NOT NULL DEFAULT 0"), ("last_error", "TEXT"),
@@ -302,6 +321,9 @@ def _v3_redelivery_and_dead_letters(conn: Connection) -> None:
         for name, kind in columns:
             if name not in present:
                 conn.exec_driver_sql(f"ALTER TABLE {table} ADD COLUMN {name} {kind}")
+    sqlite = conn.dialect.name == "sqlite"
+    for statement in (SQLITE_COUNT_TRIGGER,) if sqlite else POSTGRES_COUNT_TRIGGER:
+        conn.exec_driver_sql(statement)
 
 
 MIGRATIONS: tuple[Callable[[Connection], None], ...] = (

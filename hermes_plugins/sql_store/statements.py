@@ -112,14 +112,6 @@ class Statements:
         if dialect.name != "sqlite":  # SQLite reports the id through lastrowid
             insert_message = insert_message.returning(messages.c.id)
         self.insert_message = prepare(insert_message)
-        self.count_message = prepare(
-            update(sessions)
-            .where(session)
-            .values(
-                message_count=sessions.c.message_count + literal_column("1"),
-                last_activity_at=bindparam("timestamp"),
-            )
-        )
         self.add_counters = prepare(
             update(sessions)
             .where(session)

@@ -15,7 +15,10 @@ and ``started.jsonl`` (a line each time ``gateway.start()`` returned). Modes:
   the stop's drain (``agent.restart_drain_timeout``) times out;
 - ``serve``: hand over the events with small random gaps, turns think a small random time;
 - ``graceful``: like ``serve``, but as a random turn's reply comes back from the agent (or once
-  everything is answered) stop taking events and stop the gateway while that turn finishes.
+  everything is answered) stop taking events and stop the gateway while that turn finishes;
+- ``ackkill-before``, ``ackkill-after``: like ``run`` (turns think ``ACKKILL_THINK``, so an earlier
+  event's turn is still running), but the last event's ``handle_message`` return is followed by a
+  SIGKILL of the child, before or after its acknowledgement is appended.
 
 Parent: the helpers below write the inbox and the settings, run :func:`child` in a child process
 (forked from a server that imported the gateway once, so a restart costs no imports) with a bound
@@ -59,6 +62,8 @@ while it is busy); chat ``n > 1`` thinks ``RUN_STAGGER * n``, so lanes reach eac
 chat order, chat 1 first while the others are still thinking, whatever the store's speed."""
 RUN_STAGGER = 0.15
 SLOW_THINK = 60.0
+ACKKILL_THINK = 2.0
+"""Seconds every turn thinks in the ``ackkill-*`` modes: the kill comes while they run."""
 SERVE_THINK = 0.08
 SERVE_GAP = 0.03
 NOTE = "[System note"
@@ -124,15 +129,23 @@ class ThinkingAgent(EchoAgent):
         return reply
 
 
-async def _hand_over(gateway: Gateway, event: MessageEvent, acks: Path) -> None:
+async def _hand_over(
+    gateway: Gateway, event: MessageEvent, acks: Path, kill: str | None = None
+) -> None:
     """Deliver one event; acknowledge it once ``handle_message`` returned (a redelivery of a
-    stored message returns too). Any other exception ends the child with its traceback."""
+    stored message returns too). Any other exception ends the child with its traceback.
+    ``kill``: SIGKILL the child as soon as ``handle_message`` returned, ``before`` or ``after``
+    the acknowledgement."""
     try:
         await gateway.handle_message(event)
     except MessageNotStoredError as exc:
         print(f"not acknowledged {event.event_id}: {exc!r}", file=sys.stderr, flush=True)
         return
+    if kill == "before":
+        os.kill(os.getpid(), signal.SIGKILL)
     append_line(acks, {"event_id": event.event_id})
+    if kill == "after":
+        os.kill(os.getpid(), signal.SIGKILL)
 
 
 async def child(workdir: Path, mode: str, seed: int) -> None:
@@ -141,6 +154,9 @@ async def child(workdir: Path, mode: str, seed: int) -> None:
     rng = random.Random(seed)
     slow = [0.0]
     serving = mode in ("serve", "graceful")
+    ack_kill = mode.removeprefix("ackkill-") if mode.startswith("ackkill-") else None
+    if ack_kill is not None:
+        slow[0] = ACKKILL_THINK
     stopping = asyncio.Event()
     answers = [0, rng.randint(1, 6)]  # turns answered; the one whose answer stops (graceful)
 
@@ -172,12 +188,13 @@ async def child(workdir: Path, mode: str, seed: int) -> None:
     if mode == "recover":
         pending = []
     last = pending.pop() if mode == "drain" and pending else None
+    target = pending[-1] if ack_kill is not None and pending else None
 
     async def feed() -> None:
         for item in pending:
             if stopping.is_set():
                 return
-            await _hand_over(gateway, item, acks)
+            await _hand_over(gateway, item, acks, ack_kill if item is target else None)
             if serving:
                 await asyncio.sleep(rng.uniform(0, SERVE_GAP))
 
@@ -350,6 +367,18 @@ class Tally:
         if self.others:
             lines.append(f"  other texts sent: {self.others[:5]!r}")
         return "\n".join(lines)
+
+
+def answer_counts(workdir: Path, item: MessageEvent) -> tuple[int, int]:
+    """How often the outbox answers ``item``: (plain, marked with the restart prefix)."""
+    marker = f"{RESTART_PREFIX}\n\n"
+    plain = marked = 0
+    for sent in read_lines(workdir / "outbox.jsonl"):
+        text = str(sent["text"])
+        if sent["chat"] == item.source.chat_id and _answers(text.removeprefix(marker), item):
+            marked += text.startswith(marker)
+            plain += not text.startswith(marker)
+    return plain, marked
 
 
 def _answers(text: str, event: MessageEvent) -> bool:
