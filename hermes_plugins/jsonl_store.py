@@ -232,12 +232,12 @@ class JsonlBackend:
             self._set_entry(new["session_key"], new)
             self._dirty = True
 
-    def clear_turn_marker(self, entry: EntryDict, token: str) -> bool:
-        return self._commit(entry, expect_token=token)
+    def clear_turn_marker(self, entry: SessionEntry, token: str) -> bool:
+        return self._commit(entry.to_dict(), expect_token=token)
 
     def begin_turn(
         self,
-        entry: EntryDict,
+        entry: SessionEntry,
         consumed_event_id: int | None,
         user_message: tuple[str, Message] | None,
         seen: str | None = None,
@@ -251,7 +251,7 @@ class JsonlBackend:
         """
         if user_message is not None:
             self.append_message(*user_message)
-        self._commit(entry)
+        self._commit(entry.to_dict())
         return True
 
     def routes_with_markers(self) -> list[EntryDict]:

@@ -32,6 +32,10 @@ SID2 = "20260301_130000_bbbbbbbb"
 TOKEN = "0" * 32
 
 
+def _model(entry: dict[str, Any]) -> SessionEntry:
+    return SessionEntry.from_dict(entry)
+
+
 def _entry(key: str = KEY, session_id: str = SID, **changes: Any) -> dict[str, Any]:
     platform = key.split(":")[2]
     origin = SessionSource(platform=platform, chat_id="42", thread_id="t1", profile="coder")
@@ -158,12 +162,12 @@ def test_clear_turn_marker_is_compare_and_swap(backend: JsonlBackend, sessions_d
     marked = _entry(active_turn_token=TOKEN, active_turn_started_at=T0)
     backend.put_route(marked)
     cleared = _entry()
-    assert backend.clear_turn_marker(cleared, "f" * 32) is False
+    assert backend.clear_turn_marker(_model(cleared), "f" * 32) is False
     assert _mirror(sessions_dir) == {KEY: marked}
-    assert backend.clear_turn_marker(cleared, TOKEN) is True
+    assert backend.clear_turn_marker(_model(cleared), TOKEN) is True
     assert _mirror(sessions_dir) == {KEY: cleared}
-    assert backend.clear_turn_marker(cleared, TOKEN) is False
-    assert backend.clear_turn_marker(_entry(OTHER, SID2), TOKEN) is False
+    assert backend.clear_turn_marker(_model(cleared), TOKEN) is False
+    assert backend.clear_turn_marker(_model(_entry(OTHER, SID2)), TOKEN) is False
 
 
 def test_begin_turn_appends_message_then_writes_marker(
@@ -171,10 +175,14 @@ def test_begin_turn_appends_message_then_writes_marker(
 ) -> None:
     backend.put_route(_entry())
     marked = _entry(active_turn_token=TOKEN, active_turn_started_at=T0)
-    backend.begin_turn(marked, 17, (SID, {"role": "user", "content": "hi", "timestamp": 1.0}))
+    backend.begin_turn(
+        _model(marked), 17, (SID, {"role": "user", "content": "hi", "timestamp": 1.0})
+    )
     assert _mirror(sessions_dir) == {KEY: marked}
     assert backend.load_messages(SID) == [{"role": "user", "content": "hi", "timestamp": 1.0}]
-    backend.begin_turn(_entry(active_turn_token="1" * 32, active_turn_started_at=T0), None, None)
+    backend.begin_turn(
+        _model(_entry(active_turn_token="1" * 32, active_turn_started_at=T0)), None, None
+    )
     assert backend.load_messages(SID) == [{"role": "user", "content": "hi", "timestamp": 1.0}]
 
 
@@ -184,7 +192,7 @@ def test_begin_turn_with_failing_append_writes_no_marker(
     backend.put_route(_entry())
     marked = _entry(active_turn_token=TOKEN, active_turn_started_at=T0)
     with pytest.raises(InvalidValueError):
-        backend.begin_turn(marked, None, ("../evil", {"role": "user", "content": "x"}))
+        backend.begin_turn(_model(marked), None, ("../evil", {"role": "user", "content": "x"}))
     assert _mirror(sessions_dir) == {KEY: _entry()}
 
 

@@ -149,15 +149,19 @@ def test_undeletable_marker_refuses_to_start(
 
 
 def _age_marker(store: SessionStore, key: str, started: str) -> None:
-    """Rewrite a stored marker's start (what an older process would have left)."""
+    """Rewrite a stored marker's start as an older version (schema 2) left it: in the entry's
+    JSON only. Opening the store again upgrades it, taking the start from there."""
     path = store.config.hermes_home / "state.db"
     conn = sqlite3.connect(path)
     row = conn.execute("SELECT entry_json FROM gateway_routing WHERE session_key = ?", (key,))
     entry = json.loads(row.fetchone()[0])
     entry["active_turn_started_at"] = started
     conn.execute(
-        "UPDATE gateway_routing SET entry_json = ? WHERE session_key = ?", (json.dumps(entry), key)
+        "UPDATE gateway_routing SET entry_json = ?, active_turn_started_at = NULL "
+        "WHERE session_key = ?",
+        (json.dumps(entry), key),
     )
+    conn.execute("UPDATE schema_version SET version = 2")
     conn.commit()
     conn.close()
 

@@ -13,7 +13,10 @@ import time
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    from hermes_core.models import SessionEntry
 
 EntryDict = Mapping[str, Any]
 """A ``SessionEntry.to_dict()`` mapping."""
@@ -199,20 +202,22 @@ class StoreBackend(Protocol):
         """Insert or replace one routing row (a single-row write). ``touch`` marks a write that
         only moves ``updated_at``; the degraded JSONL backend may coalesce those."""
 
-    def clear_turn_marker(self, entry: EntryDict, token: str) -> bool:
-        """Write ``entry`` (its marker cleared) iff the stored marker token is ``token``."""
+    def clear_turn_marker(self, entry: SessionEntry, token: str) -> bool:
+        """Store ``entry``'s cleared marker iff the stored marker token is ``token``. Only the
+        marker changed since the entry was last written (a backend may write just that)."""
 
     def begin_turn(
         self,
-        entry: EntryDict,
+        entry: SessionEntry,
         consumed_event_id: int | None,
         user_message: tuple[str, Message] | None,
         seen: str | None = None,
     ) -> bool:
         """One transaction: record ``seen`` (a platform message id) as seen on the lane, write
-        ``entry`` (with its new marker), delete the queued event, append ``(session_id,
-        message)``. False, with nothing written, when ``seen`` was recorded before (a
-        redelivery); backends without a durable redelivery record always write."""
+        ``entry``'s new marker and activity time (nothing else changed since it was last
+        written), delete the queued event, append ``(session_id, message)``. False, with
+        nothing written, when ``seen`` was recorded before (a redelivery); backends without a
+        durable redelivery record always write."""
 
     def delete_routes(self, session_keys: Sequence[str]) -> int:
         """Remove routing rows (pruning); sessions and messages stay. Returns the count."""
@@ -309,7 +314,7 @@ class SqlMaintenance(BacklogTarget, Protocol):
         """Rebuild the derived full-text index; False when full-text search is unavailable."""
 
     def add_obligation(
-        self, obligation: Obligation, marker: tuple[EntryDict, str] | None
+        self, obligation: Obligation, marker: tuple[SessionEntry, str] | None
     ) -> tuple[bool, bool]:
         """One transaction: insert ``obligation`` unless its id exists and, with ``marker`` =
         (entry without marker, token), clear the lane's turn marker if that token still owns it.

@@ -298,7 +298,7 @@ class SessionStore(TurnRecoveryStore, TranscriptStore):
         updated = entry.model_copy(update=changes)
         message = (entry.session_id, user_message) if user_message is not None else None
         with self._canonical():
-            begun = self._backend.begin_turn(updated.to_dict(), consumed_event_id, message, seen)
+            begun = self._backend.begin_turn(updated, consumed_event_id, message, seen)
         if not begun:
             raise MessageRedeliveredError("the platform delivered this message again")
         self._routing_changed()
@@ -316,7 +316,7 @@ class SessionStore(TurnRecoveryStore, TranscriptStore):
             update={"active_turn_token": None, "active_turn_started_at": None}
         )
         with self._canonical():
-            cleared = self._backend.clear_turn_marker(updated.to_dict(), token)
+            cleared = self._backend.clear_turn_marker(updated, token)
         if not cleared:
             self._forget(session_key)  # someone else owns the row now: reload next time
             return False

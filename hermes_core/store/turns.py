@@ -211,7 +211,7 @@ class TurnRecoveryStore(StoreBase):
         cleared = None
         if entry is not None and entry.active_turn_token == turn_token:
             cleared = entry.model_copy(update=_CLEARED_MARKER)
-        marker = (cleared.to_dict(), turn_token) if cleared and turn_token else None
+        marker = (cleared, turn_token) if cleared and turn_token else None
         try:
             with self._canonical():
                 _added, marker_cleared = rows.add_obligation(record, marker)

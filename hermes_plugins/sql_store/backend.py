@@ -6,7 +6,6 @@ Routing rows, sessions, transcripts and search; the connections and schema live 
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from collections.abc import Iterator, Mapping, Sequence
@@ -15,6 +14,7 @@ from typing import Any
 from sqlalchemy import (
     func,
     select,
+    true,
 )
 from sqlalchemy.exc import SQLAlchemyError
 
@@ -22,6 +22,7 @@ from hermes_core.errors import (
     DuplicateSessionIdError,
     StoreError,
 )
+from hermes_core.models import SessionEntry
 from hermes_core.store.backend import (
     CounterDelta,
     EntryDict,
@@ -32,9 +33,12 @@ from hermes_core.store.backend import (
 from hermes_plugins.sql_store import search
 from hermes_plugins.sql_store.counts import CountRows
 from hermes_plugins.sql_store.rows import (
+    ROUTE_READ,
     SESSION_COLUMNS,
+    marker_params,
     message_dict,
     message_row,
+    route_entry,
     route_params,
     session_values,
 )
@@ -54,30 +58,27 @@ class SqlBackend(CountRows):
 
     # -- routing index --------------------------------------------------------------------------
 
+    def _routes(self, where: Any, what: str, *, limit: int | None = None) -> list[EntryDict]:
+        query = select(*ROUTE_READ).where(where).order_by(gateway_routing.c.session_key)
+        with self._read(what) as conn:
+            rows = conn.execute(query if limit is None else query.limit(limit)).all()
+        return [route_entry(row) for row in rows]
+
     def get_route(self, session_key: str) -> EntryDict | None:
         """The stored entry of a key, or None."""
-        query = select(gateway_routing.c.entry_json).where(
-            gateway_routing.c.session_key == session_key
-        )
-        with self._read("reading a routing entry") as conn:
-            text = conn.execute(query).scalar()
-        return None if text is None else dict(json.loads(text))
+        where = gateway_routing.c.session_key == session_key
+        found = self._routes(where, "reading a routing entry")
+        return found[0] if found else None
 
     def get_route_by_session_id(self, session_id: str) -> EntryDict | None:
         """The entry whose current session id is ``session_id``, or None."""
-        query = select(gateway_routing.c.entry_json).where(
-            gateway_routing.c.session_id == session_id
-        )
-        with self._read("reading a routing entry") as conn:
-            text = conn.execute(query.limit(1)).scalar()
-        return None if text is None else dict(json.loads(text))
+        where = gateway_routing.c.session_id == session_id
+        found = self._routes(where, "reading a routing entry", limit=1)
+        return found[0] if found else None
 
     def iter_routes(self) -> Iterator[EntryDict]:
         """Every routing entry, from one consistent read."""
-        query = select(gateway_routing.c.entry_json).order_by(gateway_routing.c.session_key)
-        with self._read("reading the routing index") as conn:
-            rows = conn.execute(query).scalars().all()
-        return (dict(json.loads(text)) for text in rows)
+        return iter(self._routes(true(), "reading the routing index"))
 
     def put_route(self, entry: EntryDict, *, touch: bool = False) -> None:
         """Upsert one routing row (revision + 1)."""
@@ -85,29 +86,32 @@ class SqlBackend(CountRows):
         with self._write("writing a routing entry") as cursor:
             self._sql.upsert_route.run(cursor, params)
 
-    def clear_turn_marker(self, entry: EntryDict, token: str) -> bool:
-        """Write ``entry`` iff the stored marker is still ``token`` (compare-and-swap)."""
-        params = route_params(entry) | {"token": token}
+    def clear_turn_marker(self, entry: SessionEntry, token: str) -> bool:
+        """Clear the lane's marker (``entry`` has it cleared) iff the stored marker is still
+        ``token`` (compare-and-swap); only the marker's columns are written."""
+        params = marker_params(entry) | {"token": token}
         with self._write("clearing a turn marker") as cursor:
             return bool(self._sql.clear_marker.run(cursor, params).rowcount == 1)
 
     def begin_turn(
         self,
-        entry: EntryDict,
+        entry: SessionEntry,
         consumed_event_id: int | None,
         user_message: tuple[str, Message] | None,
         seen: str | None = None,
     ) -> bool:
         """Redelivery row, marker, queue dequeue and the user message in one transaction;
         False (nothing written) when ``seen``, the platform message id, was seen on the lane."""
-        route = route_params(entry)
+        marker = marker_params(entry)
         message = message_row(*user_message) if user_message is not None else None
 
         def write() -> bool:
             with self._write("starting a turn") as cursor:
-                if seen is not None and not self._mark_seen(cursor, route["session_key"], seen):
+                key = entry.session_key
+                if seen is not None and not self._mark_seen(cursor, key, seen):
                     return False
-                self._sql.upsert_route.run(cursor, route)
+                if self._sql.set_marker.run(cursor, marker).rowcount != 1:  # no row yet
+                    self._sql.upsert_route.run(cursor, route_params(entry.to_dict()))
                 if consumed_event_id is not None:
                     self._sql.delete_queued.run(cursor, {"event_id": consumed_event_id})
                 if message is not None:
@@ -128,11 +132,8 @@ class SqlBackend(CountRows):
 
     def routes_with_markers(self) -> list[EntryDict]:
         """Every entry whose turn marker is set."""
-        query = select(gateway_routing.c.entry_json).where(
-            gateway_routing.c.active_turn_token.is_not(None)
-        )
-        with self._read("reading turn markers") as conn:
-            return [dict(json.loads(text)) for text in conn.execute(query).scalars()]
+        where = gateway_routing.c.active_turn_token.is_not(None)
+        return self._routes(where, "reading turn markers")
 
     def put_routes(self, entries: Sequence[EntryDict]) -> None:
         """Upsert several routing rows in one transaction."""

@@ -11,12 +11,10 @@ from sqlalchemy import (
     update,
 )
 
-from hermes_core.store.backend import (
-    EntryDict,
-    Obligation,
-)
+from hermes_core.models import SessionEntry
+from hermes_core.store.backend import Obligation
 from hermes_plugins.sql_store.connection import SqlConnection
-from hermes_plugins.sql_store.rows import route_params
+from hermes_plugins.sql_store.rows import marker_params
 from hermes_plugins.sql_store.schema import (
     delivery_obligations,
 )
@@ -27,11 +25,11 @@ class LedgerRows(SqlConnection):
     """Ledger reads and writes; each write is one transaction."""
 
     def add_obligation(
-        self, obligation: Obligation, marker: tuple[EntryDict, str] | None
+        self, obligation: Obligation, marker: tuple[SessionEntry, str] | None
     ) -> tuple[bool, bool]:
         """Insert the obligation (unless recorded already) and clear the marker, atomically."""
         values = {name: getattr(obligation, name) for name in Obligation.__dataclass_fields__}
-        clear = None if marker is None else route_params(marker[0]) | {"token": marker[1]}
+        clear = None if marker is None else marker_params(marker[0]) | {"token": marker[1]}
         cleared = False
         with self._write("recording a delivery obligation") as cursor:
             added = self._sql.insert_obligation.run(cursor, values).rowcount == 1

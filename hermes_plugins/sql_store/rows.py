@@ -5,13 +5,21 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Mapping
-from datetime import datetime
+from datetime import datetime, timezone
 from typing import Any
 
 from hermes_core.errors import InvalidValueError
+from hermes_core.models import SessionEntry
 from hermes_core.store.backend import MESSAGE_COLUMNS, MESSAGE_ROLES, EntryDict, Message, SessionRow
+from hermes_core.timeutil import format_utc
+from hermes_plugins.sql_store.schema import gateway_routing
 
 SESSION_COLUMNS = tuple(SessionRow.__dataclass_fields__)
+ROUTE_READ = tuple(
+    gateway_routing.c[name]
+    for name in ("entry_json", "updated_at", "active_turn_token", "active_turn_started_at")
+)
+"""What a routing entry is read from (see :func:`route_entry`)."""
 
 
 def epoch(stamp: object) -> float | None:
@@ -67,7 +75,8 @@ def session_values(row: SessionRow) -> dict[str, Any]:
 
 
 def route_params(entry: EntryDict) -> dict[str, Any]:
-    """Column copies of an entry beside its authoritative ``entry_json``."""
+    """A routing row: ``entry_json`` and the columns queries need. The turn marker and the
+    activity time are authoritative in their columns (a turn updates only those)."""
     return {
         "session_key": entry["session_key"],
         "session_id": entry["session_id"],
@@ -75,5 +84,33 @@ def route_params(entry: EntryDict) -> dict[str, Any]:
         "suspended": int(bool(entry.get("suspended"))),
         "resume_pending": int(bool(entry.get("resume_pending"))),
         "active_turn_token": entry.get("active_turn_token"),
+        "active_turn_started_at": epoch(entry.get("active_turn_started_at")),
         "entry_json": json.dumps(entry, ensure_ascii=False, separators=(",", ":")),
     }
+
+
+def marker_params(entry: SessionEntry) -> dict[str, Any]:
+    """The columns a turn's start or end writes: marker token and start, activity time."""
+    started = entry.active_turn_started_at
+    return {
+        "session_key": entry.session_key,
+        "active_turn_token": entry.active_turn_token,
+        "active_turn_started_at": started.timestamp() if started is not None else None,
+        "updated_at": entry.updated_at.timestamp(),
+    }
+
+
+def route_entry(row: Any) -> dict[str, Any]:
+    """A stored routing row as an entry mapping: ``entry_json`` with the marker and the
+    activity time of their columns."""
+    entry = dict(json.loads(row.entry_json))
+    entry["active_turn_token"] = row.active_turn_token
+    started = row.active_turn_started_at
+    entry["active_turn_started_at"] = None if started is None else _iso(started)
+    if row.updated_at is not None:
+        entry["updated_at"] = _iso(row.updated_at)
+    return entry
+
+
+def _iso(stamp: float) -> str:
+    return format_utc(datetime.fromtimestamp(stamp, timezone.utc))

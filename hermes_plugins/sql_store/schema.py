@@ -6,7 +6,9 @@ FTS5 external content over a view, PostgreSQL ``tsvector`` + GIN) and lives in d
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
+from datetime import datetime
 from typing import Any
 
 from sqlalchemy import (
@@ -21,6 +23,8 @@ from sqlalchemy import (
     Table,
     Text,
     inspect,
+    select,
+    update,
 )
 
 metadata = MetaData()
@@ -93,6 +97,7 @@ gateway_routing = Table(
     Column("suspended", Integer, nullable=False, server_default="0"),
     Column("resume_pending", Integer, nullable=False, server_default="0"),
     Column("active_turn_token", String),
+    Column("active_turn_started_at", Float),
     Column("revision", Integer, nullable=False, server_default="0"),
     Column("entry_json", Text, nullable=False),
     Index("ix_gateway_routing_session_id", "session_id"),
@@ -308,13 +313,16 @@ def _v2_search(conn: Connection) -> None:
 
 def _v3_redelivery_and_dead_letters(conn: Connection) -> None:
     """Version 3: ``seen_messages`` (the durable redelivery check), the dispatch attempts of
-    queued events (dead letters), the marked re-sends of ledger rows, and message counts kept by
-    a trigger. Tables and columns a database created at version 3 already has are skipped."""
+    queued events (dead letters), the marked re-sends of ledger rows, message counts kept by a
+    trigger, and a lane's turn marker and activity kept in columns (so a turn does not rewrite
+    ``entry_json``). Tables and columns a database created at version 3 already has are
+    skipped."""
     seen_messages.create(conn, checkfirst=True)
     added = {
         "queued_events": (("attempts", "INTEGER NOT NULL DEFAULT 0"), ("last_error", "TEXT"),
                           ("dead_at", "FLOAT")),
         "delivery_obligations": (("marked_sends", "INTEGER NOT NULL DEFAULT 0"),),
+        "gateway_routing": (("active_turn_started_at", "FLOAT"),),
     }  # fmt: skip
     for table, columns in added.items():
         present = {column["name"] for column in inspect(conn).get_columns(table)}
@@ -324,6 +332,18 @@ def _v3_redelivery_and_dead_letters(conn: Connection) -> None:
     sqlite = conn.dialect.name == "sqlite"
     for statement in (SQLITE_COUNT_TRIGGER,) if sqlite else POSTGRES_COUNT_TRIGGER:
         conn.exec_driver_sql(statement)
+    routing = gateway_routing.c
+    markers = select(routing.session_key, routing.entry_json).where(
+        routing.active_turn_token.is_not(None), routing.active_turn_started_at.is_(None)
+    )
+    for key, text in conn.execute(markers).all():  # a marker's start moves to its column
+        started = json.loads(text).get("active_turn_started_at")
+        stamp = datetime.fromisoformat(started).timestamp() if isinstance(started, str) else None
+        conn.execute(
+            update(gateway_routing)
+            .where(routing.session_key == key)
+            .values(active_turn_started_at=stamp)
+        )
 
 
 MIGRATIONS: tuple[Callable[[Connection], None], ...] = (

@@ -33,7 +33,8 @@ from hermes_plugins.sql_store.schema import (
 )
 
 ROUTE_COPY_COLUMNS = ("session_id", "updated_at", "suspended", "resume_pending",
-                      "active_turn_token", "entry_json")  # fmt: skip
+                      "active_turn_token", "active_turn_started_at", "entry_json")  # fmt: skip
+MARKER_COLUMNS = ("active_turn_token", "active_turn_started_at", "updated_at")
 MESSAGE_INSERT_COLUMNS = (
     "session_id", "role", "content", "tool_calls", "tool_call_id", "tool_name", "timestamp",
     "token_count", "finish_reason", "platform_message_id", "display_kind", "extra_json",
@@ -97,13 +98,13 @@ class Statements:
         routing, by_key = gateway_routing, gateway_routing.c.session_key == bindparam("session_key")
         session = sessions.c.id == bindparam("session_id")
         self.upsert_route = prepare(_upsert_route(dialect))
+        marker: dict[str, Any] = {name: bindparam(name) for name in MARKER_COLUMNS}
+        marker["revision"] = routing.c.revision + literal_column("1")
+        self.set_marker = prepare(update(routing).where(by_key).values(marker))
         self.clear_marker = prepare(
             update(routing)
             .where(by_key, routing.c.active_turn_token == bindparam("token"))
-            .values(
-                {name: bindparam(name) for name in ROUTE_COPY_COLUMNS}
-                | {"revision": routing.c.revision + literal_column("1")}
-            )
+            .values(marker)
         )
         self.delete_route = prepare(delete(routing).where(by_key))
         insert_message = messages.insert().values(
