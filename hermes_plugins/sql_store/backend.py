@@ -34,12 +34,12 @@ from hermes_plugins.sql_store import search
 from hermes_plugins.sql_store.counts import CountRows
 from hermes_plugins.sql_store.rows import (
     ROUTE_READ,
-    SESSION_COLUMNS,
     marker_params,
     message_dict,
     message_row,
     route_entry,
     route_params,
+    session_row,
     session_values,
 )
 from hermes_plugins.sql_store.schema import (
@@ -47,6 +47,7 @@ from hermes_plugins.sql_store.schema import (
     messages,
     sessions,
 )
+from hermes_plugins.sql_store.statements import Prepared
 
 logger = logging.getLogger(__name__)
 
@@ -61,13 +62,16 @@ class SqlBackend(CountRows):
     def _routes(self, where: Any, what: str, *, limit: int | None = None) -> list[EntryDict]:
         query = select(*ROUTE_READ).where(where).order_by(gateway_routing.c.session_key)
         with self._read(what) as conn:
-            rows = conn.execute(query if limit is None else query.limit(limit)).all()
+            rows = conn.execute(query if limit is None else query.limit(limit)).mappings().all()
         return [route_entry(row) for row in rows]
 
     def get_route(self, session_key: str) -> EntryDict | None:
         """The stored entry of a key, or None."""
-        where = gateway_routing.c.session_key == session_key
-        found = self._routes(where, "reading a routing entry")
+        what = "reading a routing entry"
+        if self._in_batch:
+            row = self._fetch(self._sql.select_route, {"session_key": session_key}, what)
+            return None if row is None else route_entry(row)
+        found = self._routes(gateway_routing.c.session_key == session_key, what)
         return found[0] if found else None
 
     def get_route_by_session_id(self, session_id: str) -> EntryDict | None:
@@ -170,30 +174,23 @@ class SqlBackend(CountRows):
 
     # -- sessions -------------------------------------------------------------------------------
 
-    def _session(self, query: Any, what: str) -> SessionRow | None:
-        with self._read(what) as conn:
-            row = conn.execute(query).mappings().first()
-        if row is None:
-            return None
-        values = {name: row[name] for name in SESSION_COLUMNS}
-        values["expiry_finalized"] = bool(values["expiry_finalized"])
-        return SessionRow(**values)
+    def _session(self, statement: Prepared, params: dict[str, Any]) -> SessionRow | None:
+        """A session row: in the writer's open batch on its cursor, else from the pool."""
+        what = "reading a session"
+        if self._in_batch:
+            row = self._fetch(statement, params, what)
+        else:
+            with self._read(what) as conn:
+                row = conn.exec_driver_sql(statement.sql, statement.bind(params)).mappings().first()
+        return None if row is None else session_row(row)
 
     def get_session(self, session_id: str) -> SessionRow | None:
         """One session row, or None."""
-        return self._session(
-            select(sessions).where(sessions.c.id == session_id), "reading a session"
-        )
+        return self._session(self._sql.select_session, {"session_id": session_id})
 
     def newest_session(self, session_key: str) -> SessionRow | None:
         """The most recently started session of a key."""
-        query = (
-            select(sessions)
-            .where(sessions.c.session_key == session_key)
-            .order_by(sessions.c.started_at.desc())
-            .limit(1)
-        )
-        return self._session(query, "reading a session")
+        return self._session(self._sql.newest_session, {"session_key": session_key})
 
     def count_sessions(self) -> int:
         """Session rows, counted up to 2 (all ``has_any_sessions`` needs)."""

@@ -100,16 +100,23 @@ def marker_params(entry: SessionEntry) -> dict[str, Any]:
     }
 
 
-def route_entry(row: Any) -> dict[str, Any]:
-    """A stored routing row as an entry mapping: ``entry_json`` with the marker and the
-    activity time of their columns."""
-    entry = dict(json.loads(row.entry_json))
-    entry["active_turn_token"] = row.active_turn_token
-    started = row.active_turn_started_at
+def route_entry(row: Mapping[Any, Any]) -> dict[str, Any]:
+    """A stored routing row (the :data:`ROUTE_READ` columns) as an entry mapping:
+    ``entry_json`` with the marker and the activity time of their columns."""
+    entry = dict(json.loads(row["entry_json"]))
+    entry["active_turn_token"] = row["active_turn_token"]
+    started = row["active_turn_started_at"]
     entry["active_turn_started_at"] = None if started is None else _iso(started)
-    if row.updated_at is not None:
-        entry["updated_at"] = _iso(row.updated_at)
+    if row["updated_at"] is not None:
+        entry["updated_at"] = _iso(row["updated_at"])
     return entry
+
+
+def session_row(row: Mapping[Any, Any]) -> SessionRow:
+    """A ``sessions`` row as a :class:`SessionRow`."""
+    values = {name: row[name] for name in SESSION_COLUMNS}
+    values["expiry_finalized"] = bool(values["expiry_finalized"])
+    return SessionRow(**values)
 
 
 def _iso(stamp: float) -> str:

@@ -16,12 +16,14 @@ from sqlalchemy import (
     delete,
     func,
     literal_column,
+    select,
     update,
 )
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.sql.compiler import SQLCompiler
 from sqlalchemy.sql.expression import ClauseElement, Insert
 
+from hermes_plugins.sql_store.rows import ROUTE_READ
 from hermes_plugins.sql_store.schema import (
     delivery_obligations,
     gateway_routing,
@@ -63,15 +65,18 @@ class Prepared:
             tuple(compiled.positiontup) if compiled.positiontup is not None else None
         )
 
-    def run(self, cursor: Any, params: Mapping[str, Any] | None = None) -> Any:
-        """Execute on a DBAPI cursor (positional drivers get a tuple, named ones a dict)."""
+    def bind(self, params: Mapping[str, Any] | None = None) -> Any:
+        """The driver parameters for ``params`` (a tuple for positional drivers, else a dict)."""
         values: Mapping[str, Any] = self.defaults if params is None else params
         if params is not None and self.defaults:
             values = {**self.defaults, **params}
         if self.names is not None:
-            cursor.execute(self.sql, tuple(values[name] for name in self.names))
-        else:
-            cursor.execute(self.sql, dict(values))
+            return tuple(values[name] for name in self.names)
+        return dict(values)
+
+    def run(self, cursor: Any, params: Mapping[str, Any] | None = None) -> Any:
+        """Execute on a DBAPI cursor."""
+        cursor.execute(self.sql, self.bind(params))
         return cursor
 
 
@@ -181,6 +186,14 @@ class Statements:
                 seen_at=bindparam("seen_at"),
             )
             .on_conflict_do_nothing(index_elements=["session_key", "message_id"])
+        )
+        self.select_route = prepare(select(*ROUTE_READ).where(by_key))
+        self.select_session = prepare(select(sessions).where(session))
+        self.newest_session = prepare(
+            select(sessions)
+            .where(sessions.c.session_key == bindparam("session_key"))
+            .order_by(sessions.c.started_at.desc())
+            .limit(1)
         )
         self.delete_meta = prepare(delete(state_meta).where(state_meta.c.key == bindparam("key")))
         self.insert_meta = prepare(
