@@ -4,7 +4,7 @@
    marker, the user message, the removal of the queued event and the platform message id as seen,
    in one commit; the lane's activity is touched in the same write.
 2. :meth:`TurnPipeline.finish`: the reply, its ledger row recorded already claimed
-   (``attempting``) and the marker cleared, in one commit.
+   (``attempting``) and the marker cleared, in one commit (one statement on PostgreSQL).
 3. :meth:`TurnPipeline.settle`: the ledger row settled and, after a successful turn, the resume
    flag and the stuck-loop count cleared where set, in one commit.
 
@@ -131,19 +131,20 @@ class TurnPipeline:
             store.close_turn(key, turn.token, success=success)
             return None
         session_id = turn.entry.session_id
-        store.append_to_transcript(session_id, {"role": "assistant", "content": reply})
-        silent = is_silent_reply(reply)
-        if silent and turn.event.internal:
+        message = {"role": "assistant", "content": reply}
+        if is_silent_reply(reply) and turn.event.internal:
+            store.append_to_transcript(session_id, message)
             store.close_turn(key, turn.token, success=success)
             return None
-        content = SILENCE_NOTICE if silent else reply
+        content = SILENCE_NOTICE if is_silent_reply(reply) else reply
         source = turn.event.source
         row = store.record_delivery_obligation(
             key, session_id, source.platform, source.chat_id, source.thread_id, content,
             turn.event.message_id or turn.token, reply_to_message_id=turn.event.message_id,
-            turn_token=turn.token, claimed=True,
+            turn_token=turn.token, claimed=True, reply=message,
         )  # fmt: skip
-        if row is None:  # no ledger: the marker stays until the send is settled
+        if row is None:  # no ledger: the reply alone; the marker stays until the send settles
+            store.append_to_transcript(session_id, message)
             row = new_obligation(
                 key, session_id, source.platform, source.chat_id, source.thread_id,
                 turn.event.message_id, content,

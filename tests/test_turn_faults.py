@@ -19,7 +19,7 @@ import pytest
 from hermes_core import GatewayConfig, MessageEvent, SessionEntry
 from hermes_core import runtime as runtime_module
 from hermes_core.agents import EchoAgent, InMemoryAdapter, TurnRequest
-from hermes_core.errors import MessageNotStoredError, StoreError, TranscriptWriteError
+from hermes_core.errors import MessageNotStoredError, StoreError
 from hermes_core.gateway_texts import REFUSED_NOT_SAVED, TURN_FAILED
 from hermes_core.ledger import RATE_LIMIT_PREFIX, RECONNECT_PREFIX, SendResult
 from hermes_core.pipeline import Turn
@@ -138,14 +138,15 @@ async def test_a_reply_that_cannot_be_stored_is_reported_and_the_lane_goes_on(
     gateway, adapter = make(agent={"agent_cache": {"idle_ttl_secs": 0.01}})
     await gateway.start()
     store = gateway.store
-    append = store.append_to_transcript
+    backend: Any = store._backend
+    insert = backend._insert_message
 
-    def refuse_bad(session_id: str, message: Any, skip_db: bool = False) -> None:
-        if message.get("content") == "echo: bad":
-            raise TranscriptWriteError("the message was not stored: injected")
-        append(session_id, message, skip_db)
+    def refuse_bad(cursor: Any, row: Any) -> int:
+        if row["content"] == "echo: bad":  # the database refuses this reply, wherever it goes
+            raise backend._driver_error("injected: the reply cannot be stored")
+        return int(insert(cursor, row))
 
-    monkeypatch.setattr(store, "append_to_transcript", refuse_bad)
+    monkeypatch.setattr(backend, "_insert_message", refuse_bad)
     await gateway.handle_message(_event("bad"))
     await gateway.idle()
     assert adapter.texts() == [TURN_FAILED]

@@ -314,11 +314,15 @@ class SqlMaintenance(BacklogTarget, Protocol):
         """Rebuild the derived full-text index; False when full-text search is unavailable."""
 
     def add_obligation(
-        self, obligation: Obligation, marker: tuple[SessionEntry, str] | None
+        self,
+        obligation: Obligation,
+        marker: tuple[SessionEntry, str] | None,
+        reply: tuple[str, Message] | None = None,
     ) -> tuple[bool, bool]:
-        """One transaction: insert ``obligation`` unless its id exists and, with ``marker`` =
-        (entry without marker, token), clear the lane's turn marker if that token still owns it.
-        Returns (obligation was new, marker was cleared)."""
+        """One transaction: append ``reply`` = (session id, message), insert ``obligation``
+        unless its id exists and, with ``marker`` = (entry without marker, token), clear the
+        lane's turn marker if that token still owns it. Returns (obligation was new, marker was
+        cleared)."""
 
     def obligations(
         self, states: Sequence[str], platforms: Sequence[str] | None = None

@@ -19,7 +19,13 @@ from hermes_core.errors import InvalidValueError, MessageRedeliveredError, Store
 from hermes_core.instance import RestartCounter, RestartCounts, instance_id
 from hermes_core.ledger import DeliveryLedger, obligation_id
 from hermes_core.models import MessageEvent, SessionEntry
-from hermes_core.store.backend import DeadLetter, Obligation, SqlMaintenance, new_obligation
+from hermes_core.store.backend import (
+    DeadLetter,
+    Message,
+    Obligation,
+    SqlMaintenance,
+    new_obligation,
+)
 from hermes_core.store.base import StoreBase, serialised
 from hermes_core.timeutil import utc_now
 
@@ -191,12 +197,14 @@ class TurnRecoveryStore(StoreBase):
         *,
         origin_kind: str = "turn",
         claimed: bool = False,
+        reply: Message | None = None,
     ) -> Obligation | None:
         """Record a reply before its first send (SPEC §7.5); with ``turn_token`` the lane's
         marker is cleared in the same commit; ``claimed`` records it already ``attempting``
-        (the send follows at once, so the claim needs no commit of its own). Returns the row,
-        or None when the ledger is off or failed (logged: a ledger failure never blocks a
-        send)."""
+        (the send follows at once, so the claim needs no commit of its own); ``reply``, the
+        reply's transcript message, is stored in the same commit too. Returns the row, or None
+        when the ledger is off or failed (logged: a ledger failure never blocks a send; the
+        caller then stores ``reply`` itself)."""
         ledger, rows = self.ledger, self._sql
         if ledger is None or rows is None:
             return None
@@ -212,9 +220,10 @@ class TurnRecoveryStore(StoreBase):
         if entry is not None and entry.active_turn_token == turn_token:
             cleared = entry.model_copy(update=_CLEARED_MARKER)
         marker = (cleared, turn_token) if cleared and turn_token else None
+        stored = (session_id, reply) if reply is not None and session_id is not None else None
         try:
             with self._canonical():
-                _added, marker_cleared = rows.add_obligation(record, marker)
+                _added, marker_cleared = rows.add_obligation(record, marker, stored)
         except StoreError as exc:
             logger.error("delivery ledger: could not record a reply: %s", exc)
             return None

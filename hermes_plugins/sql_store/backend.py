@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 from sqlalchemy import (
@@ -30,8 +30,9 @@ from hermes_core.store.backend import (
     SearchHit,
     SessionRow,
 )
-from hermes_plugins.sql_store import search
+from hermes_plugins.sql_store import postgres, search
 from hermes_plugins.sql_store.counts import CountRows
+from hermes_plugins.sql_store.postgres import message_params
 from hermes_plugins.sql_store.rows import (
     ROUTE_READ,
     marker_params,
@@ -108,18 +109,27 @@ class SqlBackend(CountRows):
         False (nothing written) when ``seen``, the platform message id, was seen on the lane."""
         marker = marker_params(entry)
         message = message_row(*user_message) if user_message is not None else None
+        key = entry.session_key
 
         def write() -> bool:
             with self._write("starting a turn") as cursor:
-                key = entry.session_key
-                if seen is not None and not self._mark_seen(cursor, key, seen):
-                    return False
-                if self._sql.set_marker.run(cursor, marker).rowcount != 1:  # no row yet
+                if self.name == "postgresql":  # one round trip (see ``postgres``)
+                    params = marker | message_params(message) | {
+                        "seen": seen, "seen_at": time.time(), "event_id": consumed_event_id,
+                    }  # fmt: skip
+                    went, marked = cursor.execute(postgres.BEGIN_TURN, params).fetchone()
+                    if not went:
+                        return False
+                else:
+                    if seen is not None and not self._mark_seen(cursor, key, seen):
+                        return False
+                    marked = self._sql.set_marker.run(cursor, marker).rowcount
+                    if consumed_event_id is not None:
+                        self._sql.delete_queued.run(cursor, {"event_id": consumed_event_id})
+                    if message is not None:
+                        self._insert_message(cursor, message)
+                if marked != 1:  # no routing row yet: write the whole entry
                     self._sql.upsert_route.run(cursor, route_params(entry.to_dict()))
-                if consumed_event_id is not None:
-                    self._sql.delete_queued.run(cursor, {"event_id": consumed_event_id})
-                if message is not None:
-                    self._insert_message(cursor, message)
             return True
 
         return self._with_fts_fail_open(write)
@@ -233,11 +243,6 @@ class SqlBackend(CountRows):
             self._sql.add_counters.run(cursor, params)
 
     # -- transcripts ----------------------------------------------------------------------------
-
-    def _insert_message(self, cursor: Any, row: Mapping[str, Any]) -> int:
-        self._sql.insert_message.run(cursor, row)
-        message_id = cursor.lastrowid if self.name == "sqlite" else cursor.fetchone()[0]
-        return int(message_id)  # the session's count follows by trigger (schema version 3)
 
     def append_message(self, session_id: str, message: Message) -> int:
         """Insert one message (FTS fails open); returns its id."""

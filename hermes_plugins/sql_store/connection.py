@@ -396,6 +396,12 @@ class SqlConnection:
         """``backend`` and ``fts`` state."""
         return {"backend": self.name, "fts": self._fts}
 
+    def _insert_message(self, cursor: Any, row: Mapping[str, Any]) -> int:
+        """Insert one message row on the writer's cursor; its id."""
+        self._sql.insert_message.run(cursor, row)
+        message_id = cursor.lastrowid if self.name == "sqlite" else cursor.fetchone()[0]
+        return int(message_id)  # the session's count follows by trigger (schema version 3)
+
     def stats(self) -> dict[str, int]:
         """Counters for benchmarks: ``commits``, ``statements`` (writer), ``reads``, and
         ``round_trips`` (all three: on PostgreSQL each is one exchange with the server; a read

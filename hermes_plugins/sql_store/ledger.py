@@ -12,30 +12,50 @@ from sqlalchemy import (
 )
 
 from hermes_core.models import SessionEntry
-from hermes_core.store.backend import Obligation
+from hermes_core.store.backend import Message, Obligation
+from hermes_plugins.sql_store import postgres
 from hermes_plugins.sql_store.connection import SqlConnection
-from hermes_plugins.sql_store.rows import marker_params
+from hermes_plugins.sql_store.postgres import message_params, obligation_params
+from hermes_plugins.sql_store.rows import marker_params, message_row
 from hermes_plugins.sql_store.schema import (
     delivery_obligations,
 )
 from hermes_plugins.sql_store.statements import Prepared
+
+OBLIGATION_FIELDS = tuple(Obligation.__dataclass_fields__)
 
 
 class LedgerRows(SqlConnection):
     """Ledger reads and writes; each write is one transaction."""
 
     def add_obligation(
-        self, obligation: Obligation, marker: tuple[SessionEntry, str] | None
+        self,
+        obligation: Obligation,
+        marker: tuple[SessionEntry, str] | None,
+        reply: tuple[str, Message] | None = None,
     ) -> tuple[bool, bool]:
-        """Insert the obligation (unless recorded already) and clear the marker, atomically."""
-        values = {name: getattr(obligation, name) for name in Obligation.__dataclass_fields__}
+        """Store ``reply``, insert the obligation (unless recorded already) and clear the
+        marker, atomically."""
         clear = None if marker is None else marker_params(marker[0]) | {"token": marker[1]}
-        cleared = False
-        with self._write("recording a delivery obligation") as cursor:
-            added = self._sql.insert_obligation.run(cursor, values).rowcount == 1
-            if clear is not None:
-                cleared = self._sql.clear_marker.run(cursor, clear).rowcount == 1
-        return bool(added), bool(cleared)
+        message = message_row(*reply) if reply is not None else None
+
+        def write() -> tuple[bool, bool]:
+            with self._write("recording a delivery obligation") as cursor:
+                if self.name == "postgresql":  # one round trip (see ``postgres``)
+                    params = (
+                        message_params(message) | obligation_params(obligation)
+                        | (clear or {"session_key": None, "token": None, "updated_at": None})
+                    )  # fmt: skip
+                    added, cleared = cursor.execute(postgres.FINISH_TURN, params).fetchone()
+                    return bool(added), bool(cleared)
+                if message is not None:
+                    self._insert_message(cursor, message)
+                values = {name: getattr(obligation, name) for name in OBLIGATION_FIELDS}
+                added = self._sql.insert_obligation.run(cursor, values).rowcount == 1
+                cleared = clear is not None and self._sql.clear_marker.run(cursor, clear).rowcount
+                return bool(added), bool(cleared)
+
+        return self._with_fts_fail_open(write)
 
     def obligations(
         self, states: Sequence[str], platforms: Sequence[str] | None = None

@@ -1,0 +1,97 @@
+"""PostgreSQL's turn statements: each commit of a turn in one round trip (SPEC §3.5, §7.3).
+
+On SQLite a statement costs microseconds, so a turn's writes stay separate statements. On
+PostgreSQL every statement is a round trip to the server; data-modifying CTEs let the start of a
+turn (redelivery row, marker, dequeue, user message) and its finish (reply, ledger row, marker
+cleared) each travel as one statement. Parameters carry explicit casts: a NULL parameter has no
+type PostgreSQL could infer.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from hermes_core.store.backend import Obligation
+from hermes_plugins.sql_store.statements import MESSAGE_INSERT_COLUMNS
+
+_MESSAGE_TYPES = {
+    "timestamp": "float8", "token_count": "int4",
+}  # fmt: skip
+_MESSAGE_COLUMNS = ", ".join(MESSAGE_INSERT_COLUMNS)
+_MESSAGE_VALUES = ", ".join(
+    f"%(m_{name})s::{_MESSAGE_TYPES.get(name, 'text')}" for name in MESSAGE_INSERT_COLUMNS
+)
+
+BEGIN_TURN = f"""
+WITH seen AS (
+    INSERT INTO seen_messages (session_key, message_id, seen_at)
+    SELECT %(session_key)s::text, %(seen)s::text, %(seen_at)s::float8
+    WHERE %(seen)s::text IS NOT NULL
+    ON CONFLICT DO NOTHING
+    RETURNING 1
+), go AS (
+    SELECT 1 WHERE %(seen)s::text IS NULL OR EXISTS (SELECT 1 FROM seen)
+), marker AS (
+    UPDATE gateway_routing
+    SET active_turn_token = %(active_turn_token)s::text,
+        active_turn_started_at = %(active_turn_started_at)s::float8,
+        updated_at = %(updated_at)s::float8, revision = revision + 1
+    WHERE session_key = %(session_key)s::text AND EXISTS (SELECT 1 FROM go)
+    RETURNING 1
+), dequeued AS (
+    DELETE FROM queued_events
+    WHERE id = %(event_id)s::int4 AND EXISTS (SELECT 1 FROM go)
+    RETURNING 1
+), message AS (
+    INSERT INTO messages ({_MESSAGE_COLUMNS})
+    SELECT {_MESSAGE_VALUES}
+    WHERE %(has_message)s::bool AND EXISTS (SELECT 1 FROM go)
+    RETURNING 1
+)
+SELECT (SELECT count(*) FROM go), (SELECT count(*) FROM marker)
+"""
+"""The start of a turn; returns (went ahead, marker rows written): (0, 0) for a redelivery."""
+
+_OBLIGATION_COLUMNS = tuple(Obligation.__dataclass_fields__)
+_OBLIGATION_TYPES = {
+    "attempts": "int4", "created_at": "float8", "updated_at": "float8",
+    "lease_expires_at": "float8", "marked_sends": "int4",
+}  # fmt: skip
+_OBLIGATION_VALUES = ", ".join(
+    f"%(o_{name})s::{_OBLIGATION_TYPES.get(name, 'text')}" for name in _OBLIGATION_COLUMNS
+)
+
+FINISH_TURN = f"""
+WITH message AS (
+    INSERT INTO messages ({_MESSAGE_COLUMNS})
+    SELECT {_MESSAGE_VALUES}
+    WHERE %(has_message)s::bool
+    RETURNING 1
+), owed AS (
+    INSERT INTO delivery_obligations ({", ".join(_OBLIGATION_COLUMNS)})
+    VALUES ({_OBLIGATION_VALUES})
+    ON CONFLICT (obligation_id) DO NOTHING
+    RETURNING 1
+), cleared AS (
+    UPDATE gateway_routing
+    SET active_turn_token = NULL, active_turn_started_at = NULL,
+        updated_at = %(updated_at)s::float8, revision = revision + 1
+    WHERE session_key = %(session_key)s::text AND active_turn_token = %(token)s::text
+    RETURNING 1
+)
+SELECT (SELECT count(*) FROM owed), (SELECT count(*) FROM cleared)
+"""
+"""A turn's reply, its ledger row and the marker cleared; returns (row new, marker cleared)."""
+
+
+def message_params(row: Mapping[str, Any] | None) -> dict[str, Any]:
+    """The ``m_*`` parameters of a message row (absent: ``has_message`` false)."""
+    params = {f"m_{name}": None if row is None else row[name] for name in MESSAGE_INSERT_COLUMNS}
+    params["has_message"] = row is not None
+    return params
+
+
+def obligation_params(obligation: Obligation) -> dict[str, Any]:
+    """The ``o_*`` parameters of a ledger row."""
+    return {f"o_{name}": getattr(obligation, name) for name in _OBLIGATION_COLUMNS}
