@@ -590,9 +590,8 @@ class Gateway:
             if not head.event.internal:
                 await self._reply(head.event.source, TURN_FAILED)
             return
-        loop = asyncio.get_running_loop()
         delay = DISPATCH_RETRY_SECS * max(1, head.attempts)
-        self._retrying[key] = loop.call_later(delay, self._retry_dispatch, key)
+        self._retrying[key] = self._later(delay, functools.partial(self._retry_dispatch, key))
 
     def _retry_dispatch(self, key: str) -> None:
         self._retrying.pop(key, None)
@@ -747,8 +746,8 @@ class Gateway:
                 crash_point("delivered")
                 crash_point("marker_cleared")
             elif result.failure_kind == "rate_limited":
-                self._later(RATE_LIMIT_RETRY_SECS * max(1, row.attempts),
-                            self._send_due("rate_limit", [row.platform]))  # fmt: skip
+                retry = functools.partial(self._send_due, "rate_limit", [row.platform])
+                self._later(RATE_LIMIT_RETRY_SECS * max(1, row.attempts), retry)
             return delivered
         finally:
             self._sending.discard(ident)
@@ -766,21 +765,24 @@ class Gateway:
         for row, prefix in due:
             await self._deliver(row, prefix=prefix, close=occasion == "boot")
 
-    def _later(self, delay: float, work: Any) -> None:
-        """Run a coroutine after ``delay`` seconds (cancelled by ``stop``)."""
+    def _later(self, delay: float, callback: Callable[[], object]) -> asyncio.TimerHandle:
+        """Call ``callback`` after ``delay`` seconds unless the gateway stops first; a
+        coroutine it returns runs as a task of the gateway."""
         loop = asyncio.get_running_loop()
 
         def fire() -> None:
             self._timers.discard(handle)
-            if self._stopping is None:
-                task = asyncio.ensure_future(work)
+            if self._stopping is not None:
+                return
+            work = callback()
+            if asyncio.iscoroutine(work):
+                task = loop.create_task(work)
                 self._background.add(task)
                 task.add_done_callback(self._background.discard)
-            else:
-                work.close()
 
         handle = loop.call_later(delay, fire)
         self._timers.add(handle)
+        return handle
 
     async def _reply(self, source: SessionSource, text: str) -> None:
         """A direct (unledgered) message: acknowledgements, notices, command replies; a failure
@@ -831,15 +833,17 @@ class Gateway:
         self._stopping = mode
         if self._housekeeping is not None:
             await self._housekeeping.stop()
-        for handle in [*self._timers, *self._retrying.values()]:
+        for handle in self._timers:  # retries of dispatches and rate-limited replies
             handle.cancel()
         self._timers.clear()
         self._retrying.clear()
         marked = await self._mark_running(mode)
         crash_point("drain_marked")
-        tasks = [lane.task for lane in self._lanes.values() if lane.task is not None]
-        tasks += list(self._commands.values())
-        pending: set[asyncio.Task[None]] = set()
+        tasks: list[asyncio.Future[Any]] = [
+            lane.task for lane in self._lanes.values() if lane.task is not None
+        ]
+        tasks += [*self._commands.values(), *self._background]  # queued commands, retries
+        pending: set[asyncio.Future[Any]] = set()
         if tasks:
             _done, pending = await asyncio.wait(
                 tasks, timeout=self.config.agent.restart_drain_timeout
@@ -848,6 +852,8 @@ class Gateway:
             marked = await self._mark_running(mode) and marked
             for lane in list(self._lanes.values()):
                 lane.halt("drain")
+            for task in self._background:  # a late re-send is swept at the next start
+                task.cancel()
             await asyncio.gather(*pending, return_exceptions=True)
             crash_point("drain_timed_out")
         await asyncio.to_thread(self.cache.close)
