@@ -292,25 +292,17 @@ class Gateway:
         await self._ack(key, event, ACK_INTERRUPT if interrupting else ACK_QUEUED)
 
     async def _begin_idle(self, key: str, event: MessageEvent) -> None:
-        """An idle lane: store the turn's start, then run it (the lane is reserved meanwhile,
-        so a message arriving during the commit queues behind this one)."""
-        lane = self._lanes[key] = _Lane()
+        """An idle lane: its task stores the turn's start, then runs it; this returns once the
+        start is stored (a message arriving meanwhile queues behind this one, and a drain or
+        ``/stop`` sees the lane from the first moment)."""
+        begun: asyncio.Future[Turn | None] = asyncio.get_running_loop().create_future()
+        self._start_lane(key, event, begun)
         try:
-            turn = await self.store.arun(self._pipeline.begin, key, event, None)
+            turn = await asyncio.shield(begun)
         except Exception as exc:  # noqa: BLE001 - whatever the cause, the message is not stored
-            self._release(key, lane)
             await self._not_stored(event, exc)
         if turn is None:  # the platform delivered a message the lane already has
-            self._release(key, lane)
             logger.info("ignored a message delivered again")
-            return
-        self._begun(key, event)
-        lane.task = asyncio.create_task(self._run_lane(key, lane, turn))
-
-    def _release(self, key: str, lane: _Lane) -> None:
-        if self._lanes.get(key) is lane:
-            del self._lanes[key]
-        self._dispatch_next(key)
 
     def _begun(self, key: str, event: MessageEvent) -> None:
         """A turn's first commit is done."""
@@ -482,10 +474,16 @@ class Gateway:
 
     # -- lanes and turns ---------------------------------------------------------------------------
 
-    def _start_lane(self, key: str, first: MessageEvent | None) -> None:
-        """A lane task that begins with ``first`` (an internal resume) or the queue head."""
+    def _start_lane(
+        self,
+        key: str,
+        first: MessageEvent | None,
+        begun: asyncio.Future[Turn | None] | None = None,
+    ) -> None:
+        """A lane task that begins with ``first`` (an idle lane's message or an internal
+        resume) or else the queue head; ``begun`` learns how storing ``first`` went."""
         lane = self._lanes[key] = _Lane()
-        lane.task = asyncio.create_task(self._run_lane(key, lane, first))
+        lane.task = asyncio.create_task(self._run_lane(key, lane, first, begun))
 
     def _dispatch_next(self, key: str) -> None:
         """Start the lane's queue head if the lane is idle and the gateway dispatches."""
@@ -500,33 +498,50 @@ class Gateway:
         if self._connected(head.event.source.platform):
             self._start_lane(key, None)
 
-    async def _run_lane(self, key: str, lane: _Lane, first: Turn | MessageEvent | None) -> None:
+    async def _run_lane(
+        self,
+        key: str,
+        lane: _Lane,
+        first: MessageEvent | None,
+        begun: asyncio.Future[Turn | None] | None = None,
+    ) -> None:
         """Run the lane's turns one after another until its queue has nothing dispatchable."""
         try:
-            turn = first if isinstance(first, Turn) else await self._begin_next(key, first)
+            turn = await self._begin_next(key, first, begun)
             while turn is not None:
                 await self._run_turn(lane, turn)
                 lane.interrupted = False
                 if lane.stop is not None or self._stopping is not None or self._gate:
                     return
-                turn = await self._begin_next(key, None)
+                turn = await self._begin_next(key, None, None)
         finally:
             if self._lanes.get(key) is lane:
                 del self._lanes[key]
                 if lane.stop is None:
                     self._dispatch_next(key)  # a command at the head, or a retry to schedule
 
-    async def _begin_next(self, key: str, resume: MessageEvent | None) -> Turn | None:
-        """Store the start of the lane's next turn: ``resume`` (an internal event) or the queue
+    async def _begin_next(
+        self,
+        key: str,
+        first: MessageEvent | None,
+        begun: asyncio.Future[Turn | None] | None,
+    ) -> Turn | None:
+        """Store the start of the lane's next turn: ``first`` (an idle lane's message, whose
+        outcome ``begun`` reports to ``handle_message``, or an internal resume) or the queue
         head when it can be dispatched now; None when there is nothing to start."""
-        if resume is not None:
+        if first is not None:
             try:
-                turn = await self.store.arun(self._pipeline.begin, key, resume, None)
-            except Exception:
-                logger.exception("a resumed turn could not start; it resumes at the next start")
+                turn = await self.store.arun(self._pipeline.begin, key, first, None)
+            except Exception as exc:
+                if begun is None:
+                    logger.exception("a resumed turn could not start; it resumes next start")
+                else:
+                    begun.set_exception(exc)
                 return None
             if turn is not None:
-                self._begun(key, resume)
+                self._begun(key, first)
+            if begun is not None:
+                begun.set_result(turn)
             return turn
         while (head := self._queue.head(key)) is not None:
             if self._command(head.event)[0] is not None:
@@ -817,11 +832,7 @@ class Gateway:
         platforms included)."""
         while self._lanes or self._commands:
             tasks = [lane.task for lane in self._lanes.values() if lane.task is not None]
-            tasks += list(self._commands.values())
-            if not tasks:  # a lane is storing its first turn
-                await asyncio.sleep(0.001)
-                continue
-            await asyncio.gather(*tasks, return_exceptions=True)
+            await asyncio.gather(*tasks, *self._commands.values(), return_exceptions=True)
 
     # -- stop --------------------------------------------------------------------------------------
 

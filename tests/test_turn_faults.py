@@ -344,3 +344,25 @@ async def test_terminated_postgres_connections_refuse_loudly(
         await gateway.handle_message(_event("after the loss", message_id="m2"))
     assert adapter.texts() == ["echo: before", REFUSED_NOT_SAVED]
     await gateway.stop()
+
+
+async def test_a_stop_while_a_message_is_being_stored_still_answers_it(
+    make: Make, hermes_home: Path
+) -> None:
+    gateway, adapter = make(storage={"sqlite_busy_timeout_secs": 5})
+    await gateway.start()
+    holder = sqlite3.connect(hermes_home / "state.db", isolation_level=None)
+    holder.execute("BEGIN IMMEDIATE")  # the turn's first commit waits for this lock
+    handling = asyncio.create_task(gateway.handle_message(_event("in flight", message_id="m1")))
+    await asyncio.sleep(0.1)
+    stopping = asyncio.create_task(gateway.stop())
+    await asyncio.sleep(0.1)
+    holder.execute("ROLLBACK")
+    holder.close()
+    await handling  # stored: the platform may acknowledge it
+    await stopping
+    restarted, later = make()
+    await restarted.start()
+    await restarted.idle()
+    assert adapter.texts() + later.texts() == ["echo: in flight"]  # answered once, either side
+    await restarted.stop()
