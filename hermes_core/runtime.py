@@ -74,6 +74,12 @@ RATE_LIMIT_RETRY_SECS = 5.0
 AgentFactory = Callable[[SessionEntry], Agent]
 
 
+def _delivered() -> None:
+    """After a delivery's settle commit (SPEC §7.12): the row is gone, the turn closed."""
+    crash_point("delivered")
+    crash_point("marker_cleared")
+
+
 class _Lane:
     """A lane with a turn task running (or about to: its first turn is being stored)."""
 
@@ -183,14 +189,24 @@ class Gateway:
         connected = [name for name, adapter in self.adapters.items() if adapter.is_connected()]
         await self._send_due("boot", connected)
         await self._resume(None)
-        resuming = [lane.task for lane in self._lanes.values() if lane.task is not None]
-        if resuming:
-            await asyncio.wait(resuming, timeout=self.config.gateway.startup_restore_timeout_secs)
+        await self._resumed(self.config.gateway.startup_restore_timeout_secs)
         self._gate = False
         for key in self._queue.lanes():
             self._dispatch_next(key)
         self._housekeeping = Housekeeping(self.config, store, self.cache)
         self._housekeeping.start()
+
+    async def _resumed(self, timeout: float) -> None:
+        """Wait (at most ``timeout`` seconds) until the resumed turns have ended, their last
+        commit (the settle of their reply) included."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        resuming = [lane.task for lane in self._lanes.values() if lane.task is not None]
+        if resuming:
+            await asyncio.wait(resuming, timeout=timeout)
+        settling = list(self._background)  # the settles the resumed turns left
+        if settling and deadline > loop.time():
+            await asyncio.wait(settling, timeout=deadline - loop.time())
 
     async def _resume(self, platform: str | None) -> int:
         """Start one internal resume turn per eligible lane (SPEC §7.8)."""
@@ -729,8 +745,9 @@ class Gateway:
     ) -> bool:
         """The one claim → send → settle path, for turns, the boot sweep, reconnects and
         rate-limit retries. A turn's reply arrives claimed (``claimed``); settling also closes
-        the turn, or with ``close`` (the boot sweep) clears the lane's resume flag. True when
-        the platform accepted the reply."""
+        the turn, or with ``close`` (the boot sweep) clears the lane's resume flag, and is then
+        waited for (the lanes are resumed next: an answered turn must not look interrupted).
+        A turn does not wait for its settle. True when the platform accepted the reply."""
         ident = row.obligation_id
         if ident and ident in self._sending:
             return False
@@ -750,22 +767,44 @@ class Gateway:
             result = await self._send(row, text, turn.event.source if turn is not None else None)
             if result.ok:
                 crash_point("sent")
-            try:
-                delivered = await self.store.arun(
-                    self._pipeline.settle, row, result, turn, success, close
-                )
-            except Exception:
-                logger.exception("a send could not be settled; the reply stays owed")
-                return result.ok
-            if delivered:
-                crash_point("delivered")
-                crash_point("marker_cleared")
-            elif result.failure_kind == "rate_limited":
-                retry = functools.partial(self._send_due, "rate_limit", [row.platform])
-                self._later(RATE_LIMIT_RETRY_SECS * max(1, row.attempts), retry)
-            return delivered
+            settling = self._settle(row, result, turn, success, close)
+            if close:
+                await asyncio.wait([settling])
+            return result.ok
         finally:
             self._sending.discard(ident)
+
+    def _settle(
+        self, row: Obligation, result: SendResult, turn: Turn | None, success: bool, close: bool
+    ) -> asyncio.Future[bool]:
+        """Settle a send (the turn's last commit) without holding up the lane: the step is
+        handed to the writer now, so the lane's next step queues behind it and can never
+        overtake it; ``idle`` and ``stop`` wait for it."""
+        settling = self.store.submit(self._settle_step, row, result, turn, success, close)
+        self._background.add(settling)
+        settling.add_done_callback(functools.partial(self._settled, row, result))
+        return settling
+
+    def _settle_step(
+        self, row: Obligation, result: SendResult, turn: Turn | None, success: bool, close: bool
+    ) -> bool:
+        """Writer step: settle the ledger row and close the turn; the crash points of a
+        delivery pass once this is committed."""
+        delivered = self._pipeline.settle(row, result, turn, success, close)
+        if delivered:
+            self.store.after_commit(_delivered)
+        return delivered
+
+    def _settled(self, row: Obligation, result: SendResult, settling: asyncio.Future[bool]) -> None:
+        self._background.discard(settling)
+        if settling.cancelled():
+            return
+        error = settling.exception()
+        if error is not None:
+            logger.error("a send could not be settled; the reply stays owed: %s", error)
+        elif not settling.result() and result.failure_kind == "rate_limited":
+            retry = functools.partial(self._send_due, "rate_limit", [row.platform])
+            self._later(RATE_LIMIT_RETRY_SECS * max(1, row.attempts), retry)
 
     async def _send_due(self, occasion: Occasion, platforms: Sequence[str]) -> None:
         """Send the owed replies of ``platforms`` for an occasion (see ``DeliveryLedger.due``)."""
@@ -828,11 +867,13 @@ class Gateway:
             return SendResult(ok=False, failure_kind="disconnected", error=repr(exc))
 
     async def idle(self) -> None:
-        """Wait until no turn or queued command is running (queued events of connected
-        platforms included)."""
-        while self._lanes or self._commands:
+        """Wait until no turn, queued command or settling send is running (queued events of
+        connected platforms included)."""
+        while self._lanes or self._commands or self._background:
             tasks = [lane.task for lane in self._lanes.values() if lane.task is not None]
-            await asyncio.gather(*tasks, *self._commands.values(), return_exceptions=True)
+            await asyncio.gather(
+                *tasks, *self._commands.values(), *self._background, return_exceptions=True
+            )
 
     # -- stop --------------------------------------------------------------------------------------
 

@@ -4,6 +4,7 @@ mode, the bounded entry cache, the sessions.json mirror, health and closing.
 
 from __future__ import annotations
 
+import asyncio
 import copy
 import functools
 import logging
@@ -383,6 +384,11 @@ class StoreBase:
     async def arun(self, function: Callable[..., _T], *args: Any) -> _T:
         """:meth:`run` for asyncio: the event loop stays free until the commit is done."""
         return await self._writer.arun(function, *args)
+
+    def submit(self, function: Callable[..., _T], *args: Any) -> asyncio.Future[_T]:
+        """Hand ``function(*args)`` to the writer now, in order with every other step, without
+        waiting (asyncio): the returned future settles after its commit."""
+        return self._writer.submit(function, *args)
 
     def after_commit(self, callback: Callable[[], None]) -> None:
         """Within a writer step: run ``callback`` once the step is committed (else at once)."""

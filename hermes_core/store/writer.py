@@ -90,10 +90,16 @@ class StoreWriter:
     async def arun(self, function: Callable[..., _T], *args: Any) -> _T:
         """Run ``function(*args)`` as a step; the awaiting coroutine resumes after the commit
         (a cancelled caller does not undo the step: it runs and commits all the same)."""
+        return await self.submit(function, *args)
+
+    def submit(self, function: Callable[..., _T], *args: Any) -> asyncio.Future[_T]:
+        """Hand over ``function(*args)`` as a step now (steps run in the order handed over),
+        without waiting: the returned future of the running event loop settles after the
+        commit."""
         loop = asyncio.get_running_loop()
         future: asyncio.Future[_T] = loop.create_future()
         self._put(_Step(lambda: function(*args), future, loop))
-        return await future
+        return future
 
     def after_commit(self, callback: Callable[[], None]) -> None:
         """Run ``callback`` once the current step is committed (at once outside a step)."""
