@@ -745,9 +745,9 @@ class Gateway:
     ) -> bool:
         """The one claim → send → settle path, for turns, the boot sweep, reconnects and
         rate-limit retries. A turn's reply arrives claimed (``claimed``); settling also closes
-        the turn, or with ``close`` (the boot sweep) clears the lane's resume flag, and is then
-        waited for (the lanes are resumed next: an answered turn must not look interrupted).
-        A turn does not wait for its settle. True when the platform accepted the reply."""
+        the turn, or with ``close`` (the boot sweep) clears the lane's resume flag. A turn does
+        not wait for its settle; a sweep does (after the boot sweep the lanes are resumed: an
+        answered turn must not look interrupted). True when the platform accepted the reply."""
         ident = row.obligation_id
         if ident and ident in self._sending:
             return False
@@ -768,7 +768,7 @@ class Gateway:
             if result.ok:
                 crash_point("sent")
             settling = self._settle(row, result, turn, success, close)
-            if close:
+            if turn is None:  # a sweep's send: settled before the sweep goes on
                 await asyncio.wait([settling])
             return result.ok
         finally:
