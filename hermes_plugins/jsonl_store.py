@@ -87,6 +87,7 @@ class JsonlBackend:
 
     name = "jsonl"
     durable_queue = False
+    atomic_batches = False
 
     def __init__(
         self,

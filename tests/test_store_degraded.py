@@ -5,11 +5,15 @@ from __future__ import annotations
 
 import logging
 import sqlite3
+import threading
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 from hermes_core import GatewayConfig
+from hermes_core.errors import StoreError
 from hermes_core.store import SessionStore
 from hermes_core.store.base import DEGRADED_WARNING
 from hermes_core.testing import StoreContract, StoreFactory, fresh_plugin_manager, telegram_dm
@@ -186,4 +190,40 @@ def test_garbled_fts_blocks_degrade_search_until_rebuild(tmp_path: Path) -> None
     assert store.health()["fts"] == "stale"
     assert store.rebuild_search_index()
     assert len(store.search("alpha", limit=100)) == 30
+    store.close()
+
+
+def test_a_failing_step_never_repeats_another_steps_writes_while_degraded(
+    tmp_path: Path,
+) -> None:
+    store = blocked_store(tmp_path / "home")
+    entry = store.get_or_create_session(telegram_dm())
+    release = threading.Event()
+    results: list[object] = []
+
+    def slow_first() -> None:  # holds the writer so that the next two steps wait together
+        release.wait(5)
+
+    def append(content: str) -> None:
+        store.append_to_transcript(entry.session_id, {"role": "user", "content": content})
+
+    def broken() -> None:
+        raise StoreError("this step fails")
+
+    def run(step: Callable[[], object]) -> None:
+        try:
+            results.append(store.run(step))
+        except StoreError as exc:
+            results.append(exc)
+
+    threads = [threading.Thread(target=run, args=(step,)) for step in
+               (slow_first, lambda: append("once"), broken)]  # fmt: skip
+    for thread in threads:
+        thread.start()
+        time.sleep(0.05)
+    release.set()
+    for thread in threads:
+        thread.join(5)
+    assert [m["content"] for m in store.load_transcript(entry.session_id)] == ["once"]
+    assert any(isinstance(result, StoreError) for result in results)
     store.close()

@@ -172,6 +172,9 @@ class StoreBackend(Protocol):
     """``sqlite``, ``postgresql`` or ``jsonl``."""
     durable_queue: bool
     """Whether queued events persist (False for the degraded JSONL backend)."""
+    atomic_batches: bool
+    """Whether ``transaction()`` can roll back the writes inside it (else the store's writer
+    runs every step on its own)."""
 
     def close(self) -> None:
         """Flush and release connections and files."""
@@ -182,7 +185,8 @@ class StoreBackend(Protocol):
 
     def transaction(self) -> AbstractContextManager[object]:
         """One transaction around several write methods (the store's group commit): their
-        writes join it and commit together when it exits, or none of them if it raises."""
+        writes join it and commit together when it exits, or none of them if it raises
+        (with ``atomic_batches``; otherwise a null context)."""
 
     def health(self) -> dict[str, Any]:
         """``backend``, ``fts`` (``ok``/``stale``/``unavailable``) and backend-specific details."""

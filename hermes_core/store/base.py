@@ -106,7 +106,9 @@ class StoreBase:
         self._closed = False
         self._sql: SqlMaintenance | None = None
         self._backend: StoreBackend = self._open_backend()
-        self._writer = StoreWriter(self._transaction, self._drop_cache)
+        self._writer = StoreWriter(
+            self._transaction, self._drop_cache, atomic=lambda: self._backend.atomic_batches
+        )
         if self._sql is not None:
             self._import_mirror_once(self._sql)
 

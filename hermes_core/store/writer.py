@@ -57,9 +57,13 @@ class StoreWriter:
         transaction: Callable[[], AbstractContextManager[object]],
         on_abort: Callable[[], None],
         *,
+        atomic: Callable[[], bool] = lambda: True,
         name: str = "hermes-store-writer",
     ) -> None:
         self._transaction = transaction
+        self._atomic = atomic
+        """Whether a transaction can be rolled back now; if not, steps run one by one (a
+        batch's steps could not run again after a failure without repeating their writes)."""
         self._on_abort = on_abort
         self._queue: queue.SimpleQueue[_Step | None] = queue.SimpleQueue()
         self._current: _Step | None = None
@@ -143,7 +147,7 @@ class StoreWriter:
             pending = None
             if first is None:
                 return
-            if first.alone:
+            if first.alone or not self._atomic():
                 self._alone(first)
                 continue
             batch = [first]

@@ -57,6 +57,7 @@ class SqlBackend(CountRows):
     """The canonical store over SQLite or PostgreSQL."""
 
     durable_queue = True
+    atomic_batches = True
 
     # -- routing index --------------------------------------------------------------------------
 
