@@ -86,8 +86,7 @@ class TurnPipeline:
         the user's text, or (for a synthesized, empty resume event) as the stored message.
         """
         store = self.store
-        suspended = store.is_suspended(key)
-        entry = store.get_or_create_session(event.source, touch_activity=False, session_key=key)
+        entry, suspended = store.open_lane(key, event.source)
         if entry.was_auto_reset and entry.prev_session_id:
             store.counts.remove(key)
         stored_text = event.text

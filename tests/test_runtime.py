@@ -461,3 +461,27 @@ async def test_disconnected_platform_waits_and_reconnect_catches_up(make_gateway
     assert adapter.texts("1") == [f"{RECONNECT_PREFIX}\n\necho: sent while the link drops"]
     assert adapter.texts("2") == ["echo: arrives while offline"]
     await gateway.stop()
+
+
+async def test_a_suspended_lane_starts_a_new_session_and_says_so_once(make_gateway: Any) -> None:
+    from hermes_core.gateway_texts import SUSPENDED_NOTICE
+
+    gateway, adapter, _ = make_gateway()
+    await gateway.start()
+    await gateway.handle_message(_event("before"))
+    await gateway.idle()
+    key = "agent:main:telegram:dm:1"
+    first = gateway.store.peek_session_id(key)
+    assert gateway.store.suspend_session(key)
+    await gateway.handle_message(_event("after the suspension"))
+    await gateway.idle()
+    await gateway.handle_message(_event("and later"))
+    await gateway.idle()
+    assert adapter.texts() == [
+        "echo: before",
+        SUSPENDED_NOTICE,
+        "echo: after the suspension",
+        "echo: and later",
+    ]
+    assert gateway.store.peek_session_id(key) != first
+    await gateway.stop()

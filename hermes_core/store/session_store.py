@@ -80,16 +80,10 @@ class SessionStore(TurnRecoveryStore, TranscriptStore):
 
     @serialised
     def get_or_create_session(
-        self,
-        source: SessionSource,
-        force_new: bool = False,
-        touch_activity: bool = True,
-        *,
-        session_key: str | None = None,
+        self, source: SessionSource, force_new: bool = False, touch_activity: bool = True
     ) -> SessionEntry:
-        """The lane's current session, creating one at a boundary. ``session_key``: the key of
-        ``source``, when the caller has computed it already (``session_key_for``)."""
-        key = session_key if session_key is not None else self.session_key_for(source)
+        """The lane's current session, creating one at a boundary."""
+        key = self.session_key_for(source)
         return self._snapshot(self._get_or_create(key, source, force_new, touch_activity))
 
     def _touch(self, entry: SessionEntry) -> SessionEntry:
@@ -97,10 +91,26 @@ class SessionStore(TurnRecoveryStore, TranscriptStore):
         self._persist(touched, touch=True)
         return touched
 
+    @serialised
+    def open_lane(self, session_key: str, source: SessionSource) -> tuple[SessionEntry, bool]:
+        """The lane's current session for a turn (like :meth:`get_or_create_session` without
+        touching its activity), and whether it replaced a suspended one just now (the sender is
+        told). ``session_key`` is the key of ``source``."""
+        entry = self._load(session_key)
+        suspended = entry is not None and entry.suspended
+        opened = self._get_or_create(session_key, source, False, False, loaded=entry)
+        return self._snapshot(opened), suspended
+
     def _get_or_create(
-        self, key: str, source: SessionSource, force_new: bool, touch: bool
+        self,
+        key: str,
+        source: SessionSource,
+        force_new: bool,
+        touch: bool,
+        *,
+        loaded: SessionEntry | None = None,
     ) -> SessionEntry:
-        entry = self._load(key)
+        entry = loaded if loaded is not None else self._load(key)
         if force_new:
             return self._create(key, source, entry, "session_reset", kind="force_new")
         if entry is not None:
@@ -440,11 +450,6 @@ class SessionStore(TurnRecoveryStore, TranscriptStore):
         """The lane's entry (read-only: never creates or touches); falsy key → None."""
         entry = self._load(session_key) if session_key else None
         return self._snapshot(entry) if entry is not None else None
-
-    def is_suspended(self, session_key: str) -> bool:
-        """Whether the lane is suspended (its next message starts a new session)."""
-        entry = self._load(session_key) if session_key else None
-        return entry is not None and entry.suspended
 
     def peek_session_id(self, session_key: str) -> str | None:
         """The lane's current session id, or None."""
