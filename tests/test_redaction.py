@@ -363,7 +363,8 @@ def test_unusable_key_gives_placeholders(
     assert '**User ID:** "user_redacted"' in prompt
     assert '(ID: "telegram:redacted")' in prompt
     assert '- "origin" → back to this chat ("telegram:redacted")' in prompt
-    assert not re.search("4242|99|-1001", prompt)
+    # The state directory's path (shown for local delivery) may hold any digits; ids may not.
+    assert not re.search("4242|99|-1001", prompt.replace(str(hermes_home), "HOME"))
     assert str(key_file) in caplog.text
     assert reason in caplog.text
     assert KEY_A not in caplog.text.lower()
