@@ -2,7 +2,7 @@
 
 Untrusted input (``from_dict``, constructor arguments) only ever raises
 :class:`~hermes_core.errors.InvalidValueError` (or its subclass for unknown platforms), with a
-sentence naming the field.
+sentence naming the field; every string in it is normalised first (:mod:`hermes_core.text`).
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from hermes_core.errors import InvalidValueError
+from hermes_core.text import clean_value
 from hermes_core.timeutil import format_utc, parse_utc, utc_now
 
 if TYPE_CHECKING:
@@ -83,6 +84,18 @@ class _Model(BaseModel):
                 raise _invalid_from_validation(type(self).__name__, exc) from None
 
 
+class _Untrusted(_Model):
+    """A model of data from a platform: every string given is normalised first
+    (:func:`~hermes_core.text.clean_text`), nested ones too, so it can always be stored."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _clean_texts(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            return {name: clean_value(value, field=name) for name, value in data.items()}
+        return data
+
+
 def _id_string(field: str, value: object) -> str | None:
     """Untrusted id value → string: numbers become decimal strings (numeric Telegram ids)."""
     if value is None or isinstance(value, str):
@@ -126,7 +139,7 @@ _SOURCE_ID_FIELDS = (
 _SOURCE_TEXT_FIELDS = ("chat_name", "user_name", "chat_topic", "auto_thread_initial_name")
 
 
-class SessionSource(_Model):
+class SessionSource(_Untrusted):
     """Immutable record of where a message came from; changes produce a copy (:meth:`replace`)."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -251,7 +264,7 @@ class SessionSource(_Model):
         return source
 
 
-class HomeChannel(_Model):
+class HomeChannel(_Untrusted):
     """A platform's default destination for scheduled deliveries."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -417,7 +430,7 @@ def new_event_id() -> str:
     return secrets.token_hex(16)
 
 
-class MessageEvent(_Model):
+class MessageEvent(_Untrusted):
     """One inbound message (or internal wake) with its source (SPEC §8.1)."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")

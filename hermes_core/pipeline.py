@@ -25,6 +25,7 @@ from hermes_core.recovery import INTERNAL_NOTIFICATION
 from hermes_core.resume import is_fresh, resume_note
 from hermes_core.store import SessionStore
 from hermes_core.store.backend import Obligation, new_obligation
+from hermes_core.text import clean_text
 
 
 @dataclass(frozen=True)
@@ -129,6 +130,7 @@ class TurnPipeline:
         if not reply:
             store.close_turn(key, turn.token, success=success)
             return None
+        reply = clean_text(reply)  # sent as it is stored, whatever the agent returned
         session_id = turn.entry.session_id
         message = {"role": "assistant", "content": reply}
         if is_silent_reply(reply) and turn.event.internal:

@@ -22,6 +22,7 @@ from typing import Literal
 from hermes_core.errors import RedactionError, StoreError
 from hermes_core.plugins import PlatformRegistry
 from hermes_core.store.files import create_private_file, ensure_private_dir
+from hermes_core.text import clean_text
 
 logger = logging.getLogger(__name__)
 
@@ -42,7 +43,6 @@ _CONTROLS = {
     code: " " for code in (*range(0x00, 0x20), 0x7F, *range(0x80, 0xA0)) if code not in (0x0A, 0x09)
 }
 _CLEAN_TABLE = str.maketrans({**_CONTROLS, **_BREAK_TO_SPACE, **_INVISIBLE})
-_SURROGATE_RE = re.compile("[\ud800-\udfff]")
 _WHITESPACE_RE = re.compile(r"\s+")
 _KEY_RE = re.compile(rb"[0-9a-f]{64}\n?")
 _KEY_FILE_MAX_BYTES = 128
@@ -53,7 +53,7 @@ def _clean(value: str) -> str:
     """Line breaks as LF; separators and controls (but LF, TAB) as spaces; bidi and zero-width
     characters deleted; lone surrogates (unencodable) as U+FFFD."""
     text = value.replace("\r\n", "\n").replace("\r", "\n").translate(_CLEAN_TABLE)
-    return _SURROGATE_RE.sub("\ufffd", text)
+    return clean_text(text)
 
 
 def _cap(text: str) -> str:

@@ -203,7 +203,7 @@ class StoreContract:
         got["nested"].append(4)
         assert store.get_session_metadata(entry.session_key, "state") == {"nested": [1, 2]}
         assert store.get_session_metadata(entry.session_key, "missing", "dflt") == "dflt"
-        with pytest.raises(InvalidValueError, match="not JSON-serialisable"):
+        with pytest.raises(InvalidValueError, match="not a JSON value"):
             store.set_session_metadata(entry.session_key, "bad", object())
         with pytest.raises(InvalidValueError, match="65536-byte limit"):
             store.set_session_metadata(entry.session_key, "big", "x" * 70_000)

@@ -353,7 +353,7 @@ def test_append_refuses_symlinked_transcript(
 
 
 def test_append_refuses_non_json_message(backend: JsonlBackend, sessions_dir: Path) -> None:
-    with pytest.raises(TranscriptWriteError):
+    with pytest.raises(InvalidValueError, match="not a JSON value"):
         backend.append_message(SID, {"role": "user", "content": object()})
     assert not (sessions_dir / f"{SID}.jsonl").exists()
 

@@ -205,7 +205,7 @@ def test_unregistered_platform_is_a_named_error() -> None:
     ("fields", "problem"),
     [
         ({"chat_id": "a..b"}, "'..'"),
-        ({"chat_id": "a\x00b"}, "control characters"),
+        ({"chat_id": "a\x01b"}, "control characters"),
         ({"chat_id": "x" * 1100}, "1-1024"),
     ],
 )

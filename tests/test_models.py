@@ -178,7 +178,8 @@ _opt = st.none() | _text
 
 
 @given(
-    chat_id=_text, chat_name=_opt, chat_type=st.text(min_size=1, max_size=8), user_id=_opt,
+    chat_id=_text, chat_name=_opt, user_id=_opt,
+    chat_type=st.text(st.characters(exclude_characters="\x00"), min_size=1, max_size=8),
     user_name=_opt, thread_id=_opt, scope_id=_opt, guild_id=_opt, profile=_opt,
     auto=st.booleans(), prospective=_opt,
 )  # fmt: skip

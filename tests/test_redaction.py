@@ -33,6 +33,7 @@ from hermes_core.redaction import (
     quote_untrusted,
     sha256_digest,
 )
+from hermes_core.text import clean_text
 
 KEY_A = "000102030405060708090a0b0c0d0e0f101112131415161718191a1b1c1d1e1f"
 KEY_B = "ff" * 32
@@ -171,6 +172,10 @@ def _quoted_values(line: str, prefix: str, suffix: str = "") -> str:
 def test_prompt_shape_survives_any_metadata(
     hermes_home: Path, user_name: str, chat_name: str, topic: str, home_name: str, redact: bool
 ) -> None:
+    # The models store the normalised text (NUL removed); the prompt is built from that.
+    user_name, chat_name, topic, home_name = map(
+        clean_text, (user_name, chat_name, topic, home_name)
+    )
     config = _config(
         hermes_home,
         platforms={

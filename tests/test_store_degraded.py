@@ -174,7 +174,7 @@ def test_broken_fts_index_fails_open_and_is_rebuilt(tmp_path: Path) -> None:
     assert sqlite_store(home).health()["fts"] == "ok"
 
 
-def test_garbled_fts_blocks_degrade_search_until_rebuild(tmp_path: Path) -> None:
+def test_garbled_fts_blocks_are_scanned_around_and_fail_open_on_write(tmp_path: Path) -> None:
     home = tmp_path / "home"
     store = sqlite_store(home)
     entry = store.get_or_create_session(telegram_dm())
@@ -187,9 +187,12 @@ def test_garbled_fts_blocks_degrade_search_until_rebuild(tmp_path: Path) -> None
     raw.close()
     hits = store.search("alpha")
     assert len(hits) == 20  # answered by the scan, not lost
-    assert store.health()["fts"] == "stale"
+    assert store.health()["fts"] == "ok"  # a search never disables the index
+    store.append_to_transcript(entry.session_id, {"role": "user", "content": "alpha 30"})
+    assert store.health()["fts"] == "stale"  # the write told the index's fault from its own
+    assert len(store.load_transcript(entry.session_id)) == 31
     assert store.rebuild_search_index()
-    assert len(store.search("alpha", limit=100)) == 30
+    assert len(store.search("alpha", limit=100)) == 31
     store.close()
 
 

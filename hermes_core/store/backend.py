@@ -9,11 +9,15 @@ Routing entries travel as ``SessionEntry.to_dict()`` mappings; the backend store
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
+
+from hermes_core.errors import InvalidValueError
+from hermes_core.text import clean_value
 
 if TYPE_CHECKING:
     from hermes_core.models import SessionEntry
@@ -31,6 +35,39 @@ MESSAGE_COLUMNS = (
 """Message fields with a column of their own; ``tool_calls`` is stored as JSON text."""
 
 MESSAGE_ROLES = frozenset({"user", "assistant", "tool", "system", "session_meta"})
+INT64_MAX = 2**63 - 1
+"""The largest integer every backend stores (SQLite and PostgreSQL ``BIGINT``)."""
+
+
+def clean_message(message: Message) -> dict[str, Any]:
+    """``message`` as every backend stores it: a known ``role``, ``timestamp`` as finite epoch
+    seconds (now when missing), ``token_count`` a 64-bit integer, every string normalised
+    (:func:`~hermes_core.text.clean_text`) and nothing but JSON values inside. Raises
+    :class:`InvalidValueError` saying what to change."""
+    if not isinstance(message, Mapping):
+        raise InvalidValueError("message", "a transcript message must be a mapping with a role.")
+    role = message.get("role")
+    if not isinstance(role, str) or role not in MESSAGE_ROLES:
+        allowed = ", ".join(sorted(MESSAGE_ROLES))
+        raise InvalidValueError("role", f"message role {role!r} is not one of: {allowed}.")
+    stamp = message.get("timestamp")
+    if stamp is None:
+        stamp = time.time()
+    elif isinstance(stamp, bool) or not isinstance(stamp, (int, float)) or not math.isfinite(stamp):
+        raise InvalidValueError(
+            "timestamp", f"message timestamp {stamp!r} must be finite epoch seconds (a number)."
+        )
+    count = message.get("token_count")
+    if count is not None and (
+        isinstance(count, bool) or not isinstance(count, int) or not 0 <= count <= INT64_MAX
+    ):
+        raise InvalidValueError(
+            "token_count", f"token_count {count!r} must be an integer from 0 to 2**63-1."
+        )
+    cleaned: dict[str, Any] = clean_value(message, field="message", plain=True)
+    cleaned["timestamp"] = float(stamp)
+    return cleaned
+
 
 RECOVERABLE_END_REASONS = frozenset({
     "agent_close", "ws_orphan_reap", "startup_orphan_reap", "superseded_by_resume", "lru_evict",

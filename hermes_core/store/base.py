@@ -37,6 +37,7 @@ from hermes_core.store.files import ensure_private_dir
 from hermes_core.store.mirror import MirrorWriter, load_mirror, read_mirror
 from hermes_core.store.replay import ReplayReport, replay_backlog
 from hermes_core.store.writer import StoreWriter
+from hermes_core.text import clean_text
 
 logger = logging.getLogger(__name__)
 
@@ -259,6 +260,7 @@ class StoreBase:
 
         Only the writer thread fills the cache: a reader elsewhere could otherwise put back an
         entry older than one the writer has just cached."""
+        session_key = clean_text(session_key)  # as a key built from a source would have it
         with self._map_lock:
             entry = self._entries.get(session_key)
             if entry is not None:

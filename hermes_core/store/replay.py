@@ -17,15 +17,19 @@ import json
 import logging
 import os
 import stat
-import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from hermes_core.errors import TranscriptWriteError
 from hermes_core.models import SessionEntry, session_id_problem
-from hermes_core.store.backend import MESSAGE_ROLES, BacklogTarget, Message, SessionRow
+from hermes_core.store.backend import (
+    MESSAGE_ROLES,
+    BacklogTarget,
+    Message,
+    SessionRow,
+    clean_message,
+)
 from hermes_core.store.mirror import MIRROR_FILENAME, read_mirror
 from hermes_core.timeutil import parse_utc
 
@@ -47,20 +51,8 @@ def offset_meta_key(session_id: str) -> str:
 
 
 def encode_message_line(message: Message) -> bytes:
-    """One transcript line: compact JSON of ``message`` (``timestamp`` defaulting to now).
-
-    Raises :class:`TranscriptWriteError` if the message is not plain JSON.
-    """
-    record = dict(message)
-    if record.get("timestamp") is None:
-        record["timestamp"] = time.time()
-    try:
-        text = json.dumps(record, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
-    except (TypeError, ValueError) as exc:
-        raise TranscriptWriteError(
-            f"cannot store the message: it is not plain JSON ({exc}); pass strings, numbers, "
-            "lists and mappings only."
-        ) from exc
+    """One transcript line: compact JSON of ``message`` as :func:`clean_message` has it."""
+    text = json.dumps(clean_message(message), ensure_ascii=False, separators=(",", ":"))
     return (text + "\n").encode("utf-8")
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import copy
 import json
 import logging
+import math
 import secrets
 import time
 from collections.abc import Callable
@@ -26,10 +27,11 @@ from hermes_core.errors import (
 )
 from hermes_core.keys import config_profile, resolve_for_config
 from hermes_core.ledger import SendResult
-from hermes_core.models import SessionEntry, SessionSource
+from hermes_core.models import SessionEntry, SessionSource, session_id_problem
 from hermes_core.plugins import HermesPluginManager
 from hermes_core.specs import LifecycleKind
 from hermes_core.store.backend import (
+    INT64_MAX,
     CounterDelta,
     Message,
     Obligation,
@@ -38,6 +40,7 @@ from hermes_core.store.backend import (
 from hermes_core.store.base import exclusive, new_session_id, serialised
 from hermes_core.store.transcripts import TranscriptStore
 from hermes_core.store.turns import TurnRecoveryStore
+from hermes_core.text import clean_text, clean_value
 from hermes_core.timeutil import utc_now
 
 logger = logging.getLogger(__name__)
@@ -384,23 +387,29 @@ class SessionStore(TurnRecoveryStore, TranscriptStore):
         last_prompt_tokens: int | None = None,
         touch_activity: bool = True,
     ) -> None:
-        """Add token and cost deltas; mirror them to the session row (unknown key: no-op)."""
+        """Add token and cost deltas; mirror them to the session row (unknown key: no-op).
+        Counters stay 64-bit integers and the cost a finite number, else
+        :class:`InvalidValueError` and nothing is written."""
         total = total_tokens if total_tokens is not None else input_tokens + output_tokens
         entry = self._load(session_key)
         if entry is None:
             return
+        deltas = {
+            "input_tokens": input_tokens, "output_tokens": output_tokens,
+            "cache_read_tokens": cache_read_tokens, "cache_write_tokens": cache_write_tokens,
+            "total_tokens": total,
+        }  # fmt: skip
         updates: dict[str, Any] = {
-            "input_tokens": entry.input_tokens + input_tokens,
-            "output_tokens": entry.output_tokens + output_tokens,
-            "cache_read_tokens": entry.cache_read_tokens + cache_read_tokens,
-            "cache_write_tokens": entry.cache_write_tokens + cache_write_tokens,
-            "total_tokens": entry.total_tokens + total,
-            "estimated_cost_usd": entry.estimated_cost_usd + estimated_cost_usd,
+            name: _counter(name, getattr(entry, name), delta) for name, delta in deltas.items()
         }
-        if cost_status is not None:
-            updates["cost_status"] = cost_status
         if last_prompt_tokens is not None:
-            updates["last_prompt_tokens"] = last_prompt_tokens
+            updates["last_prompt_tokens"] = _counter("last_prompt_tokens", 0, last_prompt_tokens)
+        cost = entry.estimated_cost_usd + _finite("estimated_cost_usd", estimated_cost_usd)
+        updates["estimated_cost_usd"] = _finite("estimated_cost_usd", cost)
+        if cost_status is not None:
+            if not isinstance(cost_status, str):
+                raise InvalidValueError("cost_status", "cost_status must be a string.")
+            updates["cost_status"] = clean_text(cost_status)
         if touch_activity:
             updates["updated_at"] = utc_now()
         updated = entry.model_copy(update=updates)
@@ -427,13 +436,11 @@ class SessionStore(TurnRecoveryStore, TranscriptStore):
         """Store one JSON value in the lane's metadata (≤ 64 KiB in all); False if unknown."""
 
         def change(entry: SessionEntry) -> dict[str, Any]:
-            metadata = {**copy.deepcopy(entry.metadata), name: copy.deepcopy(value)}
-            try:
-                size = len(json.dumps(metadata, ensure_ascii=False).encode("utf-8"))
-            except (TypeError, ValueError) as exc:
-                raise InvalidValueError(
-                    "metadata", f"metadata value {name!r} is not JSON-serialisable: {exc}."
-                ) from None
+            if not isinstance(name, str):
+                raise InvalidValueError("metadata", "a metadata name must be a string.")
+            cleaned = clean_value(value, field="metadata", plain=True)  # a fresh copy
+            metadata = {**copy.deepcopy(entry.metadata), clean_text(name): cleaned}
+            size = len(json.dumps(metadata, ensure_ascii=False).encode("utf-8"))
             if size > METADATA_MAX_BYTES:
                 raise InvalidValueError(
                     "metadata",
@@ -458,7 +465,9 @@ class SessionStore(TurnRecoveryStore, TranscriptStore):
 
     def lookup_by_session_id(self, session_id: str) -> SessionEntry | None:
         """The entry whose *current* session id is ``session_id``, or None."""
-        entry = self._current_entry_of(session_id) if session_id else None
+        if not isinstance(session_id, str) or session_id_problem(session_id) is not None:
+            return None  # no session has such an id
+        entry = self._current_entry_of(session_id)
         return self._snapshot(entry) if entry is not None else None
 
     def list_sessions(self, active_minutes: float | None = None) -> list[SessionEntry]:
@@ -509,3 +518,26 @@ class SessionStore(TurnRecoveryStore, TranscriptStore):
             self._routing_changed()
             self.flush_mirror(force=True)
         return removed
+
+
+def _counter(name: str, current: int, delta: object) -> int:
+    """``current + delta`` for a token counter: ``delta`` an integer, the sum a 64-bit one."""
+    if isinstance(delta, bool) or not isinstance(delta, int):
+        raise InvalidValueError(name, f"{name} must be an integer, got {delta!r}.")
+    result = current + delta
+    if not -INT64_MAX <= result <= INT64_MAX:
+        raise InvalidValueError(name, f"{name} would become {result}, outside a 64-bit integer.")
+    return result
+
+
+def _finite(name: str, value: object) -> float:
+    """``value`` as a finite float (costs are stored as such)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise InvalidValueError(name, f"{name} must be a number, got {value!r}.")
+    try:
+        number = float(value)
+    except OverflowError:
+        number = math.inf
+    if not math.isfinite(number):
+        raise InvalidValueError(name, f"{name} must be a finite number, got {value!r}.")
+    return number

@@ -18,6 +18,7 @@ from hermes_core.store.backend import (
     SearchHit,
 )
 from hermes_core.store.base import StoreBase, exclusive, serialised
+from hermes_core.text import clean_text
 
 logger = logging.getLogger(__name__)
 
@@ -100,11 +101,22 @@ class TranscriptStore(StoreBase):
         session_key: str | None = None,
         limit: int = 20,
     ) -> list[SearchHit]:
-        """Full-text search over active messages, best rank first (``[]`` while degraded)."""
-        limit = max(1, min(int(limit), 100))
+        """Full-text search over active messages, best rank first (``[]`` while degraded).
+
+        ``query`` is data, never query syntax: every whitespace-separated word must occur. A
+        ``session_id`` that no session can have matches nothing."""
+        if not isinstance(query, str):
+            raise InvalidValueError("query", "the search query must be a string.")
+        if isinstance(limit, bool) or not isinstance(limit, int):
+            raise InvalidValueError("limit", f"limit must be an integer, got {limit!r}.")
+        if session_id is not None and session_id_problem(session_id) is not None:
+            return []
         with self._canonical():
             return self._backend.search(
-                query, session_id=session_id, session_key=session_key, limit=limit
+                clean_text(query),
+                session_id=session_id,
+                session_key=None if session_key is None else clean_text(session_key),
+                limit=max(1, min(limit, 100)),
             )
 
     @exclusive

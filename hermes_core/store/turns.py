@@ -27,6 +27,7 @@ from hermes_core.store.backend import (
     new_obligation,
 )
 from hermes_core.store.base import StoreBase, serialised
+from hermes_core.text import clean_text
 from hermes_core.timeutil import utc_now
 
 logger = logging.getLogger(__name__)
@@ -204,10 +205,12 @@ class TurnRecoveryStore(StoreBase):
         (the send follows at once, so the claim needs no commit of its own); ``reply``, the
         reply's transcript message, is stored in the same commit too. Returns the row, or None
         when the ledger is off or failed (logged: a ledger failure never blocks a send; the
-        caller then stores ``reply`` itself)."""
+        caller then stores ``reply`` itself). ``content`` is stored (and to be sent) as
+        :func:`~hermes_core.text.clean_text` has it."""
         ledger, rows = self.ledger, self._sql
         if ledger is None or rows is None:
             return None
+        content = clean_text(content)  # what is sent is what is stored
         record = new_obligation(
             session_key, session_id, platform, chat_id, thread_id, reply_to_message_id, content,
             obligation_id=obligation_id(session_key, message_ref, content),

@@ -302,9 +302,14 @@ class SqlBackend(CountRows):
                 try:
                     return search.indexed(conn, self.name, query, session_id, session_key, limit)
                 except SQLAlchemyError as exc:
+                    # Only a write marks the index stale (it can tell the index's faults from
+                    # its own); this query is answered by a scan.
                     conn.rollback()
-                    self._disable_fts(self._translate(exc, "searching"))
-            if not self._warned_fts:
+                    logger.warning(
+                        "%s: a full-text search failed (%s); answering it by scan",
+                        self.display, self._translate(exc, "searching"),
+                    )  # fmt: skip
+            elif not self._warned_fts:
                 self._warned_fts = True
                 logger.warning("%s: full-text index %s; searching by scan", self.display, self._fts)
             return search.scan(conn, query, session_id, session_key, limit)

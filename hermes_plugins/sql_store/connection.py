@@ -343,21 +343,44 @@ class SqlConnection:
             )  # fmt: skip
 
     def _with_fts_fail_open(self, write: Callable[[], _T]) -> _T:
-        """Run a write that inserts messages; an error raised by the FTS triggers (the write
-        succeeds once they are dropped) leaves the index stale instead of losing the message."""
+        """Run a write that inserts messages. When it fails because of the full-text index (its
+        triggers or a missing or damaged shadow table), the index is marked stale and the write
+        runs without it, so the message is not lost; any other error is raised as it is and
+        leaves the index alone."""
         try:
             return write()
         except StoreError as first:
-            if (
-                self._batched  # the writer reruns the step on its own, where this applies
-                or not self._triggers_present()
-                or isinstance(first, StoreUnavailableError)
-            ):
+            if not self._triggers_present():
+                raise
+            if self._batched:  # the writer reruns the step on its own, where this is decided
+                if isinstance(first, CorruptDatabaseError):  # maybe only the index: not yet
+                    raise StoreError(str(first)) from first
                 raise
             if "locked" in str(first).lower():
                 return write()  # one retry on a busy database
+            if not self._fails_only_with_fts(write):
+                raise
             self._disable_fts(first)
             return write()
+
+    def _fails_only_with_fts(self, write: Callable[[], object]) -> bool:
+        """Whether ``write`` succeeds with the FTS triggers dropped: tried in a transaction that
+        is rolled back, so nothing of the trial stays."""
+
+        class _Succeeded(Exception):
+            pass
+
+        try:
+            with self.transaction(), self._write("trying the write without the index") as cursor:
+                cursor.execute("BEGIN IMMEDIATE")  # DDL opens no implicit transaction
+                for trigger in FTS_TRIGGERS:
+                    cursor.execute(f"DROP TRIGGER IF EXISTS {trigger}")
+                write()
+                raise _Succeeded
+        except _Succeeded:
+            return True
+        except StoreError:
+            return False
 
     def rebuild_fts(self) -> bool:
         """Rebuild the derived index and clear ``fts_stale``; False when FTS5 is unavailable."""

@@ -3,14 +3,18 @@
 from __future__ import annotations
 
 import json
-import time
 from collections.abc import Mapping
 from datetime import datetime, timezone
 from typing import Any
 
-from hermes_core.errors import InvalidValueError
 from hermes_core.models import SessionEntry
-from hermes_core.store.backend import MESSAGE_COLUMNS, MESSAGE_ROLES, EntryDict, Message, SessionRow
+from hermes_core.store.backend import (
+    MESSAGE_COLUMNS,
+    EntryDict,
+    Message,
+    SessionRow,
+    clean_message,
+)
 from hermes_core.timeutil import format_utc
 from hermes_plugins.sql_store.schema import gateway_routing
 
@@ -28,16 +32,9 @@ def epoch(stamp: object) -> float | None:
 
 
 def message_row(session_id: str, message: Message) -> dict[str, Any]:
-    """A transcript message as column values; unknown keys go to ``extra_json``."""
-    role = message.get("role")
-    if role not in MESSAGE_ROLES:
-        allowed = ", ".join(sorted(MESSAGE_ROLES))
-        raise InvalidValueError("role", f"message role {role!r} is not one of: {allowed}.")
-    stamp = message.get("timestamp")
-    if stamp is None:
-        stamp = time.time()
-    elif isinstance(stamp, bool) or not isinstance(stamp, (int, float)):
-        raise InvalidValueError("timestamp", "message timestamp must be epoch seconds (a number).")
+    """A transcript message as column values (:func:`clean_message` first); unknown keys go to
+    ``extra_json``."""
+    message = clean_message(message)
     content = message.get("content")
     extras = {k: v for k, v in message.items() if k not in MESSAGE_COLUMNS and k != "id"}
     if content is not None and not isinstance(content, str):
@@ -48,7 +45,6 @@ def message_row(session_id: str, message: Message) -> dict[str, Any]:
     row.update(
         session_id=session_id,
         content=content,
-        timestamp=float(stamp),
         tool_calls=None if tool_calls is None else json.dumps(tool_calls, ensure_ascii=False),
         extra_json=json.dumps(extras, ensure_ascii=False) if extras else None,
     )

@@ -1,0 +1,67 @@
+"""Text normalisation at the model boundary: what is stored is what is read back.
+
+Chat metadata and message text come from platforms and bridges that may hand over strings no
+encoder accepts: an emoji cut in half (a lone UTF-16 surrogate) or a NUL byte (PostgreSQL text
+refuses it). Every text field of a ``SessionSource``, a ``MessageEvent`` and a stored message goes
+through :func:`clean_text` once, identically for every backend, so such input is stored in a
+normal form instead of failing deep inside a driver.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Mapping
+from typing import Any
+
+from hermes_core.errors import InvalidValueError
+
+MAX_NESTING = 64
+"""How deep lists and mappings inside metadata and messages may nest."""
+
+_SURROGATE_RE = re.compile("[\ud800-\udfff]")
+
+
+def clean_text(value: str) -> str:
+    """``value`` with NUL removed, surrogate pairs joined into their character and lone
+    surrogates replaced by U+FFFD; every other string comes back unchanged (the same object)."""
+    if "\x00" in value:
+        value = value.replace("\x00", "")
+    if value.isascii() or _SURROGATE_RE.search(value) is None:
+        return value
+    return value.encode("utf-16-le", "surrogatepass").decode("utf-16-le", "replace")
+
+
+def clean_value(value: Any, *, field: str, plain: bool = False, depth: int = 0) -> Any:
+    """``value`` with :func:`clean_text` applied to every string in it (mapping keys included),
+    through lists, tuples and mappings; deeper nesting than :data:`MAX_NESTING` is refused.
+    ``plain``: only JSON values are allowed (strings, finite numbers, booleans, None, lists and
+    mappings with string keys), as a transcript message must hold."""
+    if isinstance(value, str):
+        return clean_text(value)
+    if isinstance(value, (list, tuple, Mapping)):
+        if depth >= MAX_NESTING:
+            raise InvalidValueError(
+                field, f"{field} nests lists or mappings more than {MAX_NESTING} levels deep."
+            )
+        if isinstance(value, Mapping):
+            cleaned_map: dict[Any, Any] = {}
+            for key, item in value.items():
+                if plain and not isinstance(key, str):
+                    raise InvalidValueError(field, f"{field} has a non-string key {key!r}.")
+                name = clean_text(key) if isinstance(key, str) else key
+                cleaned_map[name] = clean_value(item, field=field, plain=plain, depth=depth + 1)
+            return cleaned_map
+        cleaned = [clean_value(item, field=field, plain=plain, depth=depth + 1) for item in value]
+        return cleaned if isinstance(value, list) or plain else tuple(cleaned)
+    if plain and not (
+        value is None
+        or isinstance(value, (bool, int))
+        or (isinstance(value, float) and math.isfinite(value))
+    ):
+        raise InvalidValueError(
+            field,
+            f"{field} holds {value!r}, which is not a JSON value; pass strings, finite "
+            "numbers, booleans, None, lists and mappings only.",
+        )
+    return value
