@@ -371,6 +371,7 @@ def test_routing_merge_rules(sessions_dir: Path, target: FakeTarget) -> None:
         target.routes[key] = entry.to_dict()
         target.sessions[entry.session_id] = session_row_from_entry(entry)
     _write_mirror(sessions_dir, *mirror)
+    (sessions_dir / "s-0.jsonl").write_bytes(_lines(1))  # a backlog: the mirror is merged
     report = _run(sessions_dir, target)
     assert (report.routes_inserted, report.routes_updated) == (1, 2)
     winners = {key: target.routes[key]["session_id"] for key in keys}
@@ -380,16 +381,36 @@ def test_routing_merge_rules(sessions_dir: Path, target: FakeTarget) -> None:
 def test_routes_get_session_rows(sessions_dir: Path, target: FakeTarget) -> None:
     """A lane created while degraded with no transcript yet still gets its session row."""
     entry = _entry()
-    _write_mirror(sessions_dir, entry)
+    other = _entry("agent:main:telegram:dm:other", "s-other")
+    _write_mirror(sessions_dir, entry, other)
+    (sessions_dir / "s-other.jsonl").write_bytes(_lines(1))
     _run(sessions_dir, target)
     assert target.sessions[SID] == session_row_from_entry(entry)
     assert target.messages[SID] == []
     assert target.meta[f"jsonl_import:{SID}"] == "0"
 
 
+def test_without_a_backlog_the_mirror_is_never_read_back(
+    sessions_dir: Path, target: FakeTarget
+) -> None:
+    """A hand-edited or old sessions.json neither revives pruned lanes nor overwrites routes."""
+    stored = _entry()
+    target.routes[KEY] = stored.to_dict()
+    target.sessions[SID] = session_row_from_entry(stored)
+    newer = _entry(session_id="s-edited", created=T0 + timedelta(days=9))
+    pruned = _entry("agent:main:telegram:dm:pruned", "s-pruned")
+    _write_mirror(sessions_dir, newer, pruned)
+    report = _run(sessions_dir, target)
+    assert (report.routes_inserted, report.routes_updated) == (0, 0)
+    assert target.routes == {KEY: stored.to_dict()}
+    assert "s-pruned" not in target.sessions
+
+
 def test_unparsable_sql_times_keep_sql(sessions_dir: Path, target: FakeTarget) -> None:
     target.routes[KEY] = {"session_key": KEY, "session_id": "sql", "created_at": "bad"}
+    target.sessions[SID] = session_row_from_entry(_entry())
     _write_mirror(sessions_dir, _entry(created=T0 + timedelta(days=9)))
+    (sessions_dir / f"{SID}.jsonl").write_bytes(_lines(1))
     assert _run(sessions_dir, target).routes_updated == 0
     assert target.routes[KEY]["session_id"] == "sql"
 

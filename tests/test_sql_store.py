@@ -373,6 +373,45 @@ def test_existing_mirror_is_imported_once(open_store: Opener, tmp_path: Path) ->
     assert again.peek_session_id(key) != "20260101_000000_aaaaaaaa"
 
 
+def test_an_imported_lane_gets_its_session_row(open_store: Opener, tmp_path: Path) -> None:
+    mirror = tmp_path / "home" / "sessions" / "sessions.json"
+    key, session_id = "agent:main:telegram:dm:7", "20260101_000000_aaaaaaaa"
+    entry = {**_legacy_entry(key, session_id), "prev_session_id": "20251231_000000_gone0000"}
+    _legacy_mirror(mirror, {key: entry})
+    store = open_store()
+    row = store.session_row(session_id)
+    assert row is not None
+    assert (row.session_key, row.parent_session_id) == (key, None)  # the parent never existed
+    store.append_to_transcript(session_id, {"role": "user", "content": "after the import"})
+    assert [m["content"] for m in store.load_transcript(session_id)] == ["after the import"]
+    store.close()
+
+
+@pytest.mark.parametrize("damage", ["truncated", "moved aside"])
+def test_a_lost_database_is_rebuilt_from_the_mirror_with_rows(tmp_path: Path, damage: str) -> None:
+    """A 0-byte state.db (a known failure) or one moved aside for repair: the routing index
+    comes back from sessions.json, and every lane's messages are stored again."""
+    home = tmp_path / "home"
+    config = GatewayConfig.from_dict({}, environ={"HERMES_HOME": str(home)})
+    store = SessionStore.open(config, plugins=fresh_plugin_manager(home))
+    entries = [store.get_or_create_session(telegram_dm(str(n))) for n in range(3)]
+    store.append_to_transcript(entries[0].session_id, {"role": "user", "content": "before"})
+    store.close()
+    database = home / "state.db"
+    for sidecar in (home / "state.db-wal", home / "state.db-shm"):
+        sidecar.unlink(missing_ok=True)
+    if damage == "truncated":
+        database.write_bytes(b"")
+    else:
+        database.rename(home / "state.db.broken")
+    again = SessionStore.open(config, plugins=fresh_plugin_manager(home))
+    for entry in entries:
+        assert again.peek_session_id(entry.session_key) == entry.session_id
+        again.append_to_transcript(entry.session_id, {"role": "user", "content": "after"})
+        assert [m["content"] for m in again.load_transcript(entry.session_id)] == ["after"]
+    again.close()
+
+
 def test_torn_mirror_is_reported_and_kept(
     open_store: Opener, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -344,9 +344,12 @@ class SqlMaintenance(BacklogTarget, Protocol):
     def has_routes(self) -> bool:
         """Whether the routing table has any row (cheap: reads at most one)."""
 
-    def import_routes(self, entries: Sequence[EntryDict], marker: tuple[str, str]) -> int:
-        """One transaction: insert the entries whose key is missing, set ``state_meta[marker]``.
-        Returns the number inserted."""
+    def import_routes(
+        self, entries: Sequence[tuple[EntryDict, SessionRow]], marker: tuple[str, str]
+    ) -> int:
+        """One transaction: insert the entries whose key is missing, each with its session row
+        unless a row of that id exists (a parent that does not exist is left out), and set
+        ``state_meta[marker]``. Returns the number of entries inserted."""
 
     def prune_candidates(self, cutoff: float) -> list[str]:
         """Keys idle since before ``cutoff`` (epoch seconds), not suspended, without a marker."""

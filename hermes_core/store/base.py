@@ -35,7 +35,7 @@ from hermes_core.store.backend import (
 )
 from hermes_core.store.files import ensure_private_dir
 from hermes_core.store.mirror import MirrorWriter, load_mirror, read_mirror
-from hermes_core.store.replay import ReplayReport, replay_backlog
+from hermes_core.store.replay import ReplayReport, replay_backlog, session_row_from_entry
 from hermes_core.store.writer import StoreWriter
 from hermes_core.text import clean_text
 
@@ -332,7 +332,13 @@ class StoreBase:
             raise StoreUnavailableError(
                 "sessions.json can only be imported into the SQL store; it is unavailable now."
             )
-        entries = [entry.to_dict() for entry in read_mirror(Path(path), self.plugins).values()]
+        entries = [
+            (
+                entry.to_dict(),
+                session_row_from_entry(entry, parent_session_id=entry.prev_session_id),
+            )
+            for entry in read_mirror(Path(path), self.plugins).values()
+        ]
         with self._canonical():
             imported = self._sql.import_routes(entries, (MIRROR_IMPORTED, str(time.time())))
         if imported:

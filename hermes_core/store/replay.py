@@ -4,9 +4,11 @@ While SQL is unusable, transcripts go to ``<sessions_dir>/<session_id>.jsonl`` a
 ``sessions.json``. Once SQL opens again, each transcript file is imported past the byte offset
 stored in ``state_meta`` (``jsonl_import:<session_id>``), in the same transaction as that new
 offset, and then renamed ``<session_id>.jsonl.imported``. A crash between the commit and the
-rename re-runs with the stored offset and imports nothing twice. Routing entries are merged: a
-key SQL lacks is inserted, otherwise the newer entry by ``(created_at, updated_at)`` wins, SQL
-winning ties.
+rename re-runs with the stored offset and imports nothing twice. When a run replays a backlog
+file, the routing entries of ``sessions.json`` (written while degraded) are merged: a key SQL
+lacks is inserted, otherwise the newer entry by ``(created_at, updated_at)`` wins, SQL winning
+ties. Without a backlog the mirror is only a copy of SQL and is never read back (a hand edit or
+an old mirror must not bring back pruned lanes or overwrite newer routes).
 
 This module also owns the transcript line format, shared with ``hermes_plugins.jsonl_store``.
 """
@@ -275,7 +277,7 @@ def replay_backlog(
     for path in sorted(sessions_dir.glob("*" + TRANSCRIPT_SUFFIX)):
         run.replay_file(path)
     inserted = updated = 0
-    for key, entry in sorted(mirror.items()):
+    for key, entry in sorted(mirror.items()) if run.replayed else ():
         stored = target.get_route(key)
         if stored is not None and not _newer(entry, stored):
             continue

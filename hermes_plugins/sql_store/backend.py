@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Iterator, Sequence
+from dataclasses import replace
 from typing import Any
 
 from sqlalchemy import (
@@ -162,16 +163,30 @@ class SqlBackend(CountRows):
         with self._read("reading the routing index") as conn:
             return conn.execute(select(gateway_routing.c.session_key).limit(1)).first() is not None
 
-    def import_routes(self, entries: Sequence[EntryDict], marker: tuple[str, str]) -> int:
-        """Insert the entries whose key is missing and record ``marker``, in one transaction."""
+    def import_routes(
+        self, entries: Sequence[tuple[EntryDict, SessionRow]], marker: tuple[str, str]
+    ) -> int:
+        """Insert the entries whose key is missing, each with its session row unless one of
+        that id exists, and record ``marker``, in one transaction."""
         with self._read("reading the routing index") as conn:
             present = set(conn.execute(select(gateway_routing.c.session_key)).scalars())
-        missing = [entry for entry in entries if entry["session_key"] not in present]
+        missing = [(entry, row) for entry, row in entries if entry["session_key"] not in present]
         with self._write("importing routing entries") as cursor:
-            for entry in missing:
+            for entry, row in missing:
+                if not self._session_exists(cursor, row.id):
+                    parent = row.parent_session_id
+                    if parent is not None and not self._session_exists(cursor, parent):
+                        parent = None
+                    values = session_values(replace(row, parent_session_id=parent))
+                    self._sql.insert_session.run(cursor, values)
                 self._sql.upsert_route.run(cursor, route_params(entry))
             self._set_meta(cursor, *marker)
         return len(missing)
+
+    def _session_exists(self, cursor: Any, session_id: str) -> bool:
+        """Whether a session row of that id exists (read on the writer's open transaction)."""
+        found = self._sql.select_session.run(cursor, {"session_id": session_id}).fetchone()
+        return found is not None
 
     def prune_candidates(self, cutoff: float) -> list[str]:
         """Keys idle since before ``cutoff`` that are not suspended and have no marker."""
