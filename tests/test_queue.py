@@ -121,9 +121,16 @@ def event_ids(items: list[QueuedItem]) -> list[int]:
     return ids
 
 
+def restored_items(store: SessionStore, key: str = LANE) -> list[QueuedItem]:
+    """The lane's items as a restart restores them from the store."""
+    queue = TurnQueue(store, GatewayConfig.from_dict({}, environ={}))
+    queue.restore()
+    return queue.items(key)
+
+
 def stored(store: SessionStore, key: str = LANE) -> list[str]:
     """The lane's persisted texts, in durable order."""
-    return [event.text for _, lane, event in store.queue_restore() if lane == key]
+    return [item.event.text for item in restored_items(store, key)]
 
 
 # -- order, depth, cap -----------------------------------------------------------------------------
@@ -274,7 +281,7 @@ def test_album_merges_photos_into_a_text(queue: TurnQueue, store: SessionStore) 
     assert head.event.media_urls == ("p1", "p2", "p3")
     assert head.event.text == "look at these\nsecond caption"
     assert head.humans == 3
-    (_, _, persisted), *_ = store.queue_restore()
+    (persisted,) = (item.event for item in restored_items(store))
     assert persisted.media_urls == ("p1", "p2", "p3")
     assert persisted.message_type is MessageType.PHOTO
 
@@ -464,7 +471,6 @@ def test_a_failed_commit_refuses_as_not_saved(
     )  # fmt: skip
     assert seen[-1].kind == "queue_refused"
     assert dict(seen[-1].detail) == {"reason": "not_saved", "depth": 1}
-    monkeypatch.setattr(store, "queue_replace", broken)
     assert queue.enqueue(LANE, msg("merge", user="other")).refused == "not_saved"
     assert texts(queue) == ["kept"]
     assert queue.enqueue(OTHER, msg("x")).refused == "not_saved"
@@ -547,8 +553,9 @@ def test_concurrent_enqueues_keep_each_lane_in_order(store: SessionStore, clock:
         assert mine == expected
 
 
-def test_concurrent_burst_loses_no_text(queue: TurnQueue, store: SessionStore) -> None:
+def test_concurrent_burst_loses_no_text(store: SessionStore, clock: Clock) -> None:
     threads, per_thread = 8, 10
+    queue = make_queue(store, clock, burst_max_parts=threads * per_thread + 1)
     run_threads(
         lambda n: [queue.enqueue(LANE, msg(f"{n}:{i}")) for i in range(per_thread)], threads
     )
