@@ -279,10 +279,17 @@ class Gateway:
         await self._accept(key, event)
 
     def _command(self, event: MessageEvent) -> tuple[str | None, str]:
-        """The command a human event carries (``/new``, ``/reset``, ``/stop``, ``/queue``)."""
+        """The command a human event carries (``/new``, ``/reset``, ``/stop``, ``/queue``);
+        one addressed ``@name`` only if meant for this bot (``platforms.<name>.bot_username``)."""
         if event.internal or event.queued_via_command:
             return None, ""
-        return parse_command(event.text, (*self.triggers, "/stop", "/queue"))
+        source = event.source
+        platform = self.config.platforms.get(source.platform)
+        return parse_command(
+            event.text, (*self.triggers, "/stop", "/queue"),
+            bot_username=platform.bot_username if platform is not None else None,
+            direct=source.chat_type == "dm",
+        )  # fmt: skip
 
     async def _accept(self, key: str, event: MessageEvent) -> None:
         idle = not self._busy(key) and self._queue.depth(key) == 0
