@@ -83,7 +83,9 @@ class QueuedItem:
     """Messages merged in after ``first``, with their rows, in arrival order."""
     size: int = field(init=False)
     """Bytes of text and media URLs so far (see ``gateway.busy_queue.burst_max_bytes``)."""
-    _joined: MessageEvent | None = field(init=False, default=None, repr=False)
+    _version: int = field(init=False, default=0, repr=False)
+    """Changes so far: a joined event cached at an older version is stale."""
+    _joined: tuple[int, MessageEvent] | None = field(init=False, default=None, repr=False)
 
     def __post_init__(self) -> None:
         self.size = _size(self.first)
@@ -91,18 +93,25 @@ class QueuedItem:
     @property
     def event(self) -> MessageEvent:
         """The event a turn runs: ``first`` with the follow-ups' texts joined by ``\\n`` and
-        their media appended; PHOTO if any is a photo; ``MERGED_KEY`` holds the count."""
+        their media appended; PHOTO if any is a photo; ``MERGED_KEY`` holds the count.
+
+        Safe to read from another thread while the writer merges: the version is read before
+        the parts, and :meth:`add` bumps it after changing them, so a join that raced a merge
+        is cached under an older version and built again on the next read."""
+        version, joined = self._version, self._joined
+        if joined is not None and joined[0] == version:
+            return joined[1]
         if not self.follow_ups:
             return self.first
-        if self._joined is None:
-            parts = [self.first, *(event for _, event in self.follow_ups)]
-            self._joined = self.first.replace(
-                text="\n".join(part.text for part in parts if part.text),
-                message_type=self.kind,
-                media_urls=tuple(url for part in parts for url in part.media_urls),
-                metadata={**self.first.metadata, MERGED_KEY: self.humans},
-            )
-        return self._joined
+        parts = [self.first, *(event for _, event in self.follow_ups)]
+        event = self.first.replace(
+            text="\n".join(part.text for part in parts if part.text),
+            message_type=parts[-1].message_type,
+            media_urls=tuple(url for part in parts for url in part.media_urls),
+            metadata={**self.first.metadata, MERGED_KEY: self.humans},
+        )
+        self._joined = (version, event)
+        return event
 
     @property
     def kind(self) -> MessageType:
@@ -125,7 +134,7 @@ class QueuedItem:
         self.humans += 1
         self.size += _size(event)
         self.last_arrival = now
-        self._joined = None
+        self._version += 1
 
     def take_back(self, last_arrival: float) -> None:
         """Undo the last :meth:`add` (its commit was rolled back)."""
@@ -133,7 +142,7 @@ class QueuedItem:
         self.humans -= 1
         self.size -= _size(event)
         self.last_arrival = last_arrival
-        self._joined = None
+        self._version += 1
 
 
 @dataclass(frozen=True)

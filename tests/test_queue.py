@@ -377,6 +377,18 @@ def test_a_burst_past_the_byte_bound_starts_a_new_item_and_survives_a_restart(
         reopened.close()
 
 
+def test_the_joined_event_follows_each_merge_and_undo(queue: TurnQueue) -> None:
+    queue.enqueue(LANE, msg("a"))
+    queue.enqueue(LANE, msg("b"))
+    head = queue.head(LANE)
+    assert head is not None
+    assert head.event.text == "a\nb"  # joined and cached
+    queue.enqueue(LANE, msg("c"))
+    assert (head.event.text, head.event.metadata[MERGED_KEY]) == ("a\nb\nc", 3)
+    head.take_back(head.last_arrival)
+    assert (head.event.text, head.event.metadata[MERGED_KEY]) == ("a\nb", 2)
+
+
 def test_media_urls_count_towards_the_byte_bound(store: SessionStore, clock: Clock) -> None:
     queue = make_queue(store, clock, burst_max_bytes=1024)
     photo = MessageType.PHOTO
