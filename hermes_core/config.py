@@ -180,12 +180,16 @@ class HomeChannelConfig(_SharedSection):
 
 
 class PlatformConfig(_SharedSection):
-    """``platforms.<name>``; a ``None`` flag inherits the top-level value."""
+    """``platforms.<name>``; a ``None`` flag inherits the top-level value. ``bot_username``
+    is this bot's name there: ``/new@<name>`` and the like are obeyed only when addressed to it."""
 
     enabled: _Flag = False
     home_channel: HomeChannelConfig | None = Field(None, description="{chat_id, name} or null")
     group_sessions_per_user: _OptFlag = None
     thread_sessions_per_user: _OptFlag = None
+    bot_username: str | None = Field(
+        None, pattern=r"^[^\s@]+$", description="the bot's user name, without @ or spaces"
+    )
 
 
 class StorageConfig(_Section):
@@ -202,10 +206,17 @@ class StorageConfig(_Section):
 
 
 class BusyQueueConfig(_Section):
-    """``gateway.busy_queue`` (SPEC §8.2, §8.3); a zero burst window disables merging."""
+    """``gateway.busy_queue`` (SPEC §8.2, §8.3); a zero burst window disables merging.
+
+    A burst stops growing at ``burst_max_parts`` messages or ``burst_max_bytes`` of text and
+    media URLs (UTF-8); the next follow-up starts a new item."""
 
     max_pending: _Count = 32
     burst_window_secs: _SecsOrZero = 2.0
+    burst_max_parts: int = Field(32, ge=1, le=1000, description="an integer from 1 to 1000")
+    burst_max_bytes: int = Field(
+        65536, ge=1024, le=16 * 1024 * 1024, description="an integer from 1024 to 16777216"
+    )
 
 
 class DeliveryLedgerConfig(_Section):

@@ -4,7 +4,14 @@ Per session key one ordered list: the head is the *slot* (next up), the rest the
 enqueue, merge and discard is written to the store's ``queued_events`` (tier D) before it shows in
 memory; while the store is degraded ``queue_add`` returns no id and items live in memory only.
 Dequeue for a turn belongs to the runtime: it takes the head with :meth:`TurnQueue.pop_head` and
-passes its ``event_id`` to ``store.mark_turn_active``, which deletes the row with the turn marker.
+passes its ``event_id`` to ``store.mark_turn_active``, which deletes the row with the turn marker;
+the item's follow-up rows (:attr:`QueuedItem.part_ids`) go in the same transaction.
+
+A merged burst is stored as rows, not rewritten: the first message keeps its row and each
+follow-up is a row of its own whose metadata names the first one's id (:data:`PART_OF_KEY`), so a
+merge writes only the new message and :meth:`TurnQueue.restore` folds the rows back together. A
+burst stops growing at ``gateway.busy_queue.burst_max_parts`` messages or ``burst_max_bytes`` of
+text and media URLs; the next follow-up then starts a new item.
 
 Concurrency: every mutating call runs on the store's writer thread (inline when already there, as
 in a runtime step that enqueues or dispatches), so mutations never interleave and the order in
@@ -32,7 +39,9 @@ from hermes_core.models import MessageEvent, MessageType
 from hermes_core.specs import LifecycleEvent, LifecycleKind
 from hermes_core.store import SessionStore
 
-__all__ = ["MERGED_KEY", "EnqueueResult", "QueuedItem", "SeenMessages", "TurnQueue"]
+__all__ = [
+    "MERGED_KEY", "PART_OF_KEY", "EnqueueResult", "QueuedItem", "SeenMessages", "TurnQueue",
+]  # fmt: skip
 
 logger = logging.getLogger(__name__)
 
@@ -40,11 +49,24 @@ MERGED_KEY = "merged_messages"
 """Metadata key of a merged event: how many human messages it holds (survives a restart)."""
 
 
-@dataclass
-class QueuedItem:
-    """One queued event: a message, a merged burst or album, a ``/queue`` item or a wake."""
+PART_OF_KEY = "merged_into"
+"""Metadata key of a stored follow-up row: the ``queued_events`` id of the item it belongs to."""
 
-    event: MessageEvent
+
+def _size(event: MessageEvent) -> int:
+    """What a message adds to a burst's byte count: its text and media URLs in UTF-8."""
+    return len(event.text.encode()) + sum(len(url.encode()) for url in event.media_urls)
+
+
+@dataclass(eq=False)
+class QueuedItem:
+    """One queued event: a message, a merged burst or album, a ``/queue`` item or a wake.
+
+    A burst keeps its messages apart (``first`` and ``follow_ups``); :attr:`event` joins them
+    on first use, so a merge costs only the new message."""
+
+    first: MessageEvent
+    """The item's first message (its identity: event id, platform message id, metadata)."""
     event_id: int | None
     """The ``queued_events`` row (None: held in memory only, while the store is degraded)."""
     humans: int
@@ -57,6 +79,70 @@ class QueuedItem:
     """Queue-wide arrival number, set by the queue (orders :meth:`TurnQueue.lanes`)."""
     attempts: int = 0
     """Failed starts of its turn so far (see ``gateway.max_dispatch_attempts``)."""
+    follow_ups: list[tuple[int | None, MessageEvent]] = field(default_factory=list)
+    """Messages merged in after ``first``, with their rows, in arrival order."""
+    size: int = field(init=False)
+    """Bytes of text and media URLs so far (see ``gateway.busy_queue.burst_max_bytes``)."""
+    _version: int = field(init=False, default=0, repr=False)
+    """Changes so far: a joined event cached at an older version is stale."""
+    _joined: tuple[int, MessageEvent] | None = field(init=False, default=None, repr=False)
+
+    def __post_init__(self) -> None:
+        self.size = _size(self.first)
+
+    @property
+    def event(self) -> MessageEvent:
+        """The event a turn runs: ``first`` with the follow-ups' texts joined by ``\\n`` and
+        their media appended; PHOTO if any is a photo; ``MERGED_KEY`` holds the count.
+
+        Safe to read from another thread while the writer merges: the version is read before
+        the parts, and :meth:`add` bumps it after changing them, so a join that raced a merge
+        is cached under an older version and built again on the next read."""
+        version, joined = self._version, self._joined
+        if joined is not None and joined[0] == version:
+            return joined[1]
+        if not self.follow_ups:
+            return self.first
+        parts = [self.first, *(event for _, event in self.follow_ups)]
+        event = self.first.replace(
+            text="\n".join(part.text for part in parts if part.text),
+            message_type=parts[-1].message_type,
+            media_urls=tuple(url for part in parts for url in part.media_urls),
+            metadata={**self.first.metadata, MERGED_KEY: self.humans},
+        )
+        self._joined = (version, event)
+        return event
+
+    @property
+    def kind(self) -> MessageType:
+        """The merged type: a photo turns a burst into an album, and only photos follow one."""
+        return (self.follow_ups[-1][1] if self.follow_ups else self.first).message_type
+
+    @property
+    def part_ids(self) -> list[int]:
+        """The follow-ups' rows (deleted with the first one's when the item leaves the queue)."""
+        return [event_id for event_id, _ in self.follow_ups if event_id is not None]
+
+    @property
+    def row_ids(self) -> list[int]:
+        """Every row of the item."""
+        return ([] if self.event_id is None else [self.event_id]) + self.part_ids
+
+    def add(self, event_id: int | None, event: MessageEvent, now: float) -> None:
+        """Merge a follow-up in (its row already written)."""
+        self.follow_ups.append((event_id, event))
+        self.humans += 1
+        self.size += _size(event)
+        self.last_arrival = now
+        self._version += 1
+
+    def take_back(self, last_arrival: float) -> None:
+        """Undo the last :meth:`add` (its commit was rolled back)."""
+        _, event = self.follow_ups.pop()
+        self.humans -= 1
+        self.size -= _size(event)
+        self.last_arrival = last_arrival
+        self._version += 1
 
 
 @dataclass(frozen=True)
@@ -70,11 +156,6 @@ class EnqueueResult:
     merged: bool
     depth: int
     refused: Literal["cap", "not_saved", "duplicate"] | None = None
-
-
-def _restore(item: QueuedItem, event: MessageEvent, last_arrival: float, humans: int) -> None:
-    """Undo a merge into ``item`` (its commit was rolled back)."""
-    item.event, item.last_arrival, item.humans = event, last_arrival, humans
 
 
 def _mergeable(event: MessageEvent) -> bool:
@@ -137,32 +218,29 @@ class TurnQueue:
 
         self._store.after_commit(send)
 
-    def _merge(self, tail: QueuedItem, event: MessageEvent, now: float) -> MessageEvent | None:
-        """``tail``'s event with ``event`` merged in (SPEC §8.3), or None if they must not merge."""
-        first = tail.event
-        window = self._settings.burst_window_secs
+    def _mergeable_into(self, tail: QueuedItem, event: MessageEvent, now: float) -> bool:
+        """Whether ``event`` merges into ``tail`` (SPEC §8.3) within the burst bounds.
+
+        An item whose turn failed to start takes no more follow-ups: all its rows then share one
+        attempt count and become a dead letter together."""
+        first, settings = tail.first, self._settings
+        window = settings.burst_window_secs
         if not (window > 0 and now - tail.last_arrival <= window and not tail.restored):
-            return None
-        if not (_mergeable(first) and _mergeable(event)):
-            return None
+            return False
+        if tail.attempts or not (_mergeable(first) and _mergeable(event)):
+            return False
+        if len(tail.follow_ups) + 1 >= settings.burst_max_parts:
+            return False
+        if tail.size + _size(event) > settings.burst_max_bytes:
+            return False
         who = _participant(event)
         if who is None or who != _participant(first):
-            return None
+            return False
         text, photo = MessageType.TEXT, MessageType.PHOTO
-        if event.message_type is photo and first.message_type in (text, photo):
-            kind = photo
-        elif first.message_type is event.message_type is text and not (
-            first.media_urls or event.media_urls
-        ):
-            kind = text
-        else:
-            return None
-        return first.replace(
-            text="\n".join(part for part in (first.text, event.text) if part),
-            message_type=kind,
-            media_urls=first.media_urls + event.media_urls,
-            metadata={**first.metadata, MERGED_KEY: tail.humans + 1},
-        )
+        if event.message_type is photo:
+            return tail.kind in (text, photo)
+        no_media = not (first.media_urls or event.media_urls)
+        return tail.kind is event.message_type is text and no_media
 
     def enqueue(self, session_key: str, event: MessageEvent) -> EnqueueResult:
         """Merge ``event`` into the lane's tail or append it, committed before it is accepted.
@@ -173,20 +251,26 @@ class TurnQueue:
         """
         return self._store.run(self._enqueue, session_key, event)
 
+    def _write(self, session_key: str, event: MessageEvent, tail: QueuedItem | None) -> int | None:
+        """Store a new item, or a follow-up of ``tail`` as a row of its own (nothing for a
+        memory-only tail, so that no follow-up row outlives its item)."""
+        if tail is None:
+            return self._store.queue_add(session_key, event)
+        if tail.event_id is None:
+            return None
+        part = event.replace(metadata={**event.metadata, PART_OF_KEY: tail.event_id})
+        return self._store.queue_add(session_key, part)
+
     def _enqueue(self, session_key: str, event: MessageEvent) -> EnqueueResult:
         items = self._items(session_key)
         now = self._clock()
-        tail = items[-1] if items else None
-        merged = self._merge(tail, event, now) if tail is not None else None
+        tail = items[-1] if items and self._mergeable_into(items[-1], event, now) else None
         refused: Literal["cap", "not_saved", "duplicate"] | None = None
-        if merged is None and len(items) >= self._settings.max_pending:
+        if tail is None and len(items) >= self._settings.max_pending:
             refused = "cap"
         else:
             try:
-                if tail is not None and merged is not None:
-                    self._store.queue_replace(tail.event_id, merged, session_key, event)
-                else:
-                    event_id = self._store.queue_add(session_key, event)
+                event_id = self._write(session_key, event, tail)
             except MessageRedeliveredError:
                 refused = "duplicate"
             except StoreError as exc:
@@ -194,18 +278,15 @@ class TurnQueue:
                 refused = "not_saved"
             else:
                 with self._lock:
-                    if tail is not None and merged is not None:
-                        self._store.on_rollback(
-                            functools.partial(_restore, tail, tail.event, tail.last_arrival,
-                                              tail.humans)
-                        )  # fmt: skip
-                        tail.event, tail.last_arrival = merged, now
-                        tail.humans += 1
+                    if tail is not None:
+                        undo = functools.partial(tail.take_back, tail.last_arrival)
+                        tail.add(event_id, event, now)
                     else:
                         humans = 0 if event.internal else 1
                         item = QueuedItem(event, event_id, humans, now, order=next(self._order))
                         items.append(item)
-                        self._store.on_rollback(functools.partial(self._unqueue, session_key, item))
+                        undo = functools.partial(self._unqueue, session_key, item)
+                self._store.on_rollback(undo)
         depth = len(items)
         self._tidy(session_key)
         if refused == "duplicate":
@@ -215,13 +296,11 @@ class TurnQueue:
                 logger.warning("an internal event was refused (%s, depth %d)", refused, depth)
             self._emit("queue_refused", session_key, reason=refused, depth=depth)
             return EnqueueResult(False, False, depth, refused)
-        if merged is not None:
-            self._emit(
-                "queue_merged", session_key, depth=depth, messages=merged.metadata[MERGED_KEY]
-            )
+        if tail is not None:
+            self._emit("queue_merged", session_key, depth=depth, messages=tail.humans)
         else:
             self._emit("queue_accepted", session_key, depth=depth, internal=event.internal)
-        return EnqueueResult(True, merged is not None, depth)
+        return EnqueueResult(True, tail is not None, depth)
 
     def depth(self, session_key: str) -> int:
         """Items queued on the lane (slot included)."""
@@ -283,7 +362,7 @@ class TurnQueue:
             victims = [item for item in items if not item.event.internal]
         if not victims:
             return 0
-        self._store.queue_remove([i.event_id for i in victims if i.event_id is not None])
+        self._store.queue_remove([row for item in victims for row in item.row_ids])
         self._store.on_rollback(functools.partial(self._put_back, session_key, items))
         with self._lock:
             gone = {id(item) for item in victims}
@@ -316,16 +395,30 @@ class TurnQueue:
         return self._discard(session_key, slot_only=False)
 
     def restore(self) -> int:
-        """Load the persisted queues (start-up, before any enqueue); the number of items."""
+        """Load the persisted queues (start-up, before anything is queued), folding each
+        follow-up row into its item; the number of items. A follow-up whose item is gone is
+        kept as an item of its own (logged), so nothing stored is lost."""
         if self.lanes():
             raise RuntimeError("TurnQueue.restore() must run before anything is queued")
         restored = self._store.queue_restore()
         now = self._clock()
+        count = 0
         with self._lock:
-            for event_id, session_key, event in restored:
+            for event_id, session_key, stored in restored:
+                items = self._lanes.setdefault(session_key, [])
+                part_of = stored.metadata.get(PART_OF_KEY)
+                if part_of is not None and items and items[-1].event_id == part_of:
+                    items[-1].add(event_id, stored, now)
+                    continue
+                event = stored
+                if part_of is not None:
+                    logger.warning("queued follow-up %d has lost its item; kept alone", event_id)
+                    metadata = {k: v for k, v in stored.metadata.items() if k != PART_OF_KEY}
+                    event = stored.replace(metadata=metadata)
                 item = QueuedItem(event, event_id, _humans(event), now, True, next(self._order))
-                self._lanes.setdefault(session_key, []).append(item)
-        return len(restored)
+                items.append(item)
+                count += 1
+        return count
 
     def lanes(self) -> list[str]:
         """Keys with queued items, ordered by the arrival of their oldest item."""

@@ -279,10 +279,17 @@ class Gateway:
         await self._accept(key, event)
 
     def _command(self, event: MessageEvent) -> tuple[str | None, str]:
-        """The command a human event carries (``/new``, ``/reset``, ``/stop``, ``/queue``)."""
+        """The command a human event carries (``/new``, ``/reset``, ``/stop``, ``/queue``);
+        one addressed ``@name`` only if meant for this bot (``platforms.<name>.bot_username``)."""
         if event.internal or event.queued_via_command:
             return None, ""
-        return parse_command(event.text, (*self.triggers, "/stop", "/queue"))
+        source = event.source
+        platform = self.config.platforms.get(source.platform)
+        return parse_command(
+            event.text, (*self.triggers, "/stop", "/queue"),
+            bot_username=platform.bot_username if platform is not None else None,
+            direct=source.chat_type == "dm",
+        )  # fmt: skip
 
     async def _accept(self, key: str, event: MessageEvent) -> None:
         idle = not self._busy(key) and self._queue.depth(key) == 0
@@ -484,8 +491,8 @@ class Gateway:
     def _take_head(self, key: str) -> QueuedItem | None:
         """Remove the lane's queue head, memory and row (writer step)."""
         item = self._queue.pop_head(key)
-        if item is not None and item.event_id is not None:
-            self.store.queue_remove([item.event_id])
+        if item is not None:
+            self.store.queue_remove(item.row_ids)
         return item
 
     # -- lanes and turns ---------------------------------------------------------------------------
@@ -580,13 +587,12 @@ class Gateway:
 
     def _begin_head(self, key: str) -> Turn | None:
         """Take the queue head and store its turn's start (writer step: one commit, which
-        also deletes its row); a redelivered head is dropped. None if nothing started."""
+        also deletes its rows); a redelivered head is dropped. None if nothing started."""
         item = self._queue.pop_head(key)
         if item is None:
             return None
         turn = self._pipeline.begin(key, item.event, item.event_id)
-        if turn is None and item.event_id is not None:
-            self.store.queue_remove([item.event_id])
+        self.store.queue_remove(item.part_ids if turn is not None else item.row_ids)
         return turn
 
     async def _wake_current(self, key: str, event: MessageEvent) -> bool:
@@ -633,6 +639,8 @@ class Gateway:
         and left the queue."""
         head.attempts += 1
         dead = self.store.queue_fail(head.event_id, error)
+        for part in head.part_ids:  # a burst's rows count their attempts together
+            self.store.queue_fail(part, error)
         if head.event_id is None:  # held in memory only (degraded store)
             dead = head.attempts >= self.config.gateway.max_dispatch_attempts
         if dead and self._queue.head(key) is head:

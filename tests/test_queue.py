@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import json
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -121,9 +123,16 @@ def event_ids(items: list[QueuedItem]) -> list[int]:
     return ids
 
 
+def restored_items(store: SessionStore, key: str = LANE) -> list[QueuedItem]:
+    """The lane's items as a restart restores them from the store."""
+    queue = TurnQueue(store, GatewayConfig.from_dict({}, environ={}))
+    queue.restore()
+    return queue.items(key)
+
+
 def stored(store: SessionStore, key: str = LANE) -> list[str]:
     """The lane's persisted texts, in durable order."""
-    return [event.text for _, lane, event in store.queue_restore() if lane == key]
+    return [item.event.text for item in restored_items(store, key)]
 
 
 # -- order, depth, cap -----------------------------------------------------------------------------
@@ -274,7 +283,7 @@ def test_album_merges_photos_into_a_text(queue: TurnQueue, store: SessionStore) 
     assert head.event.media_urls == ("p1", "p2", "p3")
     assert head.event.text == "look at these\nsecond caption"
     assert head.humans == 3
-    (_, _, persisted), *_ = store.queue_restore()
+    (persisted,) = (item.event for item in restored_items(store))
     assert persisted.media_urls == ("p1", "p2", "p3")
     assert persisted.message_type is MessageType.PHOTO
 
@@ -312,6 +321,156 @@ def test_merged_content_survives_reopening_the_store(
         restored = make_queue(reopened, clock)
         assert restored.restore() == 1
         assert restored.discard_slot(LANE) == 3  # the merge count survives the restart
+    finally:
+        reopened.close()
+
+
+# -- burst bounds and the cost of a merge ---------------------------------------------------------
+
+
+def reopened_queue(home: Path, store: SessionStore, clock: Clock) -> tuple[SessionStore, TurnQueue]:
+    """Close the store, open it again and restore a queue from it (a restart)."""
+    store.close()
+    reopened = open_store(home)
+    queue = make_queue(reopened, clock)
+    queue.restore()
+    return reopened, queue
+
+
+def test_a_burst_past_the_part_bound_starts_a_new_item_and_survives_a_restart(
+    hermes_home: Path, store: SessionStore, clock: Clock
+) -> None:
+    queue = make_queue(store, clock, burst_max_parts=3)
+    merged = [queue.enqueue(LANE, msg(f"m{n}", message_id=f"p{n}")).merged for n in range(7)]
+    assert merged == [False, True, True, False, True, True, False]
+    expected = ["m0\nm1\nm2", "m3\nm4\nm5", "m6"]
+    assert [item.event.text for item in queue.items(LANE)] == expected
+    reopened, restored = reopened_queue(hermes_home, store, clock)
+    try:
+        items = restored.items(LANE)
+        assert [item.event.text for item in items] == expected
+        assert [item.humans for item in items] == [3, 3, 1]
+        assert [item.event.metadata.get(MERGED_KEY) for item in items] == [3, 3, None]
+        assert [item.event.message_id for item in items] == ["p0", "p3", "p6"]
+        assert restored.discard_humans(LANE) == 7
+        assert stored(reopened) == []
+    finally:
+        reopened.close()
+
+
+def test_a_burst_past_the_byte_bound_starts_a_new_item_and_survives_a_restart(
+    hermes_home: Path, store: SessionStore, clock: Clock
+) -> None:
+    queue = make_queue(store, clock, burst_max_bytes=1024)
+    chunks = ["a" * 400, "é" * 200, "b" * 224, "c" * 1, "d" * 2000, "e"]  # é is 2 bytes
+    merged = [queue.enqueue(LANE, msg(chunk)).merged for chunk in chunks]
+    # 400 + 400 + 224 = 1024 fits; one byte more does not; an oversized message is queued
+    # whole but takes no follow-ups.
+    assert merged == [False, True, True, False, False, False]
+    expected = ["\n".join(chunks[:3]), chunks[3], chunks[4], chunks[5]]
+    assert [item.event.text for item in queue.items(LANE)] == expected
+    reopened, restored = reopened_queue(hermes_home, store, clock)
+    try:
+        assert [item.event.text for item in restored.items(LANE)] == expected
+        assert [item.humans for item in restored.items(LANE)] == [3, 1, 1, 1]
+    finally:
+        reopened.close()
+
+
+def test_the_joined_event_follows_each_merge_and_undo(queue: TurnQueue) -> None:
+    queue.enqueue(LANE, msg("a"))
+    queue.enqueue(LANE, msg("b"))
+    head = queue.head(LANE)
+    assert head is not None
+    assert head.event.text == "a\nb"  # joined and cached
+    queue.enqueue(LANE, msg("c"))
+    assert (head.event.text, head.event.metadata[MERGED_KEY]) == ("a\nb\nc", 3)
+    head.take_back(head.last_arrival)
+    assert (head.event.text, head.event.metadata[MERGED_KEY]) == ("a\nb", 2)
+
+
+def test_media_urls_count_towards_the_byte_bound(store: SessionStore, clock: Clock) -> None:
+    queue = make_queue(store, clock, burst_max_bytes=1024)
+    photo = MessageType.PHOTO
+    queue.enqueue(LANE, msg("", kind=photo, media=("u" * 600,)))
+    assert not queue.enqueue(LANE, msg("", kind=photo, media=("v" * 600,))).merged
+    assert queue.depth(LANE) == 2
+
+
+def test_a_merge_writes_only_the_new_message(
+    store: SessionStore, clock: Clock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each follow-up costs one store call carrying that message alone, never the burst."""
+    calls: list[tuple[str, int]] = []
+    for name in ("queue_add", "queue_remove", "queue_fail"):
+        real = getattr(store, name)
+
+        def spy(*args: Any, _name: str = name, _real: Any = real) -> Any:
+            events = [arg for arg in args if isinstance(arg, MessageEvent)]
+            calls.append((_name, sum(len(json.dumps(e.to_dict())) for e in events)))
+            return _real(*args)
+
+        monkeypatch.setattr(store, name, spy)
+    follow_ups, body = 200, "x" * 1000
+    queue = make_queue(store, clock, burst_max_parts=1000, burst_max_bytes=16 * 1024 * 1024)
+    for n in range(follow_ups + 1):
+        assert queue.enqueue(LANE, msg(f"{n:03} {body}")).merged == (n > 0)
+    assert [name for name, _ in calls] == ["queue_add"] * (follow_ups + 1)
+    single = len(json.dumps(msg(f"000 {body}").to_dict()))
+    assert max(size for _, size in calls) < single + 100  # the follow-up row's marker
+    (item,) = queue.items(LANE)
+    assert item.humans == follow_ups + 1
+    assert len(item.event.text) == (follow_ups + 1) * (len(body) + 5) - 1
+
+
+async def test_a_merge_rolled_back_with_its_batch_counts_once(
+    hermes_home: Path, store: SessionStore, clock: Clock
+) -> None:
+    """Another caller's failing step rolls back the batch holding a merge: the merge is undone
+    in memory and runs again on its own, so memory and store both hold it once."""
+    queue = make_queue(store, clock)
+    queue.enqueue(LANE, msg("a"))
+    holding, release = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        holding.set()
+        release.wait(30)
+
+    def fail() -> None:
+        raise RuntimeError("another caller's step failed")
+
+    held = store.submit(hold)
+    await asyncio.to_thread(holding.wait, 30)
+    merge = store.submit(queue.enqueue, LANE, msg("b"))  # the next batch: merge and fail
+    failing = store.submit(fail)
+    release.set()
+    await held
+    assert (await merge).merged
+    with pytest.raises(RuntimeError):
+        await failing
+    (item,) = queue.items(LANE)
+    assert (item.event.text, item.humans, len(item.follow_ups)) == ("a\nb", 2, 1)
+    reopened, restored = reopened_queue(hermes_home, store, clock)
+    try:
+        assert [(i.event.text, i.humans) for i in restored.items(LANE)] == [("a\nb", 2)]
+    finally:
+        reopened.close()
+
+
+def test_a_follow_up_row_without_its_item_is_restored_alone(
+    hermes_home: Path, store: SessionStore, clock: Clock
+) -> None:
+    queue = make_queue(store, clock)
+    queue.enqueue(LANE, msg("a"))
+    queue.enqueue(LANE, msg("b", metadata={"k": "v"}))
+    head = queue.head(LANE)
+    assert head is not None
+    assert head.event_id is not None
+    store.queue_remove([head.event_id])
+    reopened, restored = reopened_queue(hermes_home, store, clock)
+    try:
+        (item,) = restored.items(LANE)
+        assert (item.event.text, item.humans, item.event.metadata) == ("b", 1, {"k": "v"})
     finally:
         reopened.close()
 
@@ -464,7 +623,6 @@ def test_a_failed_commit_refuses_as_not_saved(
     )  # fmt: skip
     assert seen[-1].kind == "queue_refused"
     assert dict(seen[-1].detail) == {"reason": "not_saved", "depth": 1}
-    monkeypatch.setattr(store, "queue_replace", broken)
     assert queue.enqueue(LANE, msg("merge", user="other")).refused == "not_saved"
     assert texts(queue) == ["kept"]
     assert queue.enqueue(OTHER, msg("x")).refused == "not_saved"
@@ -547,8 +705,9 @@ def test_concurrent_enqueues_keep_each_lane_in_order(store: SessionStore, clock:
         assert mine == expected
 
 
-def test_concurrent_burst_loses_no_text(queue: TurnQueue, store: SessionStore) -> None:
+def test_concurrent_burst_loses_no_text(store: SessionStore, clock: Clock) -> None:
     threads, per_thread = 8, 10
+    queue = make_queue(store, clock, burst_max_parts=threads * per_thread + 1)
     run_threads(
         lambda n: [queue.enqueue(LANE, msg(f"{n}:{i}")) for i in range(per_thread)], threads
     )

@@ -20,7 +20,7 @@ from hermes_core.gateway_texts import (
     REFUSED_CAP,
     HostCallbacks,
 )
-from hermes_core.models import MessageType
+from hermes_core.models import MessageType, SessionSource
 from hermes_core.runtime import Gateway
 from hermes_core.testing import LifecycleRecorder, fresh_plugin_manager, telegram_dm
 
@@ -219,6 +219,63 @@ async def test_reset_trigger(make_gateway: Any) -> None:
     assert new is not None
     contents = [m.get("content") for m in gateway.store.load_transcript(new)]
     assert "fresh start" in contents
+    await gateway.stop()
+
+
+def _group_event(text: str) -> MessageEvent:
+    source = SessionSource(platform="telegram", chat_id="-100", chat_type="group", user_id="u1")
+    return MessageEvent(source=source, text=text)
+
+
+async def _said(gateway: Gateway, event: MessageEvent) -> tuple[str | None, str | None]:
+    """Handle ``event`` to the end: the lane's session id before and after."""
+    key = gateway.store.session_key_for(event.source)
+    before = gateway.store.peek_session_id(key)
+    await gateway.handle_message(event)
+    await gateway.idle()
+    return before, gateway.store.peek_session_id(key)
+
+
+@pytest.mark.parametrize("make_event", [_group_event, _event], ids=["group", "dm"])
+async def test_addressed_commands_are_obeyed_only_for_this_bots_name(
+    make_gateway: Any, make_event: Callable[[str], MessageEvent]
+) -> None:
+    gateway, adapter, _ = make_gateway(
+        platforms={"telegram": {"bot_username": "Hermes_Bot"}},
+        gateway={"reset_triggers": ["/new", "/reset", "/fresh"]},
+    )
+    await gateway.start()
+    await _said(gateway, make_event("hello"))
+    others = ["/new@OtherBot", "/reset@otherbot later", "/fresh@OtherBot", "/stop@x", "/queue@x q"]
+    for text in others:
+        before, after = await _said(gateway, make_event(text))
+        assert after == before, text  # not a command: no new session
+    assert adapter.texts() == ["echo: hello", *(f"echo: {text}" for text in others)]
+    for text in ("/NEW@hermes_bot", "/fresh@HERMES_BOT", "/new"):
+        before, after = await _said(gateway, make_event(text))
+        assert after != before, text
+        assert adapter.texts()[-1] == NEW_SESSION
+    await _said(gateway, make_event("/Stop@hermes_BOT"))
+    assert adapter.texts()[-1] == NOTHING_TO_STOP
+    await gateway.stop()
+
+
+async def test_without_a_bot_username_addressed_commands_count_only_in_dms(
+    make_gateway: Any,
+) -> None:
+    gateway, adapter, _ = make_gateway()
+    await gateway.start()
+    before, after = await _said(gateway, _group_event("/new@AnyBot"))
+    assert before is None  # the message ran as a turn: the lane's first session
+    assert adapter.texts() == ["echo: /new@AnyBot"]
+    current = after
+    before, after = await _said(gateway, _group_event("/new"))
+    assert (before, adapter.texts()[-1]) == (current, NEW_SESSION)
+    assert after != before
+    await _said(gateway, _event("hi"))
+    before, after = await _said(gateway, _event("/new@AnyBot"))
+    assert adapter.texts()[-1] == NEW_SESSION
+    assert after != before
     await gateway.stop()
 
 

@@ -161,8 +161,9 @@ async def test_a_reply_that_cannot_be_stored_is_reported_and_the_lane_goes_on(
     await gateway.stop()
 
 
+@pytest.mark.parametrize("burst", [1, 2], ids=["message", "merged-burst"])
 async def test_a_poisoned_queued_message_is_dead_lettered(
-    make: Make, hermes_home: Path, monkeypatch: pytest.MonkeyPatch
+    make: Make, hermes_home: Path, monkeypatch: pytest.MonkeyPatch, burst: int
 ) -> None:
     monkeypatch.setattr(runtime_module, "DISPATCH_RETRY_SECS", 0.01)
     gateway, adapter = make(factory=lambda entry: SlowFirst(0.3))
@@ -171,7 +172,7 @@ async def test_a_poisoned_queued_message_is_dead_lettered(
     attempts: list[str] = []
 
     def poisoned(key: str, event: MessageEvent, consumed: int | None = None) -> Turn | None:
-        if event.text == "poison":
+        if event.text.startswith("poison"):
             attempts.append(event.text)
             raise StoreError("this event can never start")
         return begin(key, event, consumed)
@@ -179,7 +180,8 @@ async def test_a_poisoned_queued_message_is_dead_lettered(
     monkeypatch.setattr(gateway._pipeline, "begin", poisoned)
     await gateway.handle_message(_event("first"))
     await asyncio.sleep(0.05)
-    await gateway.handle_message(_event("poison", message_id="p1"))
+    for n in range(burst):  # a burst is merged into one item of several rows
+        await gateway.handle_message(_event(f"poison {n}", message_id=f"p{n}"))
     await gateway.handle_message(_event("after", message_id="a1", user_id="other"))
     for _ in range(200):
         await gateway.idle()
@@ -189,7 +191,7 @@ async def test_a_poisoned_queued_message_is_dead_lettered(
     assert len(attempts) >= gateway.config.gateway.max_dispatch_attempts
     assert adapter.texts() == ["echo: first", TURN_FAILED, "echo: after"]
     dead = gateway.store.dead_letters()
-    assert [(letter.session_key, letter.attempts) for letter in dead] == [(KEY, 3)]
+    assert [(letter.session_key, letter.attempts) for letter in dead] == [(KEY, 3)] * burst
     assert "never start" in (dead[0].last_error or "")
     await gateway.stop()
     again, again_adapter = make()

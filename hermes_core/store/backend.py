@@ -390,12 +390,6 @@ class SqlMaintenance(BacklogTarget, Protocol):
         seen on the lane, in one transaction; its id, or None (nothing written) when ``seen``
         was recorded before."""
 
-    def replace_queued(
-        self, event_id: int, event: str, seen: tuple[str, str] | None = None
-    ) -> bool:
-        """Replace a queued event's JSON (a merge), recording ``seen`` = (session key, platform
-        message id); False (nothing written) when it was recorded before."""
-
     def fail_queued(self, event_id: int, error: str, max_attempts: int) -> bool:
         """Count a failed dispatch; at ``max_attempts`` the event becomes a dead letter (kept,
         no longer queued). True when it did."""

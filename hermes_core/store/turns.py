@@ -255,22 +255,6 @@ class TurnRecoveryStore(StoreBase):
         return event_id
 
     @serialised
-    def queue_replace(
-        self, event_id: int | None, merged: MessageEvent, session_key: str, arrived: MessageEvent
-    ) -> None:
-        """Persist a merge into a queued event (no-op for memory-only items), recording the
-        ``arrived`` message as seen; raises :class:`MessageRedeliveredError` like
-        :meth:`queue_add`."""
-        if self._sql is None or event_id is None:
-            return
-        seen_id = _seen_id(arrived)
-        seen = (session_key, seen_id) if seen_id is not None else None
-        payload = json.dumps(merged.to_dict(), ensure_ascii=False)
-        with self._canonical():
-            if not self._sql.replace_queued(event_id, payload, seen):
-                raise MessageRedeliveredError("the platform delivered this message again")
-
-    @serialised
     def queue_fail(self, event_id: int | None, error: str) -> bool:
         """Count a failed start of a queued event's turn; True when it has now used its
         ``gateway.max_dispatch_attempts`` and is set aside as a dead letter."""

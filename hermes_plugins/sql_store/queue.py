@@ -41,22 +41,6 @@ class QueueRows(LedgerRows):
             self._execute(cursor, statement)
             return int(cursor.lastrowid if self.name == "sqlite" else cursor.fetchone()[0])
 
-    def replace_queued(
-        self, event_id: int, event: str, seen: tuple[str, str] | None = None
-    ) -> bool:
-        """Store a merged event in place of the queued one; False (nothing written) when
-        ``seen`` = (session key, platform message id) was seen already."""
-        statement = (
-            update(queued_events)
-            .where(queued_events.c.id == event_id)
-            .values(event_json=event, updated_at=time.time())
-        )
-        with self._write("merging a queued event") as cursor:
-            if seen is not None and not self._mark_seen(cursor, *seen):
-                return False
-            self._execute(cursor, statement)
-        return True
-
     def fail_queued(self, event_id: int, error: str, max_attempts: int) -> bool:
         """Count a failed dispatch of a queued event; at ``max_attempts`` it becomes a dead
         letter (kept, never restored). True when it did."""
