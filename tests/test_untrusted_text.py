@@ -19,7 +19,9 @@ from hypothesis import strategies as st
 
 from conftest import POSTGRES_SKIP_REASON, POSTGRES_URL
 from hermes_core import GatewayConfig, MessageEvent, SessionSource
+from hermes_core.agents import EchoAgent, InMemoryAdapter, TurnRequest
 from hermes_core.errors import HermesError, InvalidValueError, TranscriptWriteError
+from hermes_core.runtime import Gateway
 from hermes_core.store import SessionStore
 from hermes_core.testing import fresh_plugin_manager, telegram_dm
 from hermes_core.text import MAX_NESTING, clean_text
@@ -277,3 +279,42 @@ def test_cli_key_and_explain_take_undecodable_arguments(capsys: pytest.CaptureFi
     argv = ["explain", "--platform", "telegram", "--chat-type", "group", "--user-id", "u"]
     assert main([*argv, "--chat-id", undecodable, "--chat-name", "caf\ud83d"]) == 0
     assert "key: agent:main:telegram:group:100\ufffd:u" in capsys.readouterr().out
+
+
+# -- through the Gateway ---------------------------------------------------------------------------
+
+
+class _HalfEmojiAgent(EchoAgent):
+    """Answers with the first half of an emoji after the echo (an agent that cut its output)."""
+
+    async def run_turn(self, request: TurnRequest) -> str | None:
+        return f"{await super().run_turn(request)} \ud83d"
+
+
+async def test_half_an_emoji_in_a_message_and_in_the_reply_is_answered_and_stored(
+    hermes_home: Path,
+) -> None:
+    config = GatewayConfig.from_dict(
+        {"gateway": {"housekeeping": {"initial_delay_secs": 3600}}},
+        environ={"HERMES_HOME": str(hermes_home)},
+    )
+    adapter = InMemoryAdapter()
+    gateway = Gateway(
+        config, fresh_plugin_manager(hermes_home), lambda entry: _HalfEmojiAgent(), [adapter]
+    )
+    await gateway.start()
+    source = SessionSource(
+        platform="telegram", chat_id="-1001", chat_type="group", chat_name="caf\ud83d",
+        user_id="u1", user_name="\x00bob\ude00",
+    )  # fmt: skip
+    await gateway.handle_message(MessageEvent(source=source, text="hi \ud83d", message_id="m1"))
+    await gateway.idle()
+    assert adapter.texts() == ["echo: hi \ufffd \ufffd"]
+    entry = gateway.store.lookup_by_session_key("agent:main:telegram:group:-1001:u1")
+    assert entry is not None
+    assert entry.origin is not None
+    assert (entry.origin.chat_name, entry.origin.user_name) == ("caf\ufffd", "bob\ufffd")
+    stored = [m["content"] for m in gateway.store.load_transcript(entry.session_id)]
+    assert stored == ["hi \ufffd", "echo: hi \ufffd \ufffd"]
+    assert entry.active_turn_token is None  # the turn closed
+    await gateway.stop()
