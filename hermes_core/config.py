@@ -54,7 +54,7 @@ _TRUE_WORDS = frozenset({"1", "true", "yes", "on"})
 _FALSE_WORDS = frozenset({"0", "false", "no", "off"})
 _MEMORY_OFF = frozenset({"0", "false", "off", "none", "disabled", ""})
 _HOME_VAR = re.compile(r"\$(?:\{HERMES_HOME\}|HERMES_HOME\b)")
-_URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
+_URL = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^\x00-\x1f\x7f]*")
 _SECRET_KEYS = frozenset({"storage.url"})  # may carry credentials: never echoed in messages
 _SECTION = "a mapping of settings (null means defaults)"
 
@@ -100,7 +100,7 @@ def _url(value: Any, info: ValidationInfo) -> Any:
     """A ``scheme://`` URL, with ``$HERMES_HOME`` expanded and ``~`` right after ``:///``."""
     if not isinstance(value, str):
         return value
-    if not _URL.match(value):
+    if not _URL.fullmatch(value):
         raise ValueError("not a URL")
     head, sep, rest = _expand(value, info).partition(":///")
     return head + sep + (os.path.expanduser(rest) if sep and rest.startswith("~") else rest)
