@@ -2,8 +2,10 @@
 
 Built only by :meth:`GatewayConfig.from_yaml`, :meth:`GatewayConfig.from_dict` and
 :meth:`GatewayConfig.load`; precedence is environment > file > default. An invalid file value is a
-:class:`~hermes_core.errors.ConfigError` naming the dotted key, the file and what is accepted, so a
-typo never silently falls back to a default; an invalid environment value warns once and is ignored.
+:class:`~hermes_core.errors.ConfigError` naming the dotted key, the file and what is accepted (every
+number has a range), so a typo never silently falls back to a default; an environment value gets the
+same checks, and an invalid one warns once and is ignored. Credentials are never echoed: not in
+messages, not in ``repr``.
 
 Section fields hold what the file said (paths already expanded; ``None`` where the default depends
 on other settings); the properties of :class:`GatewayConfig` give the effective values.
@@ -11,13 +13,13 @@ on other settings); the properties of :class:`GatewayConfig` give the effective 
 
 from __future__ import annotations
 
-import functools
+import difflib
 import logging
 import math
 import os
 import re
 import reprlib
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path, PurePath
 from typing import Annotated, Any, Literal, get_args, get_origin
 
@@ -54,9 +56,16 @@ _TRUE_WORDS = frozenset({"1", "true", "yes", "on"})
 _FALSE_WORDS = frozenset({"0", "false", "no", "off"})
 _MEMORY_OFF = frozenset({"0", "false", "off", "none", "disabled", ""})
 _HOME_VAR = re.compile(r"\$(?:\{HERMES_HOME\}|HERMES_HOME\b)")
-_URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
-_SECRET_KEYS = frozenset({"storage.url"})  # may carry credentials: never echoed in messages
+_URL = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^\x00-\x1f\x7f]*")
 _SECTION = "a mapping of settings (null means defaults)"
+_INTERNAL_FIELDS = ("hermes_home", "source")  # set by the constructors, never by the file
+_NEAR_MISS_CUTOFF = 0.8  # how alike a host's key must be to one of ours to warn about it
+_MAX_DEPTH = 32  # nesting levels a configuration file may use
+_MAX_DIGITS = 100  # longer YAML integers are not converted (Python refuses more than 4300 digits)
+_MAX_COUNT = 1_000_000
+_MAX_SECS = 31_536_000  # one year
+_MAX_DAYS = 36_500  # about a century
+_MAX_MEMORY_MB = 16 * 1024 * 1024  # 16 TiB
 
 MemoryBudgetSetting = Literal["auto"] | float | None
 
@@ -100,7 +109,7 @@ def _url(value: Any, info: ValidationInfo) -> Any:
     """A ``scheme://`` URL, with ``$HERMES_HOME`` expanded and ``~`` right after ``:///``."""
     if not isinstance(value, str):
         return value
-    if not _URL.match(value):
+    if not _URL.fullmatch(value):
         raise ValueError("not a URL")
     head, sep, rest = _expand(value, info).partition(":///")
     return head + sep + (os.path.expanduser(rest) if sep and rest.startswith("~") else rest)
@@ -117,7 +126,7 @@ def _memory_budget(value: object) -> MemoryBudgetSetting:
         number = float(value) if isinstance(value, int | float | str) else math.nan
     except (ValueError, OverflowError):
         number = math.nan
-    if not math.isfinite(number) or number < 0:
+    if not math.isfinite(number) or not 0 <= number <= _MAX_MEMORY_MB:
         raise ValueError("not a memory budget")
     return number or None
 
@@ -135,20 +144,141 @@ def _int_to_str(value: Any) -> Any:
     return str(value) if isinstance(value, int) and not isinstance(value, bool) else value
 
 
-# Value types. Each description is the "what is accepted" text of error messages.
+class _Secret:
+    """Marks a field whose value may hold a credential: never echoed in messages or ``repr``."""
+
+
+# Value types. Each description is the "what is accepted" text of error messages; every number
+# has an upper bound so that no later arithmetic (dates, timeouts, sizes) can overflow.
 _Flag = Annotated[bool, Field(description="true or false (a YAML boolean)")]
 _OptFlag = Annotated[bool | None, Field(description="true, false or null (null inherits)")]
-_Count = Annotated[int, Field(gt=0, description="a positive integer")]
-_CountOrZero = Annotated[int, Field(ge=0, description="an integer >= 0")]
-_Secs = Annotated[float, Field(gt=0, allow_inf_nan=False, description="a positive number")]
-_SecsOrZero = Annotated[float, Field(ge=0, allow_inf_nan=False, description="a number >= 0")]
-_AnySecs = Annotated[float, Field(allow_inf_nan=False, description="a number")]
+_Count = Annotated[
+    int, Field(gt=0, le=_MAX_COUNT, description=f"a positive integer up to {_MAX_COUNT}")
+]
+_CountOrZero = Annotated[
+    int, Field(ge=0, le=_MAX_COUNT, description=f"an integer >= 0 and up to {_MAX_COUNT}")
+]
+_Secs = Annotated[
+    float,
+    Field(
+        gt=0,
+        le=_MAX_SECS,
+        allow_inf_nan=False,
+        description=f"a positive number of seconds up to {_MAX_SECS} (one year)",
+    ),
+]
+_SecsOrZero = Annotated[
+    float,
+    Field(
+        ge=0,
+        le=_MAX_SECS,
+        allow_inf_nan=False,
+        description=f"a number of seconds >= 0 and up to {_MAX_SECS} (one year)",
+    ),
+]
+_AnySecs = Annotated[
+    float,
+    Field(
+        ge=-_MAX_SECS,
+        le=_MAX_SECS,
+        allow_inf_nan=False,
+        description=f"a number of seconds from -{_MAX_SECS} to {_MAX_SECS} (one year)",
+    ),
+]
+_Days = Annotated[
+    float,
+    Field(
+        gt=0,
+        le=_MAX_DAYS,
+        allow_inf_nan=False,
+        description=f"a positive number of days up to {_MAX_DAYS}",
+    ),
+]
+_DaysOrZero = Annotated[
+    float,
+    Field(
+        ge=0,
+        le=_MAX_DAYS,
+        allow_inf_nan=False,
+        description=f"a number of days >= 0 and up to {_MAX_DAYS}",
+    ),
+]
+_WholeDaysOrZero = Annotated[
+    int,
+    Field(ge=0, le=_MAX_DAYS, description=f"a whole number of days >= 0 and up to {_MAX_DAYS}"),
+]
 _PathValue = Annotated[
     Path | None,
     BeforeValidator(_path),
     Field(description="a non-empty path string ($HERMES_HOME and ~ expand)"),
 ]
 _Words = Annotated[tuple[Annotated[str, Field(pattern=r"^\S+$")], ...], BeforeValidator(_as_tuple)]
+
+
+class _HugeInteger:
+    """Stands in for a YAML integer too long to convert; validation then rejects it like any
+    out-of-range number, naming the key and its range (a host's key stays ignored)."""
+
+    def __repr__(self) -> str:
+        return f"<an integer of {_MAX_DIGITS}+ digits>"
+
+
+class _LoadProblem(yaml.MarkedYAMLError):
+    """A file :class:`_ConfigLoader` refuses; ``key`` is the dotted key concerned."""
+
+    def __init__(self, key: str, problem: str, mark: yaml.Mark | None) -> None:
+        super().__init__(problem=problem, problem_mark=mark)
+        self.key = key
+
+
+class _ConfigLoader(yaml.SafeLoader):
+    """YAML's safe loader, refusing duplicate keys (YAML keeps the last one silently) and nesting
+    deeper than ``_MAX_DEPTH`` (composing recurses), and not converting integers longer than
+    ``_MAX_DIGITS`` (Python refuses them with a bare ``ValueError``)."""
+
+    def __init__(self, stream: str) -> None:
+        super().__init__(stream)
+        self._path: list[int | str] = []  # where the node being composed sits
+
+    def compose_node(
+        self, parent: yaml.Node | None, index: int | yaml.Node | None
+    ) -> yaml.Node | None:
+        """Compose one node; ``index`` is a value's key node, an item's position or None."""
+        if len(self._path) > _MAX_DEPTH:
+            problem = f"nested more than {_MAX_DEPTH} levels deep; flatten this value"
+            mark = parent.start_mark if parent is not None else None
+            raise _LoadProblem(_dotted(self._path), problem, mark)
+        if isinstance(index, int):
+            self._path.append(index)
+        else:
+            self._path.append(str(index.value) if isinstance(index, yaml.ScalarNode) else "")
+        try:
+            return super().compose_node(parent, index)  # type: ignore[arg-type]  # stub: int
+        finally:
+            self._path.pop()
+
+    def compose_mapping_node(self, anchor: Any) -> yaml.MappingNode:
+        """Compose a mapping, refusing a key that appears in it twice."""
+        node = super().compose_mapping_node(anchor)
+        first: dict[tuple[str, object], yaml.Mark] = {}
+        for key, _ in node.value:
+            if not isinstance(key, yaml.ScalarNode) or key.tag == "tag:yaml.org,2002:merge":
+                continue
+            seen = first.setdefault((key.tag, key.value), key.start_mark)
+            if seen is not key.start_mark:
+                name = _dotted((*self._path, str(key.value)))
+                problem = f"duplicate key {name} (first on line {seen.line + 1}); keep only one"
+                raise _LoadProblem(name, problem, key.start_mark)
+        return node
+
+    def construct_yaml_int(self, node: yaml.ScalarNode) -> Any:
+        """An int, or a :class:`_HugeInteger` when the literal is too long to convert."""
+        if len(str(node.value)) > _MAX_DIGITS:
+            return _HugeInteger()
+        return super().construct_yaml_int(node)
+
+
+_ConfigLoader.add_constructor("tag:yaml.org,2002:int", _ConfigLoader.construct_yaml_int)
 
 
 class _Section(BaseModel):
@@ -163,9 +293,17 @@ class _Section(BaseModel):
             return {}
         return dict(data) if isinstance(data, Mapping) else data
 
+    def __repr_args__(self) -> Iterator[tuple[str | None, Any]]:
+        """Fields as pydantic shows them, with a set secret shown as ``'***'``."""
+        fields = type(self).model_fields
+        for name, value in super().__repr_args__():
+            secret = name in fields and _is_secret(fields[name]) and value is not None
+            yield name, "***" if secret else value
+
 
 class _SharedSection(_Section):
-    """A section shared with the host: unknown keys belong to the host and are ignored."""
+    """A section shared with the host: unknown keys belong to the host and are ignored, with a
+    warning when one looks like a misspelling of ours."""
 
     model_config = ConfigDict(extra="ignore")
 
@@ -195,7 +333,7 @@ class PlatformConfig(_SharedSection):
 class StorageConfig(_Section):
     """``storage``; ``url`` is ``None`` unless set (SQLite under ``$HERMES_HOME``)."""
 
-    url: Annotated[str | None, BeforeValidator(_url)] = Field(
+    url: Annotated[str | None, BeforeValidator(_url), _Secret()] = Field(
         None, description="a URL such as sqlite:///path/state.db or postgresql://host/db"
     )
     sqlite_synchronous: Literal["normal", "full"] = Field(
@@ -225,7 +363,7 @@ class DeliveryLedgerConfig(_Section):
     enabled: _Flag = True
     max_attempts: _Count = 3
     stale_reply_max_age_secs: _Secs = 86400.0
-    retention_days: _SecsOrZero = 7.0
+    retention_days: _DaysOrZero = 7.0
     max_rows: _Count = 500
     lease_secs: _Secs = 120.0
 
@@ -252,13 +390,13 @@ class GatewaySection(_SharedSection):
     reset_triggers: _Words = Field(
         ("/new", "/reset"), description="a list of non-empty strings without spaces"
     )
-    session_store_max_age_days: _CountOrZero = 90
+    session_store_max_age_days: _WholeDaysOrZero = 90
     multiplex_profiles: _Flag = False
     instance_id: str | None = Field(None, pattern=r"\S", description="a non-empty string")
     startup_restore_timeout_secs: _Secs = 120.0
     busy_ack_enabled: _Flag = True
     max_dispatch_attempts: _Count = 3
-    redelivery_window_days: _Secs = 7.0
+    redelivery_window_days: _Days = 7.0
     busy_queue: BusyQueueConfig = BusyQueueConfig()
     delivery_ledger: DeliveryLedgerConfig = Field(
         DeliveryLedgerConfig(), description=f"true, false or {_SECTION}"
@@ -282,7 +420,9 @@ class AgentCacheConfig(_Section):
     memory_high_mb: Annotated[
         bool | int | float | str | None, BeforeValidator(_check_memory_budget)
     ] = Field(
-        "auto", description="auto, true, a positive number of MB, or 0/false/off/none/disabled/null"
+        "auto",
+        description=f"auto, true, a positive number of MB up to {_MAX_MEMORY_MB}, "
+        "or 0/false/off/none/disabled/null",
     )
     max_evictions_per_pass: _Count = 16
     protect_recent: _CountOrZero = 8
@@ -341,13 +481,18 @@ class GatewayConfig(_SharedSection):
         """Load a YAML file plus the environment; an empty file means defaults."""
         name = os.fspath(path)
         try:
-            data = yaml.safe_load(Path(name).read_text(encoding="utf-8"))
+            text = Path(name).read_text(encoding="utf-8")
         except FileNotFoundError:
             raise ConfigError("", f"{name}: configuration file not found", source=name) from None
         except (OSError, UnicodeDecodeError) as exc:
             raise ConfigError("", f"{name}: cannot read the file: {exc}", source=name) from exc
+        loader = _ConfigLoader(text)
+        try:
+            data = loader.get_single_data()
         except yaml.YAMLError as exc:
-            raise ConfigError("", f"{name}: not valid YAML: {exc}", source=name) from exc
+            raise _yaml_error(exc, name) from None  # PyYAML's message quotes the file's text
+        finally:
+            loader.dispose()
         return cls._build({} if data is None else data, name, name, environ)
 
     @classmethod
@@ -381,6 +526,14 @@ class GatewayConfig(_SharedSection):
             raise ConfigError("", message, source=name)
         if _has_legacy_settings(data):
             _warn_once("session_reset", LEGACY_RESET_WARNING)
+        for unknown, ours in _near_misses(data, cls):
+            _warn_once(
+                f"near-miss:{name}:{unknown}",
+                "%s: ignoring unknown key %s (did you mean %s?); it may belong to the host",
+                name,
+                unknown,
+                ours,
+            )
         home = _hermes_home(env)
         try:
             config = cls.model_validate(
@@ -442,6 +595,53 @@ def _has_legacy_settings(data: Mapping[Any, Any]) -> bool:
     )
 
 
+def _near_misses(
+    data: Mapping[Any, Any], model: type[BaseModel], prefix: str = ""
+) -> Iterator[tuple[str, str]]:
+    """(unknown key, our key it resembles) for the shared sections of ``data``.
+
+    Such a key belongs to the host, so validation ignores it, but a misspelling of ours (say
+    ``group_session_per_user``) would otherwise change behaviour without a word.
+    """
+    for name, value in data.items():
+        field = model.model_fields.get(name) if isinstance(name, str) else None
+        if field is None:
+            match = difflib.get_close_matches(str(name), _settings(model), 1, _NEAR_MISS_CUTOFF)
+            if match:
+                yield f"{prefix}{name}", f"{prefix}{match[0]}"
+            continue
+        child, in_mapping = _nested(field)
+        if child is None or not issubclass(child, _SharedSection) or not isinstance(value, Mapping):
+            continue
+        if not in_mapping:
+            yield from _near_misses(value, child, f"{prefix}{name}.")
+            continue
+        for entry, section in value.items():
+            if isinstance(section, Mapping):
+                yield from _near_misses(section, child, f"{prefix}{name}.{entry}.")
+
+
+def _settings(model: type[BaseModel]) -> list[str]:
+    """The keys a file may set in ``model``'s section."""
+    return [name for name in model.model_fields if name not in _INTERNAL_FIELDS]
+
+
+def _is_secret(field: FieldInfo) -> bool:
+    """Whether ``field`` is marked :class:`_Secret`."""
+    return any(isinstance(item, _Secret) for item in field.metadata)
+
+
+def _nested(field: FieldInfo) -> tuple[type[BaseModel] | None, bool]:
+    """The section model ``field`` holds, and whether it holds a mapping of them (platforms)."""
+    in_mapping = get_origin(field.annotation) is dict
+    return _model_in(get_args(field.annotation)[1] if in_mapping else field.annotation), in_mapping
+
+
+def _dotted(loc: Iterable[int | str]) -> str:
+    """``gateway.reset_triggers[0]`` from its parts; empty parts (the document) are skipped."""
+    return "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in loc if p != "").lstrip(".")
+
+
 def _field_at(loc: tuple[int | str, ...]) -> tuple[type[BaseModel] | None, FieldInfo | None]:
     """The model reached along ``loc`` and the last field on the way (the one that failed)."""
     model: type[BaseModel] | None = GatewayConfig
@@ -455,8 +655,7 @@ def _field_at(loc: tuple[int | str, ...]) -> tuple[type[BaseModel] | None, Field
         if found is None:  # an unknown key, or an item of a list
             break
         field = found
-        in_mapping = get_origin(field.annotation) is dict
-        model = _model_in(get_args(field.annotation)[1] if in_mapping else field.annotation)
+        model, in_mapping = _nested(field)
     return model, field
 
 
@@ -471,10 +670,13 @@ def _config_error(exc: ValidationError, source: str) -> ConfigError:
     """The first pydantic error as a ConfigError naming the key, the file and what is accepted."""
     error = exc.errors()[0]
     loc = tuple(part for part in error["loc"] if part != "[key]")
-    key = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in loc).lstrip(".")
+    key = _dotted(loc)
     model, field = _field_at(loc)
     if error["type"] == "extra_forbidden" and model is not None:
-        message = f"unknown key {key}; accepted keys: {', '.join(model.model_fields)}"
+        known = _settings(model)
+        match = difflib.get_close_matches(str(loc[-1]), known, 1)
+        hint = f" (did you mean {_dotted((*loc[:-1], match[0]))}?)" if match else ""
+        message = f"unknown key {key}{hint}; accepted keys: {', '.join(known)}"
         return ConfigError(key, f"{source}: {message}", source=source)
     if error["loc"][-1:] == ("[key]",):
         accepted = "keys that are strings"
@@ -482,19 +684,36 @@ def _config_error(exc: ValidationError, source: str) -> ConfigError:
         accepted = field.description if field and field.description else _SECTION
     if error["type"] == "missing":
         problem = f"{key} is missing"
-    elif key in _SECRET_KEYS:
-        problem = f"invalid value for {key}"
     else:
-        problem = f"invalid value for {key}: {_show(error['input'])}"
+        setting = field if model is None else None
+        problem = f"invalid value for {key}{_show(error['input'], setting)}"
     return ConfigError(key, f"{source}: {problem}; expected {accepted}", source=source)
 
 
-def _show(value: object) -> str:
-    """A short repr of a rejected value."""
+def _show(value: object, setting: FieldInfo | None) -> str:
+    """The rejected value as a message shows it: a short repr of a plain value given to a
+    setting that holds no credential; otherwise only its type, since a section, a list or a URL
+    may carry a password."""
+    plain = isinstance(value, bool | int | float | str | _HugeInteger | None)
+    url = isinstance(value, str) and "://" in value
+    if setting is None or _is_secret(setting) or not plain or url:
+        return f" (a value of type {type(value).__name__})"
     try:
-        return reprlib.repr(value)
+        return f": {reprlib.repr(value)}"
     except ValueError:  # an integer too long to print
-        return f"<{type(value).__name__}>"
+        return f": {_HugeInteger()!r}"
+
+
+def _yaml_error(exc: yaml.YAMLError, name: str) -> ConfigError:
+    """A YAML problem with its line and column, without the quoted text PyYAML adds."""
+    if not isinstance(exc, yaml.MarkedYAMLError):
+        return ConfigError("", f"{name}: not valid YAML: {exc}", source=name)
+    mark = exc.problem_mark or exc.context_mark
+    where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
+    if isinstance(exc, _LoadProblem):
+        return ConfigError(exc.key, f"{name}: {where}{exc.problem}", source=name)
+    what = ", ".join(filter(None, (exc.context, exc.problem)))
+    return ConfigError("", f"{name}: {where}not valid YAML: {what}", source=name)
 
 
 def _env_bool(raw: str) -> bool:
@@ -504,23 +723,17 @@ def _env_bool(raw: str) -> bool:
     return word in _TRUE_WORDS
 
 
-def _env_seconds(raw: str, *, positive: bool = False) -> float:
-    number = float(raw)
-    if not math.isfinite(number) or (positive and number <= 0):
-        raise ValueError(raw)
-    return number
-
-
 def _env_names(raw: str) -> tuple[str, ...]:
     return tuple(name.strip() for name in raw.split(",") if name.strip())
 
 
 _BOOL_WORDS = "1/true/yes/on or 0/false/no/off"
+# (variable, (section, key), parser of the text, what text the parser accepts); the parsed value
+# is then validated exactly like the file's value for the key.
 _ENVIRONMENT: tuple[tuple[str, tuple[str, str], Callable[[str], object], str], ...] = (
-    ("HERMES_AGENT_TIMEOUT", ("agent", "gateway_timeout"),
-     functools.partial(_env_seconds, positive=True), "a positive number of seconds"),
+    ("HERMES_AGENT_TIMEOUT", ("agent", "gateway_timeout"), float, "a number of seconds"),
     ("HERMES_AUTO_CONTINUE_FRESHNESS", ("agent", "gateway_auto_continue_freshness"),
-     _env_seconds, "a number of seconds"),
+     float, "a number of seconds"),
     ("GATEWAY_MULTIPLEX_PROFILES", ("gateway", "multiplex_profiles"), _env_bool, _BOOL_WORDS),
     ("HERMES_GATEWAY_BUSY_ACK_ENABLED", ("gateway", "busy_ack_enabled"), _env_bool, _BOOL_WORDS),
     ("HERMES_DISABLE_PLUGINS", ("plugins", "disable"), _env_names, "comma-separated names"),
@@ -530,15 +743,31 @@ _ENVIRONMENT: tuple[tuple[str, tuple[str, str], Callable[[str], object], str], .
 
 def _apply_environment(config: GatewayConfig, environ: Mapping[str, str]) -> GatewayConfig:
     """Apply the A.1 overrides; a blank variable is unset, an invalid one warns once."""
-    for variable, (section, key), parse, accepted in _ENVIRONMENT:
+    for variable, (section, key), parse, syntax in _ENVIRONMENT:
         raw = environ.get(variable, "")
         if not raw.strip():
             continue
+        current = getattr(config, section)
         try:
-            value = parse(raw)
-        except ValueError:
-            _warn_once(f"env:{variable}", "ignoring %s=%r: expected %s", variable, raw, accepted)
+            value = _checked(type(current), key, parse, syntax, raw)
+        except ValueError as exc:
+            _warn_once(f"env:{variable}", "ignoring %s=%r: expected %s", variable, raw, exc)
             continue
-        updated = getattr(config, section).model_copy(update={key: value})
+        updated = current.model_copy(update={key: value})
         config = config.model_copy(update={section: updated})
     return config
+
+
+def _checked(
+    model: type[BaseModel], key: str, parse: Callable[[str], object], syntax: str, raw: str
+) -> object:
+    """``raw`` parsed, then validated as the file's ``key`` is (type and range); a ValueError
+    says what is accepted."""
+    try:
+        value = parse(raw)
+    except ValueError:
+        raise ValueError(syntax) from None
+    try:
+        return getattr(model.model_validate({key: value}), key)
+    except ValidationError:
+        raise ValueError(model.model_fields[key].description) from None

@@ -12,7 +12,7 @@ from hermes_core.models import SessionSource, session_key_problem
 from hermes_core.plugins import HermesPluginManager, platform_registry
 from hermes_core.specs import PlatformSpec
 
-_PROFILE_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+_PROFILE_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 
 
 @functools.lru_cache(maxsize=256)
@@ -20,7 +20,7 @@ def profile_namespace(profile: str | None) -> str:
     """Key namespace of a profile (SPEC §4.2); ``main`` maps to ``agent:main~``, not the default."""
     if not profile or profile == "default":
         return "agent:main"
-    if not _PROFILE_RE.match(profile):
+    if not _PROFILE_RE.fullmatch(profile):
         raise InvalidValueError(
             "profile",
             f"profile {profile!r} is not valid: use 1-64 letters, digits, '_', '.' or '-', "

@@ -26,15 +26,15 @@ if TYPE_CHECKING:
     from hermes_core.plugins import HermesPluginManager
     from hermes_core.specs import PlatformSpec
 
-PLATFORM_NAME_RE = re.compile(r"^[a-z0-9_]+$")
-_SESSION_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+PLATFORM_NAME_RE = re.compile(r"[a-z0-9_]+")
+_SESSION_ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 _CONTROL_RE = re.compile(r"[\x00-\x1f]")
 _DRIVE_RE = re.compile(r"^[A-Za-z]:")
 
 
 def session_id_problem(value: str) -> str | None:
     """Why ``value`` is not a safe session id (it becomes a file name), or None when it is."""
-    if not _SESSION_ID_RE.match(value) or ".." in value:
+    if not _SESSION_ID_RE.fullmatch(value) or ".." in value:
         return (
             "use 1-128 letters, digits, '.', '_' or '-', starting with a letter or digit, no '..'"
         )
@@ -179,7 +179,7 @@ class SessionSource(_Untrusted):
     @field_validator("platform")
     @classmethod
     def _platform_name(cls, value: str) -> str:
-        if not PLATFORM_NAME_RE.match(value):
+        if not PLATFORM_NAME_RE.fullmatch(value):
             raise ValueError(f"platform {value!r} must match ^[a-z0-9_]+$")
         return value
 

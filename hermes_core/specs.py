@@ -49,7 +49,7 @@ class PlatformSpec(BaseModel):
     @field_validator("name")
     @classmethod
     def _name(cls, value: str) -> str:
-        if not PLATFORM_NAME_RE.match(value):
+        if not PLATFORM_NAME_RE.fullmatch(value):
             raise ValueError(f"platform name {value!r} must match ^[a-z0-9_]+$")
         return value
 

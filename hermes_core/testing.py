@@ -26,7 +26,7 @@ from hermes_core.store import SessionStore
 StoreFactory = Callable[[Path], SessionStore]
 """Opens the store under test for a state directory."""
 
-SESSION_ID_RE = re.compile(r"^\d{8}_\d{6}_[0-9a-f]{8}$")
+SESSION_ID_RE = re.compile(r"\d{8}_\d{6}_[0-9a-f]{8}")
 
 
 def fresh_plugin_manager(hermes_home: Path, **config: Any) -> HermesPluginManager:
@@ -78,7 +78,7 @@ class StoreContract:
         source = telegram_dm(chat_name="Chat", user_name="Alice")
         first = store.get_or_create_session(source)
         assert first.session_key == "agent:main:telegram:dm:99"
-        assert SESSION_ID_RE.match(first.session_id)
+        assert SESSION_ID_RE.fullmatch(first.session_id)
         assert first.origin == source
         assert (first.platform, first.chat_type, first.display_name) == ("telegram", "dm", "Chat")
         second = store.get_or_create_session(source)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import json
+import logging
 import os
 import re
 import stat
@@ -20,8 +21,12 @@ from hermes_core import GatewayConfig, PlatformSpec, hookimpl
 
 MAX_ALIASES = 64
 MAX_MAPPING_BYTES = 4096
-_LOOKUP_RE = re.compile(r"^[A-Za-z0-9@.+\-]+$")
+_LOOKUP_RE = re.compile(r"[A-Za-z0-9@.+\-]+")
 _CACHE_LIMIT = 10_000
+
+logger = logging.getLogger(__name__)
+_WARNED_LOCK = threading.Lock()
+_warned: set[tuple[Path, str]] = set()
 
 
 def normalize_whatsapp_identifier(value: object) -> str:
@@ -57,8 +62,22 @@ def whatsapp_mapping_dir(hermes_home: Path | None = None) -> Path:
     return found[0] if found else _candidates(hermes_home)[0]
 
 
+def _unusable(path: Path, problem: str) -> None:
+    """Log once per process that a mapping file is ignored; the file name (an id) is not logged."""
+    tag = (path.parent, problem)
+    with _WARNED_LOCK:
+        if tag in _warned:
+            return
+        _warned.add(tag)
+    logger.warning("ignoring a WhatsApp lid-mapping file in %s: %s", path.parent, problem)
+
+
 def _read_alias(path: Path) -> str | None:
-    """The JSON string in a mapping file; None when missing, unsafe, too big or not a string."""
+    """The JSON string in a mapping file; None when missing, unsafe, too big or not a string.
+
+    A file that exists but cannot be used (wrong shape, nested too deeply, not JSON) is logged
+    once and ignored, so key building never fails because of what the bridge wrote.
+    """
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
     except OSError:
@@ -66,6 +85,7 @@ def _read_alias(path: Path) -> str | None:
     try:
         info = os.fstat(fd)
         if not stat.S_ISREG(info.st_mode) or info.st_size > MAX_MAPPING_BYTES:
+            _unusable(path, f"not a regular file of at most {MAX_MAPPING_BYTES} bytes")
             return None
         raw = os.read(fd, MAX_MAPPING_BYTES + 1)
     except OSError:
@@ -74,9 +94,13 @@ def _read_alias(path: Path) -> str | None:
         os.close(fd)
     try:
         value = json.loads(raw.decode("utf-8-sig"))
-    except (UnicodeDecodeError, ValueError):
+    except (UnicodeDecodeError, ValueError, RecursionError):
+        _unusable(path, "not valid JSON (or nested too deeply)")
         return None
-    return value if isinstance(value, str) else None
+    if not isinstance(value, str):
+        _unusable(path, "expected one JSON string")
+        return None
+    return value
 
 
 def _walk(start: str, directory: Path) -> tuple[str, ...]:
@@ -85,7 +109,7 @@ def _walk(start: str, directory: Path) -> tuple[str, ...]:
     queue = deque(seen)
     while queue and len(seen) < MAX_ALIASES:
         current = queue.popleft()
-        if not _LOOKUP_RE.match(current):
+        if not _LOOKUP_RE.fullmatch(current):
             continue
         for name in (f"lid-mapping-{current}.json", f"lid-mapping-{current}_reverse.json"):
             target = _read_alias(directory / name)

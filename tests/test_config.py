@@ -9,6 +9,7 @@ import contextlib
 import logging
 import math
 import os
+import re
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -21,6 +22,8 @@ from hypothesis import strategies as st
 from hermes_core import config as config_module
 from hermes_core.config import LEGACY_RESET_WARNING, GatewayConfig
 from hermes_core.errors import ConfigError, HermesError
+from hermes_core.store import SessionStore
+from hermes_core.testing import fresh_plugin_manager, telegram_dm
 
 LOGGER = "hermes_core.config"
 
@@ -290,6 +293,88 @@ def test_yaml_syntax_error_names_the_file(tmp_path: Path) -> None:
     assert str(path) in str(info.value)
 
 
+def test_yaml_syntax_error_never_quotes_the_file(tmp_path: Path) -> None:
+    path = write(tmp_path, "storage:\n  url: 'postgresql://hermes:hunter2@db/hermes\n  x: [\n")
+    with pytest.raises(ConfigError, match=r"line \d+, column \d+: not valid YAML") as info:
+        GatewayConfig.from_yaml(path, environ={})
+    assert str(path) in str(info.value)
+    assert "hunter2" not in str(info.value)
+    assert info.value.__cause__ is None
+    assert info.value.__suppress_context__
+
+
+DUPLICATES = [
+    ("top level", "group_sessions_per_user: true\nplatforms: {}\ngroup_sessions_per_user: false\n",
+     "group_sessions_per_user", 3, 1),
+    ("nested", "gateway:\n  busy_ack_enabled: true\n  busy_ack_enabled: false\n",
+     "gateway.busy_ack_enabled", 3, 2),
+    ("platform", "platforms:\n  telegram: {enabled: true, enabled: false}\n",
+     "platforms.telegram.enabled", 2, 2),
+    ("quoted and plain", "storage:\n  url: sqlite:///a.db\n  'url': sqlite:///b.db\n",
+     "storage.url", 3, 2),
+    ("host section", "model:\n  name: a\n  name: b\n", "model.name", 3, 2),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("text", "key", "line", "first"), [d[1:] for d in DUPLICATES], ids=[d[0] for d in DUPLICATES]
+)
+def test_duplicate_key_is_an_error_naming_key_line_and_file(
+    tmp_path: Path, text: str, key: str, line: int, first: int
+) -> None:
+    path = write(tmp_path, text)
+    with pytest.raises(ConfigError) as info:
+        GatewayConfig.from_yaml(path, environ={})
+    message = str(info.value)
+    assert info.value.key == key
+    assert message.startswith(f"{path}: line {line}, column ")
+    assert f"duplicate key {key} (first on line {first})" in message
+
+
+def test_a_key_may_override_one_it_merged(tmp_path: Path) -> None:
+    cfg = load_yaml(
+        tmp_path,
+        "defaults: &d {busy_ack_enabled: false, multiplex_profiles: true}\n"
+        "gateway:\n  <<: *d\n  busy_ack_enabled: true\n",
+    )
+    assert (cfg.gateway.busy_ack_enabled, cfg.gateway.multiplex_profiles) == (True, True)
+    assert load_yaml(tmp_path, "a: {1: x, '1': y}\n").group_sessions_per_user is True
+
+
+@pytest.mark.parametrize("where", ["gateway:\n  port: ", "gateway:\n  multiplex_profiles: "])
+def test_deep_nesting_is_a_config_error_naming_key_line_and_file(
+    tmp_path: Path, where: str
+) -> None:
+    path = write(tmp_path, where + "[" * 5000 + "]" * 5000 + "\n")
+    with pytest.raises(ConfigError, match="nested more than 32 levels deep") as info:
+        GatewayConfig.from_yaml(path, environ={})
+    assert info.value.key.startswith(where.replace(":\n  ", ".").rstrip(": ") + "[0]")
+    assert str(info.value).startswith(f"{path}: line 2, column ")
+
+
+def test_nesting_a_host_may_use_is_accepted(tmp_path: Path) -> None:
+    deep = "{a: " * 20 + "1" + "}" * 20
+    assert load_yaml(tmp_path, f"host: {deep}\n").gateway.busy_ack_enabled is True
+
+
+def test_huge_integer_is_a_config_error_naming_key_range_and_file(tmp_path: Path) -> None:
+    path = write(tmp_path, "gateway:\n  session_store_max_age_days: " + "9" * 5000 + "\n")
+    with pytest.raises(ConfigError) as info:
+        GatewayConfig.from_yaml(path, environ={})
+    assert info.value.key == "gateway.session_store_max_age_days"
+    assert str(info.value) == (
+        f"{path}: invalid value for gateway.session_store_max_age_days: "
+        "<an integer of 100+ digits>; expected a whole number of days >= 0 and up to 36500"
+    )
+
+
+def test_huge_integer_in_a_host_key_is_ignored(tmp_path: Path) -> None:
+    cfg = load_yaml(
+        tmp_path, "host: " + "9" * 5000 + "\nplatforms: {t: {port: -" + "1" * 999 + "}}\n"
+    )
+    assert cfg.platforms["t"].enabled is False
+
+
 def test_unsafe_yaml_tag_is_a_config_error(tmp_path: Path) -> None:
     path = write(tmp_path, "x: !!python/object/apply:os.system ['true']\n")
     with pytest.raises(ConfigError, match="not valid YAML"):
@@ -395,6 +480,31 @@ def test_owned_section_rejects_unknown_key(
     assert "accepted keys:" in message
 
 
+@pytest.mark.parametrize(
+    ("text", "suggestion"),
+    [
+        ("storage: {sqlite_synchronus: full}\n", "storage.sqlite_synchronous"),
+        ("agent: {agent_cache: {maxsize: 3}}\n", "agent.agent_cache.max_size"),
+        (
+            "gateway: {delivery_ledger: {retention_day: 1}}\n",
+            "gateway.delivery_ledger.retention_days",
+        ),
+        ("privacy: {redact: true}\n", "privacy.redact_pii"),
+    ],
+)
+def test_unknown_key_in_an_owned_section_suggests_the_closest_key(
+    tmp_path: Path, text: str, suggestion: str
+) -> None:
+    with pytest.raises(ConfigError, match=rf"\(did you mean {re.escape(suggestion)}\?\); accepted"):
+        load_yaml(tmp_path, text)
+
+
+def test_unknown_key_without_a_close_match_has_no_suggestion(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError) as info:
+        load_yaml(tmp_path, "storage: {zzz: 1}\n")
+    assert "did you mean" not in str(info.value)
+
+
 def test_unknown_key_message_lists_the_accepted_keys(tmp_path: Path) -> None:
     with pytest.raises(
         ConfigError,
@@ -423,6 +533,64 @@ agent: {model: x, gateway_timeout: 5}
     assert "model" not in dumped
     assert "host_section" not in dumped
     assert "port" not in dumped["gateway"]
+
+
+NEAR_MISSES = [
+    ("group_session_per_user: false\n", "group_session_per_user", "group_sessions_per_user"),
+    ("thread_session_per_user: true\n", "thread_session_per_user", "thread_sessions_per_user"),
+    ("platform: {}\n", "platform", "platforms"),
+    (
+        "platforms: {telegram: {grop_sessions_per_user: false}}\n",
+        "platforms.telegram.grop_sessions_per_user",
+        "platforms.telegram.group_sessions_per_user",
+    ),
+    (
+        "platforms: {slack: {home_channel: {chat_id: C1, names: x}}}\n",
+        "platforms.slack.home_channel.names",
+        "platforms.slack.home_channel.name",
+    ),
+    ("gateway: {busy_ack_enable: false}\n", "gateway.busy_ack_enable", "gateway.busy_ack_enabled"),
+    ("display: {busy_input_mod: queue}\n", "display.busy_input_mod", "display.busy_input_mode"),
+    ("agent: {gateway_timout: 5}\n", "agent.gateway_timout", "agent.gateway_timeout"),
+]
+
+
+@pytest.mark.parametrize(
+    ("text", "key", "suggestion"), NEAR_MISSES, ids=[n[1] for n in NEAR_MISSES]
+)
+def test_near_miss_in_a_shared_section_warns_once_and_is_ignored(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, text: str, key: str, suggestion: str
+) -> None:
+    path = write(tmp_path, text)
+    with caplog.at_level(logging.WARNING, logger=LOGGER):
+        GatewayConfig.from_yaml(path, environ={})
+        GatewayConfig.from_yaml(path, environ={})
+    assert warnings_of(caplog) == [
+        f"{path}: ignoring unknown key {key} (did you mean {suggestion}?); "
+        "it may belong to the host"
+    ]
+
+
+def test_a_misspelt_flag_does_not_change_session_keys(tmp_path: Path) -> None:
+    cfg = load_yaml(
+        tmp_path,
+        "group_session_per_user: false\nplatforms: {telegram: {grop_sessions_per_user: false}}\n",
+    )
+    assert cfg.session_flags("telegram") == (True, False)
+    assert cfg.flag_origins("telegram") == ("default", "default")
+
+
+def test_host_keys_unlike_ours_do_not_warn(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    with caplog.at_level(logging.WARNING, logger=LOGGER):
+        load_yaml(
+            tmp_path,
+            "model: gpt-x\nproviders: {a: 1}\ngateway: {port: 8080}\n"
+            "platforms: {telegram: {token: t, allowed_users: [1]}}\n"
+            "display: {theme: dark}\nagent: {max_turns: 3}\n",
+        )
+    assert warnings_of(caplog) == []
 
 
 # --- invalid values -------------------------------------------------------------------------------
@@ -470,6 +638,9 @@ INVALID_VALUES: list[tuple[str, str, str]] = [
     ("storage: {turn_lease_secs: 0}", "storage.turn_lease_secs", "a positive number"),
     ("storage: {url: ''}", "storage.url", "a URL"),
     ("storage: {url: 5}", "storage.url", "a URL"),
+    ('storage: {url: "sqlite:///x.db\\n"}', "storage.url", "a URL"),
+    ('storage: {url: "sqlite:///x\\0.db"}', "storage.url", "a URL"),
+    ('gateway: {reset_triggers: ["/new\\n"]}', "gateway.reset_triggers[0]", "a list of non-empty"),
     ("storage: 5", "storage", "a mapping"),
     ("gateway: [1]", "gateway", "a mapping"),
     ("agent: {agent_cache: off}", "agent.agent_cache", "a mapping"),
@@ -593,6 +764,41 @@ def test_invalid_storage_url_is_not_echoed(tmp_path: Path) -> None:
     assert "hunter2" not in str(info.value)
 
 
+SECRET_URL = "postgresql://hermes:hunter2@db.example/hermes"
+SECRET_PLACES = [
+    ("storage given a string", {"storage": SECRET_URL}, "storage"),
+    ("storage given a list", {"storage": [SECRET_URL]}, "storage"),
+    ("storage.url given a list", {"storage": {"url": [SECRET_URL]}}, "storage.url"),
+    ("storage.url with a newline", {"storage": {"url": SECRET_URL + "\n"}}, "storage.url"),
+    ("gateway given a string", {"gateway": SECRET_URL}, "gateway"),
+    ("a URL in another setting", {"gateway": {"reset_triggers": SECRET_URL}},
+     "gateway.reset_triggers"),
+    ("platform given a list", {"platforms": {"telegram": [{"token": "hunter2"}]}},
+     "platforms.telegram"),
+    ("platform given a string", {"platforms": {"telegram": "hunter2"}}, "platforms.telegram"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("data", "key"), [p[1:] for p in SECRET_PLACES], ids=[p[0] for p in SECRET_PLACES]
+)
+def test_errors_never_echo_a_credential(data: dict[str, Any], key: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        GatewayConfig.from_dict(data, source="c.yaml", environ={})
+    assert info.value.key == key
+    assert str(info.value).startswith(f"c.yaml: invalid value for {key} (a value of type ")
+    assert "hunter2" not in str(info.value)
+
+
+def test_repr_and_str_never_show_the_storage_url() -> None:
+    cfg = GatewayConfig.from_dict({"storage": {"url": SECRET_URL}}, environ={})
+    for shown in (repr(cfg), str(cfg), repr(cfg.storage), str(cfg.storage)):
+        assert "hunter2" not in shown
+        assert "url='***'" in shown
+    assert cfg.storage_url == SECRET_URL  # the value itself is intact
+    assert "url=None" in repr(GatewayConfig.from_dict({}, environ={}).storage)
+
+
 def test_from_dict_errors_name_the_given_source() -> None:
     with pytest.raises(ConfigError, match=r"^overrides: invalid value for storage.turn_lease_secs"):
         GatewayConfig.from_dict(
@@ -603,6 +809,82 @@ def test_from_dict_errors_name_the_given_source() -> None:
 def test_huge_integer_in_a_message_does_not_crash() -> None:
     with pytest.raises(ConfigError, match=r"gateway\.instance_id"):
         GatewayConfig.from_dict({"gateway": {"instance_id": 10**5000}}, environ={})
+
+
+def test_deeply_nested_value_from_a_caller_is_a_config_error() -> None:
+    nested: list[Any] = []
+    for _ in range(5000):
+        nested = [nested]
+    with pytest.raises(ConfigError, match=r"gateway\.reset_triggers\[0\]"):
+        GatewayConfig.from_dict({"gateway": {"reset_triggers": nested}}, environ={})
+
+
+# (dotted key, smallest refused value above the range, largest accepted value, range text)
+RANGES: list[tuple[str, object, object, str]] = [
+    ("gateway.session_store_max_age_days", 36501, 36500, "up to 36500"),
+    ("gateway.session_store_max_age_days", 10**400, 36500, "up to 36500"),
+    ("gateway.redelivery_window_days", 36500.5, 36500, "positive number of days up to 36500"),
+    ("gateway.delivery_ledger.retention_days", 1e300, 36500, "days >= 0 and up to 36500"),
+    ("gateway.sessions_json_interval_secs", 31536001, 31536000, "up to 31536000 (one year)"),
+    ("gateway.startup_restore_timeout_secs", 1e20, 31536000, "up to 31536000"),
+    ("gateway.max_dispatch_attempts", 1000001, 1000000, "a positive integer up to 1000000"),
+    ("gateway.busy_queue.max_pending", 10**30, 1000000, "up to 1000000"),
+    ("gateway.busy_queue.burst_window_secs", 31536001, 31536000, ">= 0 and up to 31536000"),
+    ("gateway.delivery_ledger.max_rows", 1000001, 1000000, "up to 1000000"),
+    ("gateway.delivery_ledger.stale_reply_max_age_secs", 31536001, 31536000, "up to 31536000"),
+    ("gateway.housekeeping.initial_delay_secs", 31536001, 0, "up to 31536000"),
+    ("gateway.housekeeping.prune_interval_secs", 31536001, 31536000, "up to 31536000"),
+    ("storage.sqlite_busy_timeout_secs", 31536001, 31536000, "up to 31536000"),
+    ("storage.turn_lease_secs", 31536001, 31536000, "up to 31536000"),
+    ("agent.gateway_timeout", 10**400, 31536000, "up to 31536000"),
+    ("agent.gateway_auto_continue_freshness", -31536001, -31536000, "from -31536000 to 31536000"),
+    ("agent.agent_cache.max_size", 1000001, 1000000, "up to 1000000"),
+    ("agent.agent_cache.protect_recent", 1000001, 1000000, "up to 1000000"),
+    ("agent.agent_cache.idle_ttl_secs", 31536001, 31536000, "up to 31536000"),
+    ("agent.agent_cache.memory_high_mb", 16777217, 16777216, "MB up to 16777216"),
+    ("agent.agent_cache.memory_high_mb", "1e30", "16777216", "MB up to 16777216"),
+]
+
+
+def _nest(dotted: str, value: object) -> dict[str, Any]:
+    *sections, key = dotted.split(".")
+    data: dict[str, Any] = {key: value}
+    for section in reversed(sections):
+        data = {section: data}
+    return data
+
+
+@pytest.mark.parametrize(
+    ("key", "refused", "accepted", "range_text"),
+    RANGES,
+    ids=[f"{key}={str(refused)[:8]}" for key, refused, _, _ in RANGES],
+)
+def test_number_out_of_range_is_refused_naming_key_and_range(
+    key: str, refused: object, accepted: object, range_text: str
+) -> None:
+    with pytest.raises(ConfigError) as info:
+        GatewayConfig.from_dict(_nest(key, refused), source="c.yaml", environ={})
+    assert info.value.key == key
+    assert str(info.value).startswith(f"c.yaml: invalid value for {key}")
+    assert range_text in str(info.value).split("; expected ", 1)[1]
+    assert attr(GatewayConfig.from_dict(_nest(key, accepted), environ={}), key) == accepted
+
+
+def test_largest_ages_still_prune(home: Path) -> None:
+    days = {"session_store_max_age_days": 36500, "redelivery_window_days": 36500}
+    cfg = GatewayConfig.from_dict(
+        {"gateway": {**days, "delivery_ledger": {"retention_days": 36500}}},
+        environ={"HERMES_HOME": str(home)},
+    )
+    store = SessionStore.open(cfg, plugins=fresh_plugin_manager(home))
+    try:
+        store.get_or_create_session(telegram_dm("old"))
+        assert store.prune_old_entries(cfg.gateway.session_store_max_age_days) == 0
+        assert store.prune_seen_messages() == 0
+        assert store.ledger is not None
+        assert store.ledger.housekeeping() == 0
+    finally:
+        store.close()
 
 
 @pytest.mark.parametrize(
@@ -823,6 +1105,9 @@ INVALID_ENV = [
     ("GATEWAY_MULTIPLEX_PROFILES", "2", "gateway.multiplex_profiles", False),
     ("HERMES_GATEWAY_BUSY_ACK_ENABLED", "enabled", "gateway.busy_ack_enabled", True),
     ("HERMES_PLUGINS_AUTOLOAD", "never", "plugins.autoload", True),
+    ("HERMES_AGENT_TIMEOUT", "31536001", "agent.gateway_timeout", 100),
+    ("HERMES_AGENT_TIMEOUT", "1e400", "agent.gateway_timeout", 100),
+    ("HERMES_AUTO_CONTINUE_FRESHNESS", "-1e12", "agent.gateway_auto_continue_freshness", 200),
 ]
 
 
@@ -857,6 +1142,18 @@ def test_each_invalid_variable_warns_once(caplog: pytest.LogCaptureFixture) -> N
     assert len(warnings) == 2
     assert any("GATEWAY_MULTIPLEX_PROFILES" in w for w in warnings)
     assert any("HERMES_PLUGINS_AUTOLOAD" in w for w in warnings)
+
+
+def test_environment_value_out_of_range_warns_with_the_range(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    with caplog.at_level(logging.WARNING, logger=LOGGER):
+        cfg = GatewayConfig.from_dict({}, environ={"HERMES_AGENT_TIMEOUT": "1e12"})
+    assert cfg.agent.gateway_timeout == 1800
+    assert warnings_of(caplog) == [
+        "ignoring HERMES_AGENT_TIMEOUT='1e12': expected a positive number of seconds up to "
+        "31536000 (one year)"
+    ]
 
 
 def test_boolean_warning_lists_the_accepted_words(caplog: pytest.LogCaptureFixture) -> None:

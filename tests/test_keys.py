@@ -20,6 +20,7 @@ from hermes_core import (
     resolve_session_key,
 )
 from hermes_core.keys import profile_from_namespace, profile_namespace
+from hermes_plugins.whatsapp import canonical_whatsapp_identifier
 
 TG_GROUP = "-1002285219667"
 WA_PHONE = "60123456789"
@@ -181,6 +182,42 @@ def test_whatsapp_lid_participant_in_group_uses_mapping(hermes_home: Path) -> No
     assert build_session_key(source) == f"agent:main:whatsapp:group:120363@g.us:{WA_PHONE}"
 
 
+def test_whatsapp_id_with_a_trailing_newline_is_not_looked_up(hermes_home: Path) -> None:
+    directory = hermes_home / "platforms/whatsapp/session"
+    _write_mapping(directory, "lid-mapping-12\n.json", "5@s.whatsapp.net")
+    assert canonical_whatsapp_identifier("12\n@lid", hermes_home=hermes_home) == "12\n"
+
+
+UNUSABLE_MAPPINGS = {
+    "deep nesting": "[" * 2040 + "]" * 2040,  # within the 4 KiB a mapping file may have
+    "large": json.dumps("6" * 5000),
+    "list": json.dumps([f"{WA_PHONE}@s.whatsapp.net"]),
+    "number": "60123456789",
+    "not json": "60123456789@s.whatsapp.net",
+}
+
+
+@pytest.mark.parametrize("content", UNUSABLE_MAPPINGS.values(), ids=list(UNUSABLE_MAPPINGS))
+def test_unusable_whatsapp_mapping_is_logged_once_and_ignored(
+    hermes_home: Path, content: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    directory = hermes_home / "platforms/whatsapp/session"
+    directory.mkdir(parents=True)
+    (directory / f"lid-mapping-{WA_LID}.json").write_text(content, encoding="utf-8")
+    (directory / f"lid-mapping-{WA_LID}_reverse.json").write_text(content, encoding="utf-8")
+    dm = SessionSource(platform="whatsapp", chat_id=f"{WA_LID}@lid")
+    participant = SessionSource(
+        platform="whatsapp", chat_id="120363@g.us", chat_type="group", user_id=f"{WA_LID}@lid"
+    )
+    with caplog.at_level("WARNING", logger="hermes_plugins.whatsapp"):
+        assert build_session_key(dm) == f"agent:main:whatsapp:dm:{WA_LID}"
+        assert build_session_key(participant).endswith(f":{WA_LID}")
+    warnings = [r.getMessage() for r in caplog.records if r.name == "hermes_plugins.whatsapp"]
+    assert len(warnings) == 1
+    assert str(directory) in warnings[0]
+    assert WA_LID not in warnings[0].replace(str(directory), "")
+
+
 def test_thread_keys_equal_for_prospective_and_real_thread() -> None:
     channel = SessionSource(
         platform="discord", chat_id="c1", chat_type="channel", prospective_thread_id="t9"
@@ -220,6 +257,13 @@ def test_invalid_profile_is_refused() -> None:
     source = SessionSource(platform="telegram", chat_id="99")
     with pytest.raises(InvalidValueError, match=r"profile '\.\./x' is not valid"):
         build_session_key(source, profile="../x")
+
+
+@pytest.mark.parametrize("profile", ["coder\n", "coder\r\n", "\ncoder"])
+def test_profile_with_a_newline_is_refused(profile: str) -> None:
+    with pytest.raises(InvalidValueError, match=r"profile .* is not valid") as info:
+        profile_namespace(profile)
+    assert info.value.field == "profile"
 
 
 @pytest.mark.parametrize("profile", ["default", "main", "coder", "a.b-c_1"])

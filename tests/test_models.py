@@ -17,6 +17,7 @@ from hermes_core import (
     InvalidValueError,
     MessageEvent,
     MessageType,
+    PlatformSpec,
     SessionEntry,
     SessionSource,
     UnknownPlatformError,
@@ -282,10 +283,20 @@ def test_entry_required_fields(missing: str) -> None:
     assert info.value.field == missing
 
 
-@pytest.mark.parametrize("session_id", ["../etc", "a..b", "", "-lead", "a/b", "x" * 129, "a b"])
+@pytest.mark.parametrize(
+    "session_id", ["../etc", "a..b", "", "-lead", "a/b", "x" * 129, "a b", "abc\n", "abc\r\n"]
+)
 def test_session_id_guard(session_id: str) -> None:
     with pytest.raises(InvalidValueError, match="session_id"):
         _entry(session_id=session_id)
+
+
+@pytest.mark.parametrize("name", ["telegram\n", "telegram\r\n", "\ntelegram"])
+def test_platform_name_with_a_newline_is_refused(name: str) -> None:
+    with pytest.raises(InvalidValueError, match="must match"):
+        SessionSource(platform=name, chat_id="1")
+    with pytest.raises(ValueError, match="must match"):
+        PlatformSpec(name=name)
 
 
 @pytest.mark.parametrize(
