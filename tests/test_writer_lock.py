@@ -22,7 +22,6 @@ import pytest
 from sqlalchemy import create_engine
 from support.lock_children import Holder, configure, race
 
-from conftest import POSTGRES_SKIP_REASON, POSTGRES_URL
 from hermes_core import GatewayConfig, MessageEvent
 from hermes_core.agents import EchoAgent, InMemoryAdapter
 from hermes_core.errors import (
@@ -211,31 +210,34 @@ def test_the_sqlite_lock_file_is_private_and_names_its_holder(tmp_path: Path) ->
 # -- PostgreSQL connection loss ------------------------------------------------------------------
 
 
-def _terminate_others(admin: Any) -> None:
-    admin.exec_driver_sql(
-        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
-        "WHERE datname = current_database() AND pid <> pg_backend_pid()"
-    )
-
-
-def _allow_connections(admin: Any, allowed: bool) -> None:
-    value = "true" if allowed else "false"
-    admin.exec_driver_sql(
-        "DO $$ BEGIN EXECUTE format('ALTER DATABASE %I ALLOW_CONNECTIONS "
-        f"{value}', current_database()); END $$"
-    )
-
-
-@pytest.fixture
-def admin(empty_database: str) -> Iterator[Any]:
-    """A connection of its own to the test database (autocommit), for faults."""
-    if not POSTGRES_URL:
-        pytest.skip(POSTGRES_SKIP_REASON)
+def test_a_writer_whose_lock_was_taken_while_disconnected_writes_nothing_more(
+    empty_database: str, tmp_path: Path, stores: list[SessionStore]
+) -> None:
+    first = _open(tmp_path / "first", empty_database)
+    stores.append(first)
+    entry = first.get_or_create_session(telegram_dm())
     engine = create_engine(empty_database, isolation_level="AUTOCOMMIT")
-    conn = engine.connect()
     try:
-        yield conn
+        with engine.connect() as admin:  # the lock goes with the writer's session
+            admin.exec_driver_sql(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                "WHERE datname = current_database() AND pid <> pg_backend_pid()"
+            )
     finally:
-        _allow_connections(conn, True)
-        conn.close()
         engine.dispose()
+    second = _open_eventually(tmp_path / "second", empty_database)
+    stores.append(second)
+    second.reset_session(entry.session_key)
+    with pytest.raises(StoreUnavailableError, match="taken by another process"):
+        first.suspend_session(entry.session_key)
+    health = first.health()
+    assert health["available"] is False
+    assert "writes nothing more" in health["unavailable_reason"]
+    second.close()
+    with pytest.raises(StoreUnavailableError, match="taken by another process"):
+        first.suspend_session(entry.session_key)  # never again, even once the lock is free
+    with _open(tmp_path / "check", empty_database, read_only=True) as reader:
+        current = reader.lookup_by_session_key(entry.session_key)
+        assert current is not None
+        assert not current.suspended
+        assert current.session_id != entry.session_id
