@@ -276,7 +276,7 @@ class SqlConnection:
             self._lost_at = time.monotonic()
             logger.warning(
                 "%s: the connection to the database was lost (%s); writes are refused until it "
-                "is back", self.display, str(exc).strip().splitlines()[0] if str(exc) else exc,
+                "is back", self.display, type(exc).__name__,
             )  # fmt: skip
 
     def _live(self) -> tuple[PoolProxiedConnection, _CountingCursor]:
