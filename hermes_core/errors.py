@@ -43,6 +43,11 @@ class PlatformConflictError(PluginError):
     """Two plugins registered the same platform name."""
 
 
+class GatewayLockedError(HermesError):
+    """Another process holds the lock this one needs: a gateway's state directory, or the one
+    writer's lock on a database. The message names the holder where it is known."""
+
+
 class StoreError(HermesError):
     """A storage operation failed; the message says what to do (never a raw driver error)."""
 
@@ -57,6 +62,10 @@ class SchemaVersionError(StoreError):
 
 class CorruptDatabaseError(StoreError):
     """The canonical database is corrupt; ``hermes-sessions doctor`` explains the repair."""
+
+
+class ReadOnlyStoreError(HermesError):
+    """A change was asked of a store opened read-only; nothing was written."""
 
 
 class DuplicateSessionIdError(StoreError):

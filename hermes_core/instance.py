@@ -1,5 +1,6 @@
 """Per-state-directory files of a running gateway (SPEC §7.1): the instance lock with the boot
-record, the clean-shutdown marker, the instance id and the file of stuck-loop counts.
+record, the clean-shutdown marker, the instance id and the file of stuck-loop counts; and the
+lock-file primitive the instance lock and the SQLite store's one-writer lock share.
 """
 
 from __future__ import annotations
@@ -10,11 +11,11 @@ import json
 import logging
 import os
 import secrets
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, Protocol
 
-from hermes_core.errors import HermesError, StoreError
+from hermes_core.errors import GatewayLockedError, HermesError, StoreError
 from hermes_core.store.files import (
     atomic_write,
     create_private_file,
@@ -31,10 +32,6 @@ RESTART_COUNTS_FILE = "restart_counts.json"
 INSTANCE_ID_FILE = ".instance_id"
 
 
-class GatewayLockedError(HermesError):
-    """Another gateway holds this state directory's instance lock."""
-
-
 def _json_object(raw: bytes | None) -> dict[str, Any] | None:
     """A JSON object from file bytes (BOM tolerated), or None."""
     if raw is None:
@@ -46,16 +43,63 @@ def _json_object(raw: bytes | None) -> dict[str, Any] | None:
     return value if isinstance(value, dict) else None
 
 
-class InstanceLock:
-    """The exclusive, non-blocking lock on ``gateway.lock`` and this boot's record in it.
+class LockFile:
+    """An exclusive, non-blocking ``flock`` on a file that names its holder.
 
-    The file is never replaced (that would drop the lock): its content is rewritten in place
-    through the locked descriptor and kept after exit, so the next start reads the previous boot.
+    The file is opened without following symlinks (created 0600) and never replaced (that would
+    drop the lock): the holder's record is rewritten in place through the locked descriptor and
+    kept after exit, so the next holder reads the previous one. The operating system releases
+    the lock when the process dies, however it dies.
     """
 
-    def __init__(self, fd: int, path: Path, boot_id: str, previous_boot_id: str | None) -> None:
+    def __init__(self, fd: int, path: Path, previous: dict[str, Any]) -> None:
         self._fd: int | None = fd
         self.path = path
+        self.previous = previous
+        """The record the file held before this holder wrote its own."""
+
+    @classmethod
+    def acquire(
+        cls,
+        path: Path,
+        record: Mapping[str, Any],
+        refused: Callable[[dict[str, Any]], HermesError],
+    ) -> LockFile:
+        """Take the lock and write ``record``; when it is held, raise ``refused(holder)``, the
+        holder's record."""
+        flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW
+        try:
+            fd = os.open(path, flags, 0o600)
+        except OSError as exc:
+            raise StoreError(f"cannot open the lock file {path}: {exc.strerror}") from exc
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as exc:
+            holder = _json_object(os.pread(fd, 4096, 0)) or {}
+            os.close(fd)
+            if exc.errno in (errno.EWOULDBLOCK, errno.EACCES):
+                raise refused(holder) from None
+            raise StoreError(f"cannot lock {path}: {exc.strerror}") from exc
+        previous = _json_object(os.pread(fd, 4096, 0)) or {}
+        data = json.dumps(dict(record)).encode("utf-8") + b"\n"
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, data, 0)
+        os.fsync(fd)
+        return cls(fd, path, previous)
+
+    def release(self) -> None:
+        """Unlock (closing the descriptor); the record stays in the file."""
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+
+class InstanceLock:
+    """The lock on ``gateway.lock`` and this boot's record in it (SPEC §7.1)."""
+
+    def __init__(self, held: LockFile, boot_id: str, previous_boot_id: str | None) -> None:
+        self._held = held
+        self.path = held.path
         self.boot_id = boot_id
         self.previous_boot_id = previous_boot_id
 
@@ -63,38 +107,22 @@ class InstanceLock:
     def acquire(cls, hermes_home: Path) -> InstanceLock:
         """Take the lock (raising :class:`GatewayLockedError` naming the holder's pid)."""
         ensure_private_dir(hermes_home)
-        path = hermes_home / LOCK_FILE
-        flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW
-        try:
-            fd = os.open(path, flags, 0o600)
-        except OSError as exc:
-            raise StoreError(f"cannot open the instance lock {path}: {exc.strerror}") from exc
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError as exc:
-            holder = _json_object(os.pread(fd, 4096, 0)) or {}
-            os.close(fd)
-            if exc.errno in (errno.EWOULDBLOCK, errno.EACCES):
-                raise GatewayLockedError(
-                    f"another gateway (pid {holder.get('pid', 'unknown')}) is running on "
-                    f"{hermes_home}; stop it first, or give this one its own HERMES_HOME."
-                ) from None
-            raise StoreError(f"cannot lock {path}: {exc.strerror}") from exc
-        previous = _json_object(os.pread(fd, 4096, 0)) or {}
         boot_id = secrets.token_hex(16)
         record = {"pid": os.getpid(), "boot_id": boot_id, "started_at": format_utc(utc_now())}
-        data = json.dumps(record).encode("utf-8") + b"\n"
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, data, 0)
-        os.fsync(fd)
-        previous_boot = previous.get("boot_id")
-        return cls(fd, path, boot_id, previous_boot if isinstance(previous_boot, str) else None)
+
+        def refused(holder: dict[str, Any]) -> HermesError:
+            return GatewayLockedError(
+                f"another gateway (pid {holder.get('pid', 'unknown')}) is running on "
+                f"{hermes_home}; stop it first, or give this one its own HERMES_HOME."
+            )
+
+        held = LockFile.acquire(hermes_home / LOCK_FILE, record, refused)
+        previous_boot = held.previous.get("boot_id")
+        return cls(held, boot_id, previous_boot if isinstance(previous_boot, str) else None)
 
     def release(self) -> None:
-        """Unlock (closing the descriptor); the boot record stays in the file."""
-        if self._fd is not None:
-            os.close(self._fd)
-            self._fd = None
+        """Unlock; the boot record stays in the file."""
+        self._held.release()
 
 
 def lock_holder(hermes_home: Path) -> int | None:

@@ -67,7 +67,12 @@ class StoreSpec(BaseModel):
     name: str
     schemes: tuple[str, ...] = Field(min_length=1)
     open: Callable[[str, GatewayConfig], Any]
-    """Opens the backend for ``storage.url`` (the first argument) and the configuration."""
+    """Opens the backend for ``storage.url`` (the first argument) and the configuration, for
+    writing: a backend that allows one writer per database takes its lock here and raises
+    ``GatewayLockedError`` naming the holder when another process has it."""
+    open_read_only: Callable[[str, GatewayConfig], Any] | None = None
+    """Opens the backend to read only: no writer lock, no schema changes, every write refused
+    (``ReadOnlyStoreError``); None when the backend cannot be opened that way."""
     single_instance: bool = True
     """True when the backend has no turn leases, so one gateway may use it at a time."""
 

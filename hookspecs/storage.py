@@ -26,7 +26,10 @@ def hermes_register_stores(config: GatewayConfig) -> list[StoreSpec]:
     backend implements the whole persistence contract: routing rows with revisions and turn-marker
     compare-and-swap, sessions and append-only transcripts with soft delete, search, the delivery
     ledger, the durable queue, restart counters, turn leases (or ``single_instance=True``), the
-    durability tiers and an integrity check for ``doctor``.
+    durability tiers and an integrity check for ``doctor``. A backend with one writer per
+    database takes its writer lock in ``open`` (raising ``GatewayLockedError`` naming the holder
+    when another process has it) and may offer ``open_read_only``, which takes none and refuses
+    every write, for stores opened with ``read_only=True``.
 
     **Failure policy:** a scheme claimed by two plugins is a ``PluginError`` naming both. An unknown
     scheme in ``storage.url`` is a startup error naming it. An implementation that raises is logged

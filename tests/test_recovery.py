@@ -14,7 +14,8 @@ from typing import Any
 import pytest
 
 from hermes_core import GatewayConfig, RecoveryContext, RecoveryStep
-from hermes_core.instance import GatewayLockedError, InstanceLock, RestartCounts
+from hermes_core.errors import GatewayLockedError
+from hermes_core.instance import InstanceLock, RestartCounts
 from hermes_core.ledger import RESTART_PREFIX, SILENCE_NOTICE
 from hermes_core.recovery import GatewayState, RecoveryAbortedError, record_crash_left_replies
 from hermes_core.store import SessionStore

@@ -474,8 +474,13 @@ def test_restart_counts_live_where_the_backend_says(open_store: Opener, backend:
         assert counts_file.exists()
         return
     assert not counts_file.exists()  # PostgreSQL: a table shared by the instances
+    store.close()  # one writer per database: the instances take turns
+    other_store = open_store(gateway={"instance_id": "instance-b"})
+    other_store.restart_counts().save({"agent:main:telegram:dm:3": 1})
+    other_store.close()
+    again = open_store(gateway={"instance_id": "instance-a"})
+    again.restart_counts().save({})  # "all others" means only this instance's rows
+    assert again.restart_counts().load() == {}
+    again.close()
     other = open_store(gateway={"instance_id": "instance-b"}).restart_counts()
-    other.save({"agent:main:telegram:dm:3": 1})
-    counts.save({})  # "all others" means only this instance's rows
     assert other.load() == {"agent:main:telegram:dm:3": 1}
-    assert counts.load() == {}

@@ -9,12 +9,15 @@ acknowledged is lost, and the lane and the other lanes go on.
 from __future__ import annotations
 
 import asyncio
+import logging
 import sqlite3
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
+from support.tcp_proxy import proxied
 
 from hermes_core import GatewayConfig, MessageEvent, SessionEntry
 from hermes_core import runtime as runtime_module
@@ -326,26 +329,78 @@ async def test_housekeeping_is_waited_for_before_the_store_closes(
     assert "housekeeping task" not in caplog.text
 
 
-async def test_terminated_postgres_connections_refuse_loudly(
+def _admin_sql(url: str, *statements: str) -> None:
+    """Run statements on a connection of their own (autocommit), e.g. to cut the store's."""
+    from sqlalchemy import create_engine
+
+    engine = create_engine(url, isolation_level="AUTOCOMMIT")
+    try:
+        with engine.connect() as conn:
+            for statement in statements:
+                conn.exec_driver_sql(statement)
+    finally:
+        engine.dispose()
+
+
+TERMINATE_OTHERS = (
+    "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+    "WHERE datname = current_database() AND pid <> pg_backend_pid()"
+)
+
+
+async def test_terminated_postgres_connections_are_reopened(
     make: Make, empty_database: str
 ) -> None:
     gateway, adapter = make(storage={"url": empty_database})
     await gateway.start()
     await gateway.handle_message(_event("before"))
     await gateway.idle()
-    from sqlalchemy import create_engine
-
-    engine = create_engine(empty_database)
-    with engine.begin() as conn:
-        conn.exec_driver_sql(
-            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
-            "WHERE datname = current_database() AND pid <> pg_backend_pid()"
-        )
-    engine.dispose()
-    with pytest.raises(MessageNotStoredError):
-        await gateway.handle_message(_event("after the loss", message_id="m2"))
-    assert adapter.texts() == ["echo: before", REFUSED_NOT_SAVED]
+    _admin_sql(empty_database, TERMINATE_OTHERS)  # the server is still up: reconnect at once
+    await gateway.handle_message(_event("after the loss", message_id="m2"))
+    await gateway.idle()
+    assert adapter.texts() == ["echo: before", "echo: after the loss"]
+    assert _transcript(gateway.store) == ["before", "echo: before", "after the loss",
+                                          "echo: after the loss"]  # fmt: skip
+    assert gateway.store.health()["available"]
     await gateway.stop()
+
+
+async def test_messages_during_a_postgres_outage_are_refused_then_stored_once_it_is_back(
+    make: Make, empty_database: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.WARNING, logger="hermes_plugins.sql_store.connection")
+    with proxied(empty_database) as server:  # while ``down``, no connection gets through
+        gateway, adapter = make(storage={"url": server.url})
+        await gateway.start()
+        await gateway.handle_message(_event("before"))
+        await gateway.idle()
+        server.down = True
+        _admin_sql(empty_database, TERMINATE_OTHERS)
+        with pytest.raises(MessageNotStoredError):
+            await gateway.handle_message(_event("during", message_id="m2"))
+        assert adapter.texts() == ["echo: before", REFUSED_NOT_SAVED]
+        health = gateway.store.health()
+        assert health["available"] is False
+        assert "connection to the database is lost" in health["unavailable_reason"]
+        server.down = False
+        deadline = time.monotonic() + 10  # the next reconnect waits out its back-off
+        while True:
+            try:
+                await gateway.handle_message(_event("after", message_id="m3"))
+                break
+            except MessageNotStoredError:
+                assert time.monotonic() < deadline, "the store never reconnected"
+                await asyncio.sleep(0.2)
+        await gateway.idle()
+        assert gateway.store.health()["available"]
+        assert adapter.texts()[-1] == "echo: after"
+        assert _transcript(gateway.store)[-2:] == ["after", "echo: after"]
+        assert "during" not in _transcript(gateway.store)  # refused, so not stored either
+        await gateway.stop()
+    outage = [r.getMessage() for r in caplog.records if "connection to the database" in r.message]
+    assert len(outage) == 2, outage  # logged once as lost, once as back
+    assert "was lost" in outage[0]
+    assert "is back" in outage[1]
 
 
 async def test_a_stop_while_a_message_is_being_stored_still_answers_it(

@@ -90,8 +90,12 @@ class StoreBase:
         *,
         plugins: HermesPluginManager | None = None,
         entry_cache_size: int = 10_000,
+        read_only: bool = False,
     ) -> None:
         self.config = config
+        self.read_only = read_only
+        """Opened to read only: no writer lock is taken and every change is refused
+        (``ReadOnlyStoreError``), so it may be opened beside a running gateway."""
         self.sessions_dir = ensure_private_dir(Path(sessions_dir))
         self.plugins = plugins if plugins is not None else create_plugin_manager(config)
         self._has_active_processes = has_active_processes_fn
@@ -108,9 +112,10 @@ class StoreBase:
         self._sql: SqlMaintenance | None = None
         self._backend: StoreBackend = self._open_backend()
         self._writer = StoreWriter(
-            self._transaction, self._drop_cache, atomic=lambda: self._backend.atomic_batches
-        )
-        if self._sql is not None:
+            self._transaction, self._drop_cache, atomic=lambda: self._backend.atomic_batches,
+            read_only=read_only,
+        )  # fmt: skip
+        if self._sql is not None and not read_only:
             self._import_mirror_once(self._sql)
 
     def _transaction(self) -> AbstractContextManager[object]:
@@ -124,7 +129,10 @@ class StoreBase:
     # -- backend selection and degraded mode -------------------------------------------------------
 
     def _open_backend(self) -> StoreBackend:
-        """The backend for ``storage.url``; SQLite that cannot be used falls back to JSONL."""
+        """The backend for ``storage.url``; SQLite that cannot be used falls back to JSONL
+        (unless read-only: there is nothing to fall back for). A database whose writer lock
+        another process holds is never a reason to fall back: that raises
+        ``GatewayLockedError``."""
         url = self.config.storage_url
         scheme = url.split("://", 1)[0]
         stores = self.plugins.stores()
@@ -135,12 +143,19 @@ class StoreBase:
                 f"storage.url uses the scheme {scheme!r}, which no loaded plugin provides "
                 f"(known: {known}); fix storage.url or install the plugin for it."
             )
+        opener = spec.open
+        if self.read_only:
+            if spec.open_read_only is None:
+                raise StoreUnavailableError(
+                    f"the {spec.name} store cannot be opened read-only; open it for writing."
+                )
+            opener = spec.open_read_only
         try:
-            backend: StoreBackend = spec.open(url, self.config)
+            backend: StoreBackend = opener(url, self.config)
         except SchemaVersionError:
             raise
         except StoreError as exc:
-            if not scheme.startswith("sqlite"):
+            if self.read_only or not scheme.startswith("sqlite"):
                 raise  # a PostgreSQL store never falls back to local files
             return self._degrade(str(exc))
         self._sql = backend  # type: ignore[assignment]  # SQL backends provide maintenance too
@@ -351,7 +366,7 @@ class StoreBase:
 
         Never on the per-message path: housekeeping, ``close`` and bulk changes call it.
         """
-        if self._sql is None or not self.config.write_sessions_json:
+        if self._sql is None or not self.config.write_sessions_json or self.read_only:
             return False
         with self._map_lock:
             revision = self._routing_revision
@@ -374,11 +389,16 @@ class StoreBase:
     # -- health, close -----------------------------------------------------------------------------
 
     def health(self) -> dict[str, Any]:
-        """Backend, degraded state, search index, ledger and queue persistence."""
+        """Backend, whether writes can be stored now (``available``, false while the database
+        connection is lost, with ``unavailable_reason``), read-only mode, degraded state, search
+        index, ledger and queue persistence."""
         backend = self._backend.health()
         ledger_on = self.config.gateway.delivery_ledger.enabled
         return {
             "backend": backend["backend"],
+            "available": backend.get("available", True),
+            "unavailable_reason": backend.get("unavailable_reason"),
+            "read_only": self.read_only,
             "degraded": self.degraded,
             "degraded_reason": self._degraded_reason,
             "fts": backend["fts"],

@@ -59,10 +59,18 @@ class SessionStore(TurnRecoveryStore, TranscriptStore):
         *,
         has_active_processes_fn: Callable[[str], bool] | None = None,
         plugins: HermesPluginManager | None = None,
+        read_only: bool = False,
     ) -> SessionStore:
-        """Open the store of ``config`` (None: ``$HERMES_HOME/config.yaml`` and environment)."""
+        """Open the store of ``config`` (None: ``$HERMES_HOME/config.yaml`` and environment).
+
+        For writing, the store takes its database's one-writer lock (``GatewayLockedError``
+        names the holder when another process writes to it); ``read_only`` takes no lock and
+        refuses every change."""
         config = config if config is not None else GatewayConfig.load()
-        return cls(config.sessions_dir, config, has_active_processes_fn, plugins=plugins)
+        return cls(
+            config.sessions_dir, config, has_active_processes_fn, plugins=plugins,
+            read_only=read_only,
+        )  # fmt: skip
 
     def __enter__(self) -> SessionStore:
         return self

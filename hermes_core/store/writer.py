@@ -27,7 +27,7 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from hermes_core.errors import StoreUnavailableError
+from hermes_core.errors import ReadOnlyStoreError, StoreUnavailableError
 
 logger = logging.getLogger(__name__)
 
@@ -59,6 +59,7 @@ class StoreWriter:
         *,
         atomic: Callable[[], bool] = lambda: True,
         name: str = "hermes-store-writer",
+        read_only: bool = False,
     ) -> None:
         self._transaction = transaction
         self._atomic = atomic
@@ -70,8 +71,11 @@ class StoreWriter:
         self._closed = False
         self._batches = 0
         self._steps = 0
+        self._read_only = read_only
+        """A read-only store's writer runs nothing: every step is refused, no thread runs."""
         self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
-        self._thread.start()
+        if not read_only:
+            self._thread.start()
 
     @property
     def on_writer_thread(self) -> bool:
@@ -130,10 +134,15 @@ class StoreWriter:
             return
         self._closed = True
         self._queue.put(None)
-        if not self.on_writer_thread:
+        if not self.on_writer_thread and not self._read_only:
             self._thread.join()
 
     def _put(self, step: _Step) -> None:
+        if self._read_only:
+            raise ReadOnlyStoreError(
+                "the session store was opened read-only, so nothing was changed; open it "
+                "without read_only=True to change it (one writer per database at a time)."
+            )
         if self._closed:
             raise StoreUnavailableError("the session store is closed; open it again to write.")
         self._queue.put(step)

@@ -11,18 +11,32 @@ from hermes_core import GatewayConfig, StoreSpec, hookimpl
 
 
 def open_sql_backend(url: str, config: GatewayConfig) -> Any:
-    """Open the SQL backend for ``url`` (imported on first use)."""
+    """Open the SQL backend for ``url`` for writing, taking the database's writer lock
+    (imported on first use)."""
     from hermes_plugins.sql_store.backend import SqlBackend
 
     return SqlBackend(url, config)
 
 
+def open_sql_backend_read_only(url: str, config: GatewayConfig) -> Any:
+    """Open the SQL backend for ``url`` to read only (no lock; writes refused)."""
+    from hermes_plugins.sql_store.backend import SqlBackend
+
+    return SqlBackend(url, config, read_only=True)
+
+
 @hookimpl
 def hermes_register_stores(config: GatewayConfig) -> list[StoreSpec]:
-    """``sqlite`` (one gateway per state directory) and ``postgresql`` (psycopg 3)."""
+    """``sqlite`` and ``postgresql`` (psycopg 3); one writer per database for both."""
     return [
-        StoreSpec(name="sqlite", schemes=("sqlite", "sqlite+pysqlite"), open=open_sql_backend),
         StoreSpec(
-            name="postgresql", schemes=("postgresql", "postgresql+psycopg"), open=open_sql_backend
-        ),
+            name=name,
+            schemes=schemes,
+            open=open_sql_backend,
+            open_read_only=open_sql_backend_read_only,
+        )
+        for name, schemes in (
+            ("sqlite", ("sqlite", "sqlite+pysqlite")),
+            ("postgresql", ("postgresql", "postgresql+psycopg")),
+        )
     ]

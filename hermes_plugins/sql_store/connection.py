@@ -4,6 +4,12 @@ One writer connection, guarded by a lock, carries every write (SQLite has one wr
 PostgreSQL it keeps commit order simple); reads use pooled connections so they never wait for it.
 Each write method is one transaction committed before it returns, unless it runs inside
 :meth:`SqlConnection.transaction`, where the store's writer groups many steps into one commit.
+
+A store opened for writing holds the database's one-writer lock (``exclusive``) from before the
+schema is created or upgraded until it closes. When the writer's connection is lost (PostgreSQL)
+the store refuses writes, reconnects at the next write (at most once per back-off interval) and
+takes the lock again before writing. A store opened read-only holds no lock, never creates or
+upgrades the schema, and refuses every write.
 """
 
 from __future__ import annotations
@@ -12,10 +18,11 @@ import logging
 import os
 import stat
 import threading
+import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 from sqlalchemy import (
     Connection,
@@ -31,15 +38,21 @@ from sqlalchemy import (
 from sqlalchemy.dialects import sqlite
 from sqlalchemy.engine import URL
 from sqlalchemy.exc import OperationalError, SQLAlchemyError
+from sqlalchemy.pool import PoolProxiedConnection
 
 from hermes_core.config import GatewayConfig
 from hermes_core.errors import (
     CorruptDatabaseError,
+    GatewayLockedError,
+    HermesError,
+    ReadOnlyStoreError,
     SchemaVersionError,
     StoreError,
     StoreUnavailableError,
 )
+from hermes_core.instance import LockFile
 from hermes_core.store.files import create_private_file, ensure_private_dir
+from hermes_plugins.sql_store import exclusive
 from hermes_plugins.sql_store.schema import (
     FTS_TRIGGERS,
     MIGRATIONS,
@@ -58,6 +71,10 @@ _T = TypeVar("_T")
 _SIDECARS = ("-wal", "-shm", "-journal")
 SQLITE_CACHE_KIB = 65_536
 """Page cache per SQLite connection, in KiB."""
+RECONNECT_BACKOFF_SECS = (0.5, 30.0)
+"""After a failed reconnect the next waits this long, doubling each time up to the bound."""
+CONNECT_TIMEOUT_SECS = 10
+"""How long opening a PostgreSQL connection may take (a reconnect never hangs longer)."""
 
 
 def display_url(url: URL) -> str:
@@ -68,8 +85,9 @@ def display_url(url: URL) -> str:
 class SqlConnection:
     """The engine, the writer connection and schema of one SQL store."""
 
-    def __init__(self, url: str, config: GatewayConfig) -> None:
+    def __init__(self, url: str, config: GatewayConfig, *, read_only: bool = False) -> None:
         self.url = make_url(url)
+        self.read_only = read_only
         self.display = display_url(self.url)
         self.name = "sqlite" if self.url.get_backend_name() == "sqlite" else "postgresql"
         self._lock = threading.RLock()
@@ -80,22 +98,36 @@ class SqlConnection:
         """Write commits, statements sent by the writer and read transactions, for benchmarks."""
         self._warned_fts = False
         self._closed = False
+        self._writer: PoolProxiedConnection | None = None
+        """The connection of every write; None while read-only or lost (see :meth:`_live`)."""
+        self._cursor: _CountingCursor | None = None
+        self._file_lock: LockFile | None = None
+        self._lost_at: float | None = None
+        self._retry_at = 0.0
+        self._backoff = 0.0
+        self._fenced: StoreUnavailableError | None = None
+        """Set for good when another writer took the database while the connection was lost."""
         self._engine = self._create_engine(config)
         self._driver_error: type[Exception] = self._engine.dialect.loaded_dbapi.Error
         try:
+            if not read_only:  # the lock comes first: only its holder creates or upgrades schema
+                if self.name == "sqlite":
+                    self._file_lock = exclusive.lock_sqlite(self.path, self.display, config)
+                self._connect_writer()
             with self._engine.connect() as conn:
                 if self.name == "sqlite":
                     self._tighten_sidecars()
-                self._migrate(conn)
+                if read_only:
+                    self._check_schema(conn)
+                else:
+                    self._migrate(conn)
                 self._fts = self._fts_state(conn)
-            self._writer = self._engine.raw_connection()
-        except SQLAlchemyError as exc:
-            self._engine.dispose()
+        except (SQLAlchemyError, self._driver_error) as exc:  # a raw connection's are bare
+            self._release()
             raise self._translate(exc, "opening the store", unavailable=True) from exc
-        except StoreError:
-            self._engine.dispose()
+        except HermesError:
+            self._release()
             raise
-        self._cursor = _CountingCursor(self._writer.cursor(), self.counters)
         self._dialect = self._engine.dialect
         if self.name == "sqlite":  # named parameters: rows go to the driver as they are, no tuples
             self._dialect = sqlite.dialect(paramstyle="named")
@@ -106,7 +138,13 @@ class SqlConnection:
 
     def _create_engine(self, config: GatewayConfig) -> Engine:
         if self.name != "sqlite":
-            return create_engine(self.url, pool_pre_ping=True)
+            settings = {
+                "application_name": exclusive.application_name(config),
+                "connect_timeout": CONNECT_TIMEOUT_SECS,
+            }
+            if self.read_only:  # the server refuses writes too
+                settings["options"] = "-c default_transaction_read_only=on"
+            return create_engine(self.url, pool_pre_ping=True, connect_args=settings)
         database = self.url.database
         if not database or database == ":memory:":
             raise StoreUnavailableError(
@@ -115,9 +153,15 @@ class SqlConnection:
             )
         self.path = Path(database)
         try:
-            ensure_private_dir(self.path.parent)
-            create_private_file(self.path, b"")
+            if not self.read_only:
+                ensure_private_dir(self.path.parent)
+                create_private_file(self.path, b"")
             info = os.lstat(self.path)
+        except FileNotFoundError:
+            raise StoreUnavailableError(
+                f"{self.display}: there is no database at {self.path}; a store opened for "
+                "writing (the gateway) creates it, or point storage.url at an existing one."
+            ) from None
         except OSError as exc:
             raise StoreUnavailableError(f"{self.display}: cannot create the file: {exc}") from exc
         if not stat.S_ISREG(info.st_mode):
@@ -135,11 +179,14 @@ class SqlConnection:
             dbapi_connection.isolation_level = "IMMEDIATE"
             dbapi_connection.execute("PRAGMA foreign_keys=ON")
             dbapi_connection.execute(f"PRAGMA busy_timeout={int(busy * 1000)}")
-            mode = dbapi_connection.execute("PRAGMA journal_mode=WAL").fetchone()[0]
-            if str(mode).lower() != "wal":
-                logger.warning(
-                    "%s: WAL journal refused (mode %s); using it as is", self.display, mode
-                )
+            if self.read_only:  # SQLite refuses writes too (the writer chose the journal mode)
+                dbapi_connection.execute("PRAGMA query_only=ON")
+            else:
+                mode = dbapi_connection.execute("PRAGMA journal_mode=WAL").fetchone()[0]
+                if str(mode).lower() != "wal":
+                    logger.warning(
+                        "%s: WAL journal refused (mode %s); using it as is", self.display, mode
+                    )
             dbapi_connection.execute(f"PRAGMA synchronous={synchronous}")
             # A page cache for stores of many lanes (the default 2 MB thrashes at 100k lanes).
             dbapi_connection.execute(f"PRAGMA cache_size=-{SQLITE_CACHE_KIB}")
@@ -162,6 +209,8 @@ class SqlConnection:
         """One transaction around several write methods (the store's group commit): the writes
         inside join it and it commits once at the end; nothing is committed if it raises."""
         with self._lock:
+            if self._batch_depth == 0:
+                self._live()  # reconnected before the batch starts, or the batch is refused
             self._batch_depth += 1
             if self._batch_depth == 1:
                 self._spoiled = False
@@ -171,7 +220,7 @@ class SqlConnection:
                 if self._batch_depth == 1 and self._spoiled:
                     raise StoreError(f"{self.display}: a write of the batch failed")
                 if self._batch_depth == 1:
-                    self._writer.commit()
+                    self._live()[0].commit()
                     self.counters["commits"] += 1
             except BaseException as exc:
                 if self._batch_depth == 1:
@@ -195,7 +244,7 @@ class SqlConnection:
         """One row of a read in the open batch (on the writer's cursor) as a mapping, or
         None."""
         try:
-            cursor = statement.run(self._cursor, params)
+            cursor = statement.run(self._live()[1], params)
             row = cursor.fetchone()
         except self._driver_error as exc:
             self._spoiled = True
@@ -210,10 +259,83 @@ class SqlConnection:
         return self._batch_depth > 0
 
     def _rollback(self) -> None:
+        """Roll back the writer's transaction; a connection found lost is dropped (with it
+        PostgreSQL's writer lock), so the next write reconnects."""
+        writer = self._writer
+        if writer is None:
+            return
         try:
-            self._writer.rollback()
-        except self._driver_error:
-            logger.debug("rollback after a failed write also failed", exc_info=True)
+            writer.rollback()
+        except self._driver_error as exc:
+            lost = self._engine.dialect.is_disconnect(cast(Any, exc), writer, None)
+            if not lost:
+                logger.debug("rollback after a failed write also failed", exc_info=True)
+                return
+            writer.invalidate(exc)
+            self._writer = self._cursor = None
+            self._lost_at = time.monotonic()
+            logger.warning(
+                "%s: the connection to the database was lost (%s); writes are refused until it "
+                "is back", self.display, type(exc).__name__,
+            )  # fmt: skip
+
+    def _live(self) -> tuple[PoolProxiedConnection, _CountingCursor]:
+        """The writer's connection and cursor; after a loss, a new connection that has taken
+        the writer lock again (one attempt per back-off interval, else the write is refused)."""
+        if self._writer is not None and self._cursor is not None:
+            return self._writer, self._cursor
+        if self.read_only:
+            raise ReadOnlyStoreError(
+                f"{self.display}: this store was opened read-only and changes nothing; open it "
+                "for writing (one writer per database at a time) to change it."
+            )
+        if self._fenced is not None:
+            raise self._fenced
+        now = time.monotonic()
+        if now < self._retry_at:
+            raise StoreUnavailableError(
+                f"{self.display}: the connection to the database is lost; nothing was written "
+                f"(the next reconnect is in {self._retry_at - now:.1f} s)."
+            )
+        try:
+            self._connect_writer()
+        except GatewayLockedError as exc:
+            self._fenced = StoreUnavailableError(
+                f"{self.display}: the writer lock was taken by another process while this "
+                f"store's connection was lost ({exc}); this store writes nothing more: stop one "
+                "of the two, then restart this one."
+            )
+            logger.error("%s", self._fenced)
+            raise self._fenced from exc
+        except (SQLAlchemyError, self._driver_error) as exc:
+            first, bound = RECONNECT_BACKOFF_SECS
+            self._backoff = min(max(2 * self._backoff, first), bound)
+            self._retry_at = now + self._backoff
+            raise self._translate(exc, "reconnecting to the database", unavailable=True) from exc
+        if self._lost_at is not None:
+            logger.warning(
+                "%s: the connection to the database is back after %.1f s; writes work again",
+                self.display, now - self._lost_at,
+            )  # fmt: skip
+        self._lost_at, self._backoff, self._retry_at = None, 0.0, 0.0
+        return self._live()
+
+    def _connect_writer(self) -> None:
+        """Open the writer's connection; on PostgreSQL take the writer lock on it first."""
+        writer = self._engine.raw_connection()
+        try:
+            if self.name == "postgresql":
+                cursor = writer.cursor()
+                try:
+                    exclusive.lock_postgres(cursor, self.display)
+                finally:
+                    cursor.close()
+                writer.commit()
+        except BaseException:
+            writer.close()
+            raise
+        self._writer = writer
+        self._cursor = _CountingCursor(writer.cursor(), self.counters)
 
     @contextmanager
     def _write(self, what: str, *, ddl: bool = False) -> Iterator[Any]:
@@ -224,9 +346,10 @@ class SqlConnection:
         directly keeps a one-row transaction close to the cost of raw SQL.
         """
         with self._lock:
+            writer, cursor = self._live()
             if self._batched:
                 try:
-                    yield self._cursor
+                    yield cursor
                 except BaseException as exc:
                     # Even if the caller swallows it, the transaction is not to be trusted now.
                     self._spoiled = True
@@ -238,9 +361,9 @@ class SqlConnection:
                 if (
                     ddl and self.name == "sqlite"
                 ):  # DDL does not open pysqlite's implicit transaction
-                    self._cursor.execute("BEGIN IMMEDIATE")
-                yield self._cursor
-                self._writer.commit()
+                    cursor.execute("BEGIN IMMEDIATE")
+                yield cursor
+                writer.commit()
                 self.counters["commits"] += 1
             except BaseException as exc:
                 self._rollback()
@@ -272,35 +395,82 @@ class SqlConnection:
         return StoreError(f"{self.display}: {what} failed: {text}")
 
     def close(self) -> None:
-        """Close the writer and every pooled connection (idempotent)."""
+        """Close the writer and every pooled connection, then release the writer lock
+        (idempotent)."""
         with self._lock:
             if self._closed:
                 return
             self._closed = True
-            try:
+            self._release()
+
+    def _release(self) -> None:
+        """Close the connections (PostgreSQL's writer lock ends with the writer's session),
+        then let go of SQLite's lock file."""
+        try:
+            if self._cursor is not None and self._writer is not None:
+                if self.name == "postgresql":
+                    self._unlock(self._writer, self._cursor)
                 self._cursor.close()
                 self._writer.close()
-            finally:
-                self._engine.dispose()
+        finally:
+            self._writer = self._cursor = None
+            self._engine.dispose()
+            if self._file_lock is not None:
+                self._file_lock.release()
+
+    def _unlock(self, writer: PoolProxiedConnection, cursor: _CountingCursor) -> None:
+        """Release PostgreSQL's writer lock before closing: the server ends a closed session's
+        locks only once its process notices, and the next writer may be starting already."""
+        try:
+            writer.rollback()
+            cursor.execute(exclusive.UNLOCK)
+            writer.commit()
+        except self._driver_error:
+            logger.debug(
+                "releasing the writer lock failed; it ends with the session", exc_info=True
+            )
 
     # -- schema ---------------------------------------------------------------------------------
 
+    def _stored_version(self, conn: Connection) -> int:
+        """The database's schema version (0: no schema yet); a newer one than this release
+        knows is refused."""
+        current = 0
+        if "schema_version" in set(self._engine.dialect.get_table_names(conn)):
+            found = conn.execute(select(func.max(schema_version.c.version))).scalar()
+            current = int(found or 0)
+        if current > SCHEMA_VERSION:
+            raise SchemaVersionError(
+                f"{self.display}: the database has schema version {current}, newer than "
+                f"version {SCHEMA_VERSION} supported by this hermes-sessions; upgrade "
+                "hermes-sessions (the database was left untouched)."
+            )
+        return current
+
+    def _check_schema(self, conn: Connection) -> None:
+        """Read-only: the schema must be there already, at this release's version."""
+        current = self._stored_version(conn)
+        conn.rollback()
+        if current == 0:
+            raise StoreUnavailableError(
+                f"{self.display}: the database has no hermes-sessions schema yet, so there is "
+                "nothing to read; a store opened for writing (the gateway) creates it."
+            )
+        if current < SCHEMA_VERSION:
+            raise StoreUnavailableError(
+                f"{self.display}: the database has schema version {current}, older than version "
+                f"{SCHEMA_VERSION} of this hermes-sessions; open it for writing once (start the "
+                "gateway) to upgrade it, then read it."
+            )
+
     def _migrate(self, conn: Connection) -> None:
-        """Create or upgrade the schema in one transaction; refuse a newer schema."""
+        """Create or upgrade the schema in one transaction; refuse a newer schema. Only the
+        holder of the writer lock runs this, and it reads the version inside the transaction,
+        so processes starting together never create or upgrade the schema twice."""
         if self.name == "sqlite":
             conn.exec_driver_sql("BEGIN IMMEDIATE")
         try:
-            tables = set(self._engine.dialect.get_table_names(conn))
-            current = 0
-            if "schema_version" in tables:
-                found = conn.execute(select(func.max(schema_version.c.version))).scalar()
-                current = int(found or 0)
-            if current > SCHEMA_VERSION:
-                raise SchemaVersionError(
-                    f"{self.display}: the database has schema version {current}, newer than "
-                    f"version {SCHEMA_VERSION} supported by this hermes-sessions; upgrade "
-                    "hermes-sessions (the database was left untouched)."
-                )
+            current = self._stored_version(conn)
             for step in MIGRATIONS[current:]:
                 step(conn)
             if current < SCHEMA_VERSION:
@@ -416,8 +586,18 @@ class SqlConnection:
         return None if value is None else str(value)
 
     def health(self) -> dict[str, Any]:
-        """``backend`` and ``fts`` state."""
-        return {"backend": self.name, "fts": self._fts}
+        """``backend``, ``fts`` state and whether writes can be stored now (``available``;
+        ``unavailable_reason`` says why not: the connection is lost or another writer took the
+        database)."""
+        reason = None
+        if self._fenced is not None:
+            reason = str(self._fenced)
+        elif self._lost_at is not None:
+            reason = f"{self.display}: the connection to the database is lost; reconnecting"
+        return {
+            "backend": self.name, "fts": self._fts, "available": reason is None,
+            "unavailable_reason": reason,
+        }  # fmt: skip
 
     def _insert_message(self, cursor: Any, row: Mapping[str, Any]) -> int:
         """Insert one message row on the writer's cursor; its id."""
