@@ -158,7 +158,7 @@ def test_read_only_needs_a_schema(url: str, tmp_path: Path) -> None:
         _open(tmp_path / "reader", url, read_only=True)
 
 
-def test_four_processes_starting_on_an_empty_database(url: str, tmp_path: Path) -> None:
+def test_four_gateways_starting_on_an_empty_database(url: str, tmp_path: Path) -> None:
     homes = [tmp_path / f"home-{n}" for n in range(4)]
     for home in homes:
         configure(home, url)

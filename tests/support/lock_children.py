@@ -45,25 +45,38 @@ def _race(
     results: Any,
     done: Any,
 ) -> None:
-    """Open the store as soon as every racer is ready, report, then keep it open until the
-    parent has every report (a writer holds its lock while the others try)."""
+    """As soon as every racer is ready, start a real ``Gateway`` (``write``) or open a
+    read-only store (``read``), report, then keep it running until the parent has every report
+    (a writer holds its lock while the others try)."""
     start.wait(CHILD_TIMEOUT)
     config = _config(home)
     plugins = create_plugin_manager(config, load_entrypoints=False, strict=True)
-    try:
-        store = SessionStore.open(config, plugins=plugins, read_only=action == "read")
-    except GatewayLockedError as exc:
-        results.put((os.getpid(), "locked", str(exc)))
-        return
-    except Exception:  # noqa: BLE001 - any other failure is what the parent reports
-        results.put((os.getpid(), "error", traceback.format_exc()))
-        return
-    try:
-        lanes = len(store.list_sessions())
-        results.put((os.getpid(), "reader" if action == "read" else "writer", str(lanes)))
-        done.wait(CHILD_TIMEOUT)
-    finally:
-        store.close()
+
+    async def run() -> None:
+        try:
+            if action == "read":
+                store = SessionStore.open(config, plugins=plugins, read_only=True)
+                stop: Any = store.close
+            else:
+                gateway = Gateway(config, plugins, lambda entry: EchoAgent(), [InMemoryAdapter()])
+                await gateway.start()
+                store, stop = gateway.store, gateway.stop
+        except GatewayLockedError as exc:
+            results.put((os.getpid(), "locked", str(exc)))
+            return
+        except Exception:  # noqa: BLE001 - any other failure is what the parent reports
+            results.put((os.getpid(), "error", traceback.format_exc()))
+            return
+        try:
+            lanes = len(store.list_sessions())
+            results.put((os.getpid(), "reader" if action == "read" else "writer", str(lanes)))
+            await asyncio.to_thread(done.wait, CHILD_TIMEOUT)
+        finally:
+            result = stop()
+            if asyncio.iscoroutine(result):
+                await result
+
+    asyncio.run(run())
 
 
 def _hold(role: str, home: str, ready: Any, release: Any) -> None:
@@ -120,8 +133,9 @@ class Holder:
 
 
 def race(action: str, homes: list[Path]) -> list[tuple[int, str, str]]:
-    """Start one child per home, let them open the store (``write`` or ``read``) at the same
-    moment, and return every child's (pid, outcome, detail)."""
+    """Start one child per home, let them start a gateway (``write``) or open the store
+    read-only (``read``) at the same moment, and return every child's (pid, outcome,
+    detail)."""
     start, done = FORKS.Event(), FORKS.Event()
     results = FORKS.Queue()
     children = [
