@@ -66,7 +66,7 @@ def build_session_context(
     ``shared_multi_user_session`` comes from the same key resolution the store uses (effective
     per-platform flags), so predicate, key and prompt agree. ``plugins`` None: the built-ins.
     """
-    registry = platform_registry(plugins, hermes_home=config.hermes_home)
+    registry = platform_registry(plugins, config)
     resolution = resolve_for_config(source, config, plugins)
     connected = tuple(name for name in config.connected_platforms() if name in registry)
     homes = []
@@ -191,7 +191,7 @@ def build_session_context_prompt(
     redaction fails, and :class:`~hermes_core.errors.PluginError` when a platform's description or
     notes fail: no prompt is produced either way.
     """
-    registry = platform_registry(plugins, hermes_home=context.hermes_home)
+    registry = platform_registry(plugins)
     ids = _redactor(context, registry, redact_pii)
     source = context.source
     lines = [PROMPT_HEADING, "", UNTRUSTED_NOTICE, "", _source_line(source, registry, ids)]
@@ -265,7 +265,7 @@ def _sender_name(
     if name:
         return name
     if source.user_id:
-        registry = platform_registry(plugins, hermes_home=context.hermes_home)
+        registry = platform_registry(plugins)
         shown = _redactor(context, registry, None).user_id(source.platform, source.user_id)
         name = inline_untrusted(shown)
     return name or "user"

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from hermes_core.config import GatewayConfig
@@ -42,7 +42,7 @@ def run_recovery_steps(
 ) -> None:
     """Run ``steps`` in order: a failing step is logged with its name and the next one runs,
     unless it is critical, which raises :class:`RecoveryAbortedError`."""
-    results: dict[str, str] = context.report.setdefault("steps", {})
+    results = context.report.outcomes
     for step in steps:
         try:
             step.run(context)
@@ -142,7 +142,10 @@ class GatewayState:
     config: GatewayConfig
     plugins: HermesPluginManager | None = None
     has_active_processes_fn: Callable[[str], bool] | None = None
-    callbacks: dict[str, Callable[..., Any]] = field(default_factory=dict)
+    diagnostic_muted: Callable[[str, str], bool] | None = None
+    """The host callback the ``clean_shutdown`` step consults (see :class:`RecoveryContext`)."""
+    queue_restore: Callable[[], int] | None = None
+    """The gateway's queue reload the ``queue_restore`` step calls."""
     lock: InstanceLock | None = None
     store: SessionStore | None = None
     context: RecoveryContext | None = None
@@ -161,7 +164,7 @@ class GatewayState:
             clean = read_clean_shutdown(home, self.lock.previous_boot_id)
             self.context = RecoveryContext(
                 store=self.store, config=self.config, last_stop_clean=clean,
-                callbacks=dict(self.callbacks),
+                diagnostic_muted=self.diagnostic_muted, queue_restore=self.queue_restore,
             )  # fmt: skip
             run_recovery_steps(plugins.recovery_steps("startup"), self.context, plugins)
         except BaseException:

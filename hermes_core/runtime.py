@@ -125,9 +125,7 @@ class Gateway:
         self.state = GatewayState(
             config, plugins=self.plugins,
             has_active_processes_fn=self.callbacks.has_active_processes,
-            callbacks={"queue_restore": self._restore_queue,
-                       **({"diagnostic_muted": self.callbacks.diagnostic_muted}
-                          if self.callbacks.diagnostic_muted else {})},
+            diagnostic_muted=self.callbacks.diagnostic_muted, queue_restore=self._restore_queue,
         )  # fmt: skip
         self.queue: TurnQueue | None = None
         self.pipeline: TurnPipeline | None = None
