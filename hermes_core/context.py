@@ -16,7 +16,13 @@ from typing import TypeVar
 from hermes_core.config import GatewayConfig
 from hermes_core.errors import PluginError
 from hermes_core.keys import resolve_for_config
-from hermes_core.models import HomeChannel, SessionContext, SessionEntry, SessionSource
+from hermes_core.models import (
+    HomeChannel,
+    SessionContext,
+    SessionEntry,
+    SessionSource,
+    generic_description,
+)
 from hermes_core.plugins import HermesPluginManager, PlatformRegistry, platform_registry
 from hermes_core.redaction import Redactor, inline_untrusted, one_line, quote_untrusted
 
@@ -137,9 +143,9 @@ def _has_thread(source: SessionSource) -> bool:
 def _source_line(source: SessionSource, registry: PlatformRegistry, ids: Redactor) -> str:
     """``**Source:** <label> (<quoted description>)``; rebuilt from names and pseudonyms (no
     thread suffix, no plugin override) when the platform's ids are redacted."""
-    if source.platform == "local":
-        return "**Source:** Local (the machine running this agent)"
     spec = registry.get(source.platform)
+    if spec is not None and spec.local_machine:
+        return "**Source:** Local (the machine running this agent)"
     label = spec.display_label if spec is not None else source.platform.title()
     if ids.applies(source.platform):
         user = source.user_name or ids.user_id(source.platform, source.user_id or "") or "user"
@@ -156,7 +162,7 @@ def _source_line(source: SessionSource, registry: PlatformRegistry, ids: Redacto
             registry, source.platform, "description", lambda: describe(source)
         )
     else:
-        description = source.description
+        description = generic_description(source)
     return f"**Source:** {label} ({quote_untrusted(description)})"
 
 
@@ -206,10 +212,11 @@ def build_session_context_prompt(
         lines.append(f"**User ID:** {quote_untrusted(shown_user)}")
     lines.extend(_platform_notes(context, registry))
 
-    connected = ["local (files on this machine)"] + [
-        f"{name}: Connected ✓" for name in sorted(context.connected_platforms) if name != "local"
+    local = registry.local_machine
+    connected = [f"{name} (files on this machine)" for name in local] + [
+        f"{name}: Connected ✓" for name in sorted(context.connected_platforms) if name not in local
     ]
-    lines.append(f"**Connected Platforms:** {', '.join(connected)}")
+    lines.append(f"**Connected Platforms:** {', '.join(connected) or 'none'}")
 
     homes = sorted(context.home_channels, key=lambda home: home.platform)
     if homes:
@@ -220,13 +227,13 @@ def build_session_context_prompt(
             lines.append(f"  - {home.platform}: {name} (ID: {shown_id})")
 
     lines += ["", "**Delivery options for scheduled tasks:**"]
-    if source.platform == "local":
+    if source.platform in local:
         lines.append('- "origin" → local output (saved to files)')
     else:
         origin = source.chat_name or ids.chat_id(source.platform, source.chat_id)
         lines.append(f'- "origin" → back to this chat ({quote_untrusted(origin)})')
     output_dir = _display_path(_hermes_home(context) / "cron" / "output")
-    lines.append(f'- "local" → save to local files only ({output_dir}/)')
+    lines += [f'- "{name}" → save to local files only ({output_dir}/)' for name in local]
     for home in homes:
         lines.append(f'- "{home.platform}" → home channel ({quote_untrusted(home.name)})')
     lines += ["", TARGETING_LINE]

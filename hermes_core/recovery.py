@@ -18,7 +18,7 @@ from hermes_core.crashpoints import arm, crash_point
 from hermes_core.errors import HermesError
 from hermes_core.instance import InstanceLock, read_clean_shutdown, write_clean_shutdown
 from hermes_core.ledger import SILENCE_NOTICE, is_silent_reply
-from hermes_core.plugins import HermesPluginManager, create_plugin_manager
+from hermes_core.plugins import HermesPluginManager, default_plugin_manager
 from hermes_core.specs import LifecycleEvent, RecoveryContext, RecoveryStep
 from hermes_core.store import SessionStore
 
@@ -153,7 +153,7 @@ class GatewayState:
     def start(self) -> SessionStore:
         """SPEC §7.2 steps 1-3: lock, open the store, run the start-up recovery steps."""
         arm()
-        plugins = self.plugins or create_plugin_manager(self.config)
+        plugins = self.plugins or default_plugin_manager(self.config)
         self.plugins = plugins
         home = self.config.hermes_home
         self.lock = InstanceLock.acquire(home)

@@ -53,7 +53,7 @@ from hermes_core.housekeeping import Housekeeping
 from hermes_core.ledger import Occasion, SendResult
 from hermes_core.models import MessageEvent, SessionContext, SessionEntry, SessionSource
 from hermes_core.pipeline import Turn, TurnPipeline
-from hermes_core.plugins import HermesPluginManager, create_plugin_manager
+from hermes_core.plugins import HermesPluginManager, default_plugin_manager
 from hermes_core.queue import EnqueueResult, QueuedItem, SeenMessages, TurnQueue
 from hermes_core.recovery import GatewayState
 from hermes_core.resume import resume_candidates, resume_event
@@ -112,7 +112,7 @@ class Gateway:
         callbacks: HostCallbacks | None = None,
     ) -> None:
         self.config = config
-        self.plugins = plugins if plugins is not None else create_plugin_manager(config)
+        self.plugins = plugins if plugins is not None else default_plugin_manager(config)
         self.agent_factory = agent_factory
         self.adapters = {adapter.platform: adapter for adapter in adapters}
         self.callbacks = callbacks or HostCallbacks()
