@@ -17,6 +17,7 @@ from hermes_core import GatewayConfig, RecoveryContext, RecoveryStep
 from hermes_core.instance import GatewayLockedError, InstanceLock, RestartCounts
 from hermes_core.ledger import RESTART_PREFIX, SILENCE_NOTICE
 from hermes_core.recovery import GatewayState, RecoveryAbortedError, record_crash_left_replies
+from hermes_core.specs import CrashRecoveryResult, StuckLoopResult
 from hermes_core.store import SessionStore
 from hermes_core.testing import RecoveryStepsPlugin, fresh_plugin_manager, telegram_dm
 
@@ -83,6 +84,9 @@ def test_clean_stop_discards_markers_without_resume(state: Callable[..., Gateway
     assert not (again.config.hermes_home / ".clean_shutdown").exists()
     assert again.context is not None
     assert again.context.last_stop_clean
+    report = again.context.report
+    assert report.crash_recovery == CrashRecoveryResult(clean=True, markers_discarded=1)
+    assert report.stuck_loop == StuckLoopResult(counts={}, suspended=())
 
 
 def test_missing_marker_means_crash_recovery(state: Callable[..., GatewayState]) -> None:
@@ -96,6 +100,13 @@ def test_missing_marker_means_crash_recovery(state: Callable[..., GatewayState])
     assert entry.resume_reason == "restart_interrupted"
     assert entry.active_turn_token is None
     assert json.loads((again.config.hermes_home / "restart_counts.json").read_text()) == {key: 1}
+    assert again.context is not None
+    report = again.context.report  # clean_shutdown hands the interrupted lanes to stuck_loop
+    assert report.crash_recovery is not None
+    assert (report.crash_recovery.clean, report.crash_recovery.armed) == (False, (key,))
+    assert report.crash_recovery.interrupted == (key,)
+    assert report.stuck_loop == StuckLoopResult(counts={key: 1}, suspended=())
+    assert report.outcomes["stuck_loop"] == "ok"
 
 
 def test_marker_of_another_boot_is_not_trusted(
