@@ -44,6 +44,7 @@ from hermes_core.plugins import (
     PlatformRegistry,
     PluginInfo,
     create_plugin_manager,
+    default_plugin_manager,
     hookimpl,
 )
 from hermes_core.runtime import Gateway
@@ -53,6 +54,7 @@ from hermes_core.specs import (
     LifecycleEvent,
     PlatformSpec,
     RecoveryContext,
+    RecoveryReport,
     RecoveryStep,
     StoreSpec,
 )
@@ -89,6 +91,7 @@ __all__ = [
     "PluginError",
     "PluginInfo",
     "RecoveryContext",
+    "RecoveryReport",
     "RecoveryStep",
     "RedactionError",
     "SessionContext",
@@ -103,6 +106,7 @@ __all__ = [
     "build_session_context_prompt",
     "build_session_key",
     "create_plugin_manager",
+    "default_plugin_manager",
     "hookimpl",
     "is_shared_multi_user_session",
     "prefix_sender",
