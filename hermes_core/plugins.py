@@ -266,7 +266,7 @@ class HermesPluginManager(pluggy.PluginManager):
         self._origins[name] = origin
         return True
 
-    def add_absent(
+    def _add_absent(
         self, name: str, origin: _Origin, status: PluginStatus, problem: str | None
     ) -> None:
         """Record a plugin that is not registered (disabled, or failed to import)."""
@@ -280,7 +280,7 @@ class HermesPluginManager(pluggy.PluginManager):
         if self.strict:
             raise PluginError(text)
         logger.warning("%s; skipped", text)
-        self.add_absent(name, origin, "failed", message)
+        self._add_absent(name, origin, "failed", message)
 
     def _describe(self, plugin_name: str) -> str:
         """``'name' (distribution)`` of a known plugin, for messages."""
@@ -606,7 +606,7 @@ def create_plugin_manager(
     for name, module_path in BUILTIN_PLUGINS:
         origin = _Origin(DISTRIBUTION, version, True)
         if name in disabled:
-            manager.add_absent(name, origin, "disabled", None)
+            manager._add_absent(name, origin, "disabled", None)
             if name in ESSENTIAL_PLUGINS:
                 manager._essentials_disabled[name] = _would_provide(config, name, module_path)
             continue
@@ -622,7 +622,7 @@ def create_plugin_manager(
                 continue
             origin = _Origin(dist, entry.dist.version if entry.dist is not None else None, False)
             if entry.name in disabled:
-                manager.add_absent(entry.name, origin, "disabled", None)
+                manager._add_absent(entry.name, origin, "disabled", None)
                 continue
             try:
                 plugin = entry.load()
