@@ -19,6 +19,7 @@ from hermes_core.errors import (
     HermesError,
     InvalidValueError,
     PlatformConflictError,
+    PluginConflictError,
     PluginError,
     RedactionError,
     UnknownPlatformError,
@@ -43,6 +44,7 @@ from hermes_core.plugins import (
     PlatformRegistry,
     PluginInfo,
     create_plugin_manager,
+    default_plugin_manager,
     hookimpl,
 )
 from hermes_core.runtime import Gateway
@@ -52,6 +54,7 @@ from hermes_core.specs import (
     LifecycleEvent,
     PlatformSpec,
     RecoveryContext,
+    RecoveryReport,
     RecoveryStep,
     StoreSpec,
 )
@@ -84,9 +87,11 @@ __all__ = [
     "PlatformConflictError",
     "PlatformRegistry",
     "PlatformSpec",
+    "PluginConflictError",
     "PluginError",
     "PluginInfo",
     "RecoveryContext",
+    "RecoveryReport",
     "RecoveryStep",
     "RedactionError",
     "SessionContext",
@@ -101,6 +106,7 @@ __all__ = [
     "build_session_context_prompt",
     "build_session_key",
     "create_plugin_manager",
+    "default_plugin_manager",
     "hookimpl",
     "is_shared_multi_user_session",
     "prefix_sender",

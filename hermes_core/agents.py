@@ -125,7 +125,7 @@ class SentMessage:
 class InMemoryAdapter:
     """An adapter that keeps what it sends; ``connected`` and ``fail_with`` steer it in tests."""
 
-    platform: str = "telegram"
+    platform: str
     connected: bool = True
     fail_with: SendResult | None = None
     sent: list[SentMessage] = field(default_factory=list)

@@ -8,6 +8,7 @@ Argparse usage errors keep argparse's own behaviour (usage, exit 2).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 import traceback
@@ -136,29 +137,34 @@ def _source_options() -> argparse.ArgumentParser:
 
 
 def _plugins_command(args: argparse.Namespace, config: GatewayConfig) -> int:
-    """``plugins [--json]``: the loaded plugins, built-ins first."""
-    infos = create_plugin_manager(config).list_plugins()
+    """``plugins [--json]``: every plugin, built-ins first, with its status and what it provides,
+    then each problem (conflicts, lost essentials, failures) with its fix. Conflicts do not stop
+    it: this is the command that diagnoses them."""
+    infos = create_plugin_manager(config, check=False).list_plugins()
     if args.json:
         rows = [
             {
                 "name": info.name,
+                "status": info.status,
                 "distribution": info.distribution,
                 "version": info.version,
                 "builtin": info.builtin,
                 "hooks": list(info.hooks),
+                "provides": dataclasses.asdict(info.provides),
+                "problems": list(info.problems),
             }
             for info in infos
         ]
         print(json.dumps(rows, indent=2, ensure_ascii=False))
         return 0
-    table = [("NAME", "DISTRIBUTION", "VERSION", "BUILT-IN", "HOOKS")]
+    table = [("NAME", "STATUS", "DISTRIBUTION", "VERSION", "PROVIDES")]
     table += [
         (
             info.name,
+            info.status,
             info.distribution or "-",
             info.version or "-",
-            "yes" if info.builtin else "no",
-            ", ".join(info.hooks) or "-",
+            info.provides.describe() or "-",
         )
         for info in infos
     ]
@@ -166,6 +172,11 @@ def _plugins_command(args: argparse.Namespace, config: GatewayConfig) -> int:
     for row in table:
         cells = [cell.ljust(width) for cell, width in zip(row, widths, strict=False)]
         print("  ".join([*cells, row[4]]))
+    problems = dict.fromkeys(problem for info in infos for problem in info.problems)
+    if problems:
+        print("\nProblems:")
+        for problem in problems:
+            print(f"- {problem}")
     return 0
 
 

@@ -16,7 +16,13 @@ from typing import TypeVar
 from hermes_core.config import GatewayConfig
 from hermes_core.errors import PluginError
 from hermes_core.keys import resolve_for_config
-from hermes_core.models import HomeChannel, SessionContext, SessionEntry, SessionSource
+from hermes_core.models import (
+    HomeChannel,
+    SessionContext,
+    SessionEntry,
+    SessionSource,
+    generic_description,
+)
 from hermes_core.plugins import HermesPluginManager, PlatformRegistry, platform_registry
 from hermes_core.redaction import Redactor, inline_untrusted, one_line, quote_untrusted
 
@@ -66,7 +72,7 @@ def build_session_context(
     ``shared_multi_user_session`` comes from the same key resolution the store uses (effective
     per-platform flags), so predicate, key and prompt agree. ``plugins`` None: the built-ins.
     """
-    registry = platform_registry(plugins, hermes_home=config.hermes_home)
+    registry = platform_registry(plugins, config)
     resolution = resolve_for_config(source, config, plugins)
     connected = tuple(name for name in config.connected_platforms() if name in registry)
     homes = []
@@ -137,9 +143,9 @@ def _has_thread(source: SessionSource) -> bool:
 def _source_line(source: SessionSource, registry: PlatformRegistry, ids: Redactor) -> str:
     """``**Source:** <label> (<quoted description>)``; rebuilt from names and pseudonyms (no
     thread suffix, no plugin override) when the platform's ids are redacted."""
-    if source.platform == "local":
-        return "**Source:** Local (the machine running this agent)"
     spec = registry.get(source.platform)
+    if spec is not None and spec.local_machine:
+        return "**Source:** Local (the machine running this agent)"
     label = spec.display_label if spec is not None else source.platform.title()
     if ids.applies(source.platform):
         user = source.user_name or ids.user_id(source.platform, source.user_id or "") or "user"
@@ -156,7 +162,7 @@ def _source_line(source: SessionSource, registry: PlatformRegistry, ids: Redacto
             registry, source.platform, "description", lambda: describe(source)
         )
     else:
-        description = source.description
+        description = generic_description(source)
     return f"**Source:** {label} ({quote_untrusted(description)})"
 
 
@@ -191,7 +197,7 @@ def build_session_context_prompt(
     redaction fails, and :class:`~hermes_core.errors.PluginError` when a platform's description or
     notes fail: no prompt is produced either way.
     """
-    registry = platform_registry(plugins, hermes_home=context.hermes_home)
+    registry = platform_registry(plugins)
     ids = _redactor(context, registry, redact_pii)
     source = context.source
     lines = [PROMPT_HEADING, "", UNTRUSTED_NOTICE, "", _source_line(source, registry, ids)]
@@ -206,10 +212,11 @@ def build_session_context_prompt(
         lines.append(f"**User ID:** {quote_untrusted(shown_user)}")
     lines.extend(_platform_notes(context, registry))
 
-    connected = ["local (files on this machine)"] + [
-        f"{name}: Connected ✓" for name in sorted(context.connected_platforms) if name != "local"
+    local = registry.local_machine
+    connected = [f"{name} (files on this machine)" for name in local] + [
+        f"{name}: Connected ✓" for name in sorted(context.connected_platforms) if name not in local
     ]
-    lines.append(f"**Connected Platforms:** {', '.join(connected)}")
+    lines.append(f"**Connected Platforms:** {', '.join(connected) or 'none'}")
 
     homes = sorted(context.home_channels, key=lambda home: home.platform)
     if homes:
@@ -220,13 +227,13 @@ def build_session_context_prompt(
             lines.append(f"  - {home.platform}: {name} (ID: {shown_id})")
 
     lines += ["", "**Delivery options for scheduled tasks:**"]
-    if source.platform == "local":
+    if source.platform in local:
         lines.append('- "origin" → local output (saved to files)')
     else:
         origin = source.chat_name or ids.chat_id(source.platform, source.chat_id)
         lines.append(f'- "origin" → back to this chat ({quote_untrusted(origin)})')
     output_dir = _display_path(_hermes_home(context) / "cron" / "output")
-    lines.append(f'- "local" → save to local files only ({output_dir}/)')
+    lines += [f'- "{name}" → save to local files only ({output_dir}/)' for name in local]
     for home in homes:
         lines.append(f'- "{home.platform}" → home channel ({quote_untrusted(home.name)})')
     lines += ["", TARGETING_LINE]
@@ -265,7 +272,7 @@ def _sender_name(
     if name:
         return name
     if source.user_id:
-        registry = platform_registry(plugins, hermes_home=context.hermes_home)
+        registry = platform_registry(plugins)
         shown = _redactor(context, registry, None).user_id(source.platform, source.user_id)
         name = inline_untrusted(shown)
     return name or "user"

@@ -65,7 +65,9 @@ def _gateway(state_dir: Path, delay: float) -> Gateway:
         {"display": {"busy_input_mode": "queue"}}, environ={"HERMES_HOME": str(state_dir)}
     )
     plugins = create_plugin_manager(config, load_entrypoints=False)
-    return Gateway(config, plugins, lambda entry: EchoAgent(delay), [ConsoleAdapter()])
+    return Gateway(
+        config, plugins, lambda entry: EchoAgent(delay), [ConsoleAdapter(ALICE_DM.platform)]
+    )
 
 
 async def first_process(state_dir: Path) -> None:

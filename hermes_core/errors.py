@@ -39,7 +39,12 @@ class PluginError(HermesError):
     """A plugin could not be loaded, registered or validated."""
 
 
-class PlatformConflictError(PluginError):
+class PluginConflictError(PluginError):
+    """Two plugins claim one name (a platform, a storage scheme, a recovery step) or two plugins
+    each replace the built-in eviction policy; the message names both and which to disable."""
+
+
+class PlatformConflictError(PluginConflictError):
     """Two plugins registered the same platform name."""
 
 

@@ -32,7 +32,7 @@ def explain_session_key(
     invalid profile, unsafe key).
     """
     resolution = resolve_for_config(source, config, plugins)
-    registry = platform_registry(plugins, hermes_home=config.hermes_home)
+    registry = platform_registry(plugins, config)
     spec = registry[source.platform]
     flags = zip(
         _FLAG_NAMES,

@@ -170,6 +170,6 @@ def resolve_for_config(
     """Resolve with the effective per-platform flags and profile of ``config``; ``plugins`` None
     uses the built-in platforms for ``config.hermes_home``."""
     group_per_user, thread_per_user = config.session_flags(source.platform)
-    spec = platform_registry(plugins, hermes_home=config.hermes_home).require(source.platform)
+    spec = platform_registry(plugins, config).require(source.platform)
     namespace = profile_namespace(config_profile(source, config))
     return _resolve(source, spec, group_per_user, thread_per_user, namespace)

@@ -139,6 +139,20 @@ _SOURCE_ID_FIELDS = (
 _SOURCE_TEXT_FIELDS = ("chat_name", "user_name", "chat_topic", "auto_thread_initial_name")
 
 
+def generic_description(source: SessionSource) -> str:
+    """The generic summary of a source: ``DM with <user>``, ``group: <chat>``, ``channel:
+    <chat>`` or the chat, then ``, thread: <thread_id>`` when set."""
+    if source.chat_type == "dm":
+        text = f"DM with {source.user_name or source.user_id or 'user'}"
+    elif source.chat_type in ("group", "channel"):
+        text = f"{source.chat_type}: {source.chat_name or source.chat_id}"
+    else:
+        text = source.chat_name or source.chat_id
+    if source.thread_id:
+        text += f", thread: {source.thread_id}"
+    return text
+
+
 class SessionSource(_Untrusted):
     """Immutable record of where a message came from; changes produce a copy (:meth:`replace`)."""
 
@@ -196,18 +210,15 @@ class SessionSource(_Untrusted):
 
     @property
     def description(self) -> str:
-        """Human-readable summary, e.g. ``group: My Group, thread: 12345`` (generic rule)."""
-        if self.platform == "local":
-            return "CLI terminal"
-        if self.chat_type == "dm":
-            text = f"DM with {self.user_name or self.user_id or 'user'}"
-        elif self.chat_type in ("group", "channel"):
-            text = f"{self.chat_type}: {self.chat_name or self.chat_id}"
-        else:
-            text = self.chat_name or self.chat_id
-        if self.thread_id:
-            text += f", thread: {self.thread_id}"
-        return text
+        """Human-readable summary, e.g. ``group: My Group, thread: 12345``: the platform's
+        ``PlatformSpec.describe`` (from the default plugin manager) if it has one, else
+        :func:`generic_description`."""
+        from hermes_core.plugins import platform_registry
+
+        spec = platform_registry().get(self.platform)
+        if spec is not None and spec.describe is not None:
+            return spec.describe(self)
+        return generic_description(self)
 
     def to_dict(self) -> dict[str, Any]:
         """Byte-stable serialisation in the key order of SPEC §1; trust flags are never written."""

@@ -1,8 +1,9 @@
 """The plugin manager: built-ins, entry points, validation and typed getters.
 
 Nothing outside this module calls ``pm.hook.*``: callers use the typed getters of
-:class:`HermesPluginManager`. There is no global manager; :func:`create_plugin_manager` returns a
-fresh one (the built-ins-only registry used when no manager is given is cached per ``HERMES_HOME``).
+:class:`HermesPluginManager`. :func:`create_plugin_manager` returns a fresh manager; every public
+function's ``plugins=None`` means :func:`default_plugin_manager`, one cached manager per
+configuration.
 """
 
 from __future__ import annotations
@@ -12,15 +13,22 @@ import importlib
 import logging
 import os
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from importlib.metadata import entry_points
-from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import pluggy
+from cachetools import LRUCache
 
 from hermes_core.config import GatewayConfig
-from hermes_core.errors import PlatformConflictError, PluginError, UnknownPlatformError
+from hermes_core.errors import (
+    ConfigError,
+    HermesError,
+    PlatformConflictError,
+    PluginConflictError,
+    PluginError,
+    UnknownPlatformError,
+)
 from hermes_core.specs import (
     EvictionPolicy,
     LifecycleEvent,
@@ -40,16 +48,51 @@ DISTRIBUTION = "hermes-sessions"
 hookimpl = pluggy.HookimplMarker(PROJECT_NAME)
 """Marker for hook implementations: ``@hookimpl def hermes_register_platforms(config): ...``."""
 
+PluginStatus = Literal["loaded", "conflict", "failed", "disabled"]
+"""``loaded``: in use; ``conflict``: claims something another plugin claims too; ``failed``: did
+not import or register, or a registration hook raised; ``disabled``: in ``plugins.disable``."""
+
+_Concern = Literal["platforms", "stores", "recovery_steps", "eviction_policy"]
+
+
+@dataclass(frozen=True)
+class Provides:
+    """What a plugin registers: platforms, storage URL schemes, recovery steps, eviction policy."""
+
+    platforms: tuple[str, ...] = ()
+    schemes: tuple[str, ...] = ()
+    steps: tuple[str, ...] = ()
+    policy: str | None = None
+
+    def describe(self) -> str:
+        """One line, e.g. ``platforms: local, signal; steps: clean_shutdown``."""
+        parts = [
+            f"{label}: {', '.join(names)}"
+            for label, names in (
+                ("platforms", self.platforms), ("schemes", self.schemes), ("steps", self.steps),
+                ("policy", (self.policy,) if self.policy else ()),
+            )
+            if names
+        ]  # fmt: skip
+        return "; ".join(parts)
+
 
 @dataclass(frozen=True)
 class PluginInfo:
-    """One loaded plugin, as ``list_plugins()`` and ``hermes-sessions plugins`` show it."""
+    """One plugin, as ``list_plugins()`` and ``hermes-sessions plugins`` show it.
+
+    ``provides`` is what the plugin registers; for a disabled built-in, what it would register.
+    ``problems`` says why the status is not ``loaded`` (and how to fix it).
+    """
 
     name: str
     distribution: str | None
     version: str | None
     hooks: tuple[str, ...]
     builtin: bool
+    status: PluginStatus
+    provides: Provides
+    problems: tuple[str, ...]
 
 
 @dataclass(frozen=True)
@@ -60,6 +103,52 @@ class _Origin:
 
 
 _NO_ORIGIN = _Origin(None, None, False)
+
+
+@dataclass(frozen=True)
+class _Absent:
+    """A plugin that is not registered: disabled, or failed to import or register."""
+
+    origin: _Origin
+    status: PluginStatus
+    problem: str | None
+
+
+@dataclass
+class _Offers:
+    """What the registration hooks returned, per plugin, in pluggy's call order."""
+
+    platforms: list[tuple[str, PlatformSpec]] = field(default_factory=list)
+    stores: list[tuple[str, StoreSpec]] = field(default_factory=list)
+    steps: list[tuple[str, RecoveryStep]] = field(default_factory=list)
+    policies: list[tuple[str, EvictionPolicy]] = field(default_factory=list)
+    failures: list[tuple[str, _Concern, str]] = field(default_factory=list)
+    """(plugin, concern, message) of each registration hook that raised or returned junk."""
+    dropped: list[tuple[str, str]] = field(default_factory=list)
+    """(plugin, platform) pairs left out by a ``plugins.disable: [plugin.platform]`` entry."""
+    problems: list[_Problem] = field(default_factory=list)
+
+    def of(self, plugin_name: str) -> Provides:
+        """What ``plugin_name`` provides."""
+        policies = [policy.name for name, policy in self.policies if name == plugin_name]
+        return Provides(
+            platforms=tuple(spec.name for name, spec in self.platforms if name == plugin_name),
+            schemes=tuple(
+                s for name, spec in self.stores if name == plugin_name for s in spec.schemes
+            ),
+            steps=tuple(step.name for name, step in self.steps if name == plugin_name),
+            policy=policies[0] if policies else None,
+        )
+
+
+@dataclass(frozen=True)
+class _Problem:
+    """A conflict, a registration failure (strict only) or an essential plugin lost."""
+
+    concern: _Concern
+    plugins: tuple[str, ...]
+    message: str
+    error: type[HermesError]
 
 
 def _who(plugin_name: str, distribution: str | None) -> str:
@@ -98,54 +187,117 @@ class PlatformRegistry(Mapping[str, PlatformSpec]):
             )
         return spec
 
+    @property
+    def local_machine(self) -> tuple[str, ...]:
+        """The platforms that are the machine running the agent (``PlatformSpec.local_machine``)."""
+        return tuple(name for name, spec in self._specs.items() if spec.local_machine)
+
 
 class HermesPluginManager(pluggy.PluginManager):
-    """pluggy manager with typed, validated and cached access to the hermes hooks."""
+    """pluggy manager with typed, validated and cached access to the hermes hooks.
+
+    Each hook implementation is called on its own, in pluggy's call order (the last registered
+    first; ``tryfirst``/``trylast`` move it to the front/back), so a failure is attributed to its
+    plugin and isolated. Hook wrappers (``wrapper=True``, ``hookwrapper=True``) are refused at
+    registration: there is no single hook call for them to wrap.
+    """
 
     def __init__(self, config: GatewayConfig, *, strict: bool = False) -> None:
         super().__init__(PROJECT_NAME)
+        for module_name in SPEC_MODULES:
+            self.add_hookspecs(importlib.import_module(module_name))
         self.config = config
         self.strict = strict
         self._origins: dict[str, _Origin] = {}
-        self._platforms: PlatformRegistry | None = None
+        self._absent: dict[str, _Absent] = {}
+        self._order: dict[str, None] = {}
+        """Every plugin name seen (registered or absent), in the order it was seen."""
+        self._essentials_disabled: dict[str, Provides] = {}
+        """Disabled essential built-ins and what they would have provided."""
+        self._offered: _Offers | None = None
 
-    # -- registration bookkeeping --------------------------------------------------------------
+    # -- registration --------------------------------------------------------------------------
 
     def register(self, plugin: object, name: str | None = None) -> str | None:
-        self._platforms = None
-        return super().register(plugin, name)
+        """Register ``plugin`` (pluggy's checks), then refuse hook wrappers and unknown hooks
+        (a misspelling) with a :class:`PluginError` naming the plugin; the plugin is then not
+        registered."""
+        registered = super().register(plugin, name)
+        if registered is None:  # a blocked name
+            return None
+        problems = []
+        for caller in self.get_hookcallers(plugin) or ():
+            for impl in caller.get_hookimpls():
+                if impl.plugin is not plugin:
+                    continue
+                if impl.wrapper or impl.hookwrapper:
+                    problems.append(
+                        f"implements {caller.name} as a hook wrapper, which hermes does not "
+                        "support (each implementation is called on its own); remove "
+                        "wrapper=True / hookwrapper=True"
+                    )
+                elif caller.spec is None and not impl.optionalhook:
+                    problems.append(f"implements unknown hooks {caller.name} (misspelled?)")
+        if problems:
+            super().unregister(plugin)
+            raise PluginError(f"plugin {registered!r} {'; '.join(problems)}.")
+        self._order[registered] = None
+        self._offered = None
+        return registered
 
     def unregister(self, plugin: object | None = None, name: str | None = None) -> Any:
-        self._platforms = None
+        self._offered = None
         return super().unregister(plugin, name)
 
-    def _describe(self, plugin_name: str) -> str:
-        """``'name' (distribution)`` of a registered plugin, for messages."""
-        origin = self._origins.get(plugin_name, _NO_ORIGIN)
-        return _who(plugin_name, origin.distribution)
+    def add_plugin(
+        self, plugin: object, name: str, *, distribution: str | None, version: str | None,
+        builtin: bool = False,
+    ) -> bool:  # fmt: skip
+        """Register ``plugin`` from a distribution; False (status ``failed``) if refused."""
+        origin = _Origin(distribution, version, builtin)
+        if self.has_plugin(name) or name in self._absent:
+            self._fail(name, origin, f"the name is already used by plugin {self._describe(name)}")
+            return False
+        try:
+            self.register(plugin, name=name)
+        except Exception as exc:  # noqa: BLE001 - pluggy's and our validation errors
+            self._fail(name, origin, f"could not be registered: {exc}")
+            return False
+        self._origins[name] = origin
+        return True
 
-    def _twice(self, what: str, first: str, second: str) -> str:
-        """Message for a name two plugins claim, naming both plugins and distributions."""
-        return (
-            f"{what} is registered twice: by plugin {self._describe(first)} and by plugin "
-            f"{self._describe(second)}; disable one of them (plugins.disable)."
-        )
+    def _add_absent(
+        self, name: str, origin: _Origin, status: PluginStatus, problem: str | None
+    ) -> None:
+        """Record a plugin that is not registered (disabled, or failed to import)."""
+        self._absent.setdefault(name, _Absent(origin, status, problem))
+        self._order[name] = None
 
-    def _fail(self, who: str, message: str) -> None:
-        """A plugin problem: an error when strict, else a warning naming plugin and distribution."""
-        text = f"plugin {who}: {message}"
+    def _fail(self, name: str, origin: _Origin, message: str) -> None:
+        """A plugin that cannot be registered: a :class:`PluginError` when strict, else a
+        warning naming plugin and distribution, and the plugin is listed as ``failed``."""
+        text = f"plugin {_who(name, origin.distribution)}: {message}"
         if self.strict:
             raise PluginError(text)
         logger.warning("%s; skipped", text)
+        self._add_absent(name, origin, "failed", message)
+
+    def _describe(self, plugin_name: str) -> str:
+        """``'name' (distribution)`` of a known plugin, for messages."""
+        absent = self._absent.get(plugin_name)
+        origin = absent.origin if absent else self._origins.get(plugin_name, _NO_ORIGIN)
+        return _who(plugin_name, origin.distribution)
+
+    # -- collecting what the plugins offer -----------------------------------------------------
 
     def _call_each(
         self, hook_name: str, **kwargs: Any
     ) -> Iterator[tuple[str, Any, Exception | None]]:
-        """Call each implementation of ``hook_name`` separately, in registration order.
+        """Call each implementation of ``hook_name`` on its own, in pluggy's call order.
 
         Yields (plugin name, result, exception); exactly one of the last two is meaningful.
         """
-        for impl in getattr(self.hook, hook_name).get_hookimpls():
+        for impl in reversed(getattr(self.hook, hook_name).get_hookimpls()):
             try:
                 result = impl.function(*(kwargs[arg] for arg in impl.argnames))
             except Exception as exc:  # noqa: BLE001 - the caller applies the hook's failure policy
@@ -153,85 +305,215 @@ class HermesPluginManager(pluggy.PluginManager):
             else:
                 yield impl.plugin_name, result, None
 
-    def _collect_specs(self, hook_name: str, kind: type[Any]) -> Iterator[tuple[str, Any]]:
-        """Collect a list-returning registration hook, checking every item's type."""
-        for plugin_name, result, error in self._call_each(hook_name, config=self.config):
-            if error is not None:
-                self._fail(self._describe(plugin_name), f"hook {hook_name} raised {error!r}")
-                continue
-            items = list(result) if isinstance(result, (list, tuple)) else None
-            if items is None or not all(isinstance(item, kind) for item in items):
-                message = f"hook {hook_name} must return a list of {kind.__name__}"
-                self._fail(self._describe(plugin_name), message)
-                continue
-            for item in items:
-                yield plugin_name, item
+    def _offers(self) -> _Offers:
+        """What every registration hook returned (cached until a plugin is (un)registered).
 
-    # -- typed getters ----------------------------------------------------------------------------
+        A hook that raises or returns the wrong type is logged with the plugin's name and its
+        offers are dropped; the plugin is listed as ``failed`` (with ``strict``, an error).
+        """
+        if self._offered is not None:
+            return self._offered
+        offers = _Offers()
+        disabled = set(self.config.plugins.disable)
 
-    def platforms(self) -> PlatformRegistry:
-        """The platform registry (cached until a plugin is registered or unregistered)."""
-        if self._platforms is None:
-            specs: dict[str, PlatformSpec] = {}
-            owners: dict[str, str] = {}
-            for plugin_name, spec in self._collect_specs("hermes_register_platforms", PlatformSpec):
-                if spec.name in specs:
-                    raise PlatformConflictError(
-                        self._twice(f"platform {spec.name!r}", owners[spec.name], plugin_name)
-                    )
-                specs[spec.name] = spec
-                owners[spec.name] = plugin_name
-            self._platforms = PlatformRegistry(specs, owners)
-        return self._platforms
+        def failed(plugin_name: str, concern: _Concern, message: str) -> None:
+            offers.failures.append((plugin_name, concern, message))
+            logger.warning("plugin %s: %s; skipped", self._describe(plugin_name), message)
 
-    def stores(self) -> dict[str, StoreSpec]:
-        """Storage backends by URL scheme; a scheme claimed twice is a :class:`PluginError`."""
-        by_scheme: dict[str, tuple[str, StoreSpec]] = {}
-        for plugin_name, spec in self._collect_specs("hermes_register_stores", StoreSpec):
-            for scheme in spec.schemes:
-                if scheme in by_scheme:
-                    raise PluginError(
-                        self._twice(f"storage scheme {scheme!r}", by_scheme[scheme][0], plugin_name)
-                    )
-                by_scheme[scheme] = (plugin_name, spec)
-        return {scheme: spec for scheme, (_, spec) in by_scheme.items()}
-
-    def recovery_steps(self, phase: str = "startup") -> list[RecoveryStep]:
-        """Recovery steps of ``phase`` in run order (ascending order, ties by name)."""
-        seen: dict[str, str] = {}
-        steps: list[RecoveryStep] = []
-        for plugin_name, step in self._collect_specs(
-            "hermes_register_recovery_steps", RecoveryStep
-        ):
-            if step.name in seen:
-                raise PluginError(
-                    self._twice(f"recovery step {step.name!r}", seen[step.name], plugin_name)
-                )
-            seen[step.name] = plugin_name
-            if step.phase == phase:
-                steps.append(step)
-        return sorted(steps, key=lambda step: (step.order, step.name))
-
-    def eviction_policy(self) -> EvictionPolicy | None:
-        """The active eviction policy: the one non-built-in offer if any, else the built-in one."""
-        builtin: EvictionPolicy | None = None
-        offered: list[tuple[str, EvictionPolicy]] = []
+        lists: tuple[tuple[_Concern, str, type[Any], list[Any]], ...] = (
+            ("platforms", "hermes_register_platforms", PlatformSpec, offers.platforms),
+            ("stores", "hermes_register_stores", StoreSpec, offers.stores),
+            ("recovery_steps", "hermes_register_recovery_steps", RecoveryStep, offers.steps),
+        )
+        for concern, hook_name, kind, into in lists:
+            for plugin_name, result, error in self._call_each(hook_name, config=self.config):
+                if error is not None:
+                    failed(plugin_name, concern, f"hook {hook_name} raised {error!r}")
+                    continue
+                items = list(result) if isinstance(result, (list, tuple)) else None
+                if items is None or not all(isinstance(item, kind) for item in items):
+                    message = f"hook {hook_name} must return a list of {kind.__name__}"
+                    failed(plugin_name, concern, message)
+                    continue
+                for item in items:
+                    if kind is PlatformSpec and f"{plugin_name}.{item.name}" in disabled:
+                        offers.dropped.append((plugin_name, item.name))
+                    else:
+                        into.append((plugin_name, item))
         for plugin_name, policy, error in self._call_each(
             "hermes_eviction_policy", config=self.config
         ):
             if error is not None or not isinstance(policy, (EvictionPolicy, type(None))):
                 problem = f"raised {error!r}" if error else "must return an EvictionPolicy or None"
-                self._fail(self._describe(plugin_name), f"hook hermes_eviction_policy {problem}")
-            elif policy is None:
+                failed(plugin_name, "eviction_policy", f"hook hermes_eviction_policy {problem}")
+            elif policy is not None:
+                offers.policies.append((plugin_name, policy))
+        offers.problems = self._problems(offers)
+        self._offered = offers
+        return offers
+
+    def _problems(self, offers: _Offers) -> list[_Problem]:
+        """Conflicts, essential plugins disabled without a replacement, misnamed platform
+        disables, and (when strict) registration failures."""
+        problems: list[_Problem] = []
+        claims: tuple[tuple[_Concern, str, dict[str, list[str]]], ...] = (
+            ("platforms", "platform", _owners((spec.name, p) for p, spec in offers.platforms)),
+            ("stores", "storage scheme",
+             _owners((scheme, p) for p, spec in offers.stores for scheme in spec.schemes)),
+            ("recovery_steps", "recovery step", _owners((s.name, p) for p, s in offers.steps)),
+        )  # fmt: skip
+        for concern, what, owners in claims:
+            for claimed, plugins in owners.items():
+                if len(plugins) > 1:
+                    problems.append(self._conflict(concern, what, claimed, plugins))
+        replacing = [name for name, _ in offers.policies if not self._is_builtin(name)]
+        if len(replacing) > 1:
+            names = " and ".join(f"plugin {self._describe(name)}" for name in replacing)
+            problems.append(
+                _Problem(
+                    "eviction_policy", tuple(replacing),
+                    f"only one eviction policy may replace the built-in one, but {names} each "
+                    f"offer one; {_disable_one(replacing)}.",
+                    PluginConflictError,
+                )
+            )  # fmt: skip
+        problems += self._lost(offers)
+        problems += self._misnamed_disables(offers)
+        if self.strict:
+            for plugin_name, concern, message in offers.failures:
+                text = f"plugin {self._describe(plugin_name)}: {message}"
+                problems.append(_Problem(concern, (plugin_name,), text, PluginError))
+        return problems
+
+    def _conflict(self, concern: _Concern, what: str, claimed: str, plugins: list[str]) -> _Problem:
+        """Two (or more) plugins claim one name: name them and say which entries fix it."""
+        named = " and by plugin ".join(self._describe(name) for name in plugins)
+        if concern == "platforms":
+            fixes = " or ".join(f"[{name}.{claimed}]" for name in plugins)
+            fix = (
+                f"disable it in one of them (plugins.disable: {fixes}) or disable one of the "
+                "plugins"
+            )
+            error: type[HermesError] = PlatformConflictError
+        else:
+            fix, error = _disable_one(plugins), PluginConflictError
+        return _Problem(
+            concern, tuple(plugins), f"{what} {claimed!r} is registered by plugin {named}; {fix}.",
+            error,
+        )  # fmt: skip
+
+    def _lost(self, offers: _Offers) -> list[_Problem]:
+        """Essential built-ins disabled with nothing else providing what they did."""
+        problems = []
+        scheme = self.config.storage_url.split("://", 1)[0]
+        for name, would in self._essentials_disabled.items():
+            prefix = f"plugins.disable lists {name!r}, and no other plugin provides"
+            fix = f"remove {name!r} from plugins.disable or install a plugin that"
+            steps = {step.name for _, step in offers.steps}
+            missing = [step for step in would.steps if step not in steps]
+            if missing:
+                problems.append(
+                    _Problem(
+                        "recovery_steps", (name,),
+                        f"{prefix} the recovery steps {', '.join(missing)}: start-up and shutdown "
+                        f"would skip them; {fix} registers steps with these names.",
+                        ConfigError,
+                    )
+                )  # fmt: skip
+            schemes = {s for _, spec in offers.stores for s in spec.schemes}
+            if scheme in would.schemes and scheme not in schemes:
+                problems.append(
+                    _Problem(
+                        "stores", (name,),
+                        f"{prefix} the storage backend for storage.url (scheme {scheme!r}): no "
+                        f"session could be stored; {fix} registers the scheme {scheme!r}.",
+                        ConfigError,
+                    )
+                )  # fmt: skip
+            if would.policy and not offers.policies:
+                problems.append(
+                    _Problem(
+                        "eviction_policy", (name,),
+                        f"{prefix} an eviction policy: the agent cache would have none; {fix} "
+                        "offers one.",
+                        ConfigError,
+                    )
+                )  # fmt: skip
+        return problems
+
+    def _misnamed_disables(self, offers: _Offers) -> list[_Problem]:
+        """``plugins.disable: [plugin.platform]`` entries naming a platform the loaded plugin
+        does not register (a typo would otherwise leave the platform silently enabled)."""
+        problems = []
+        for entry in self.config.plugins.disable:
+            plugin_name, _, platform = entry.partition(".")
+            if not platform or not self.has_plugin(plugin_name):
                 continue
-            elif self._origins.get(plugin_name, _NO_ORIGIN).builtin:
-                builtin = policy
-            else:
-                offered.append((plugin_name, policy))
-        if len(offered) > 1:
-            names = " and ".join(f"plugin {self._describe(name)}" for name, _ in offered)
-            raise PluginError(f"only one eviction policy may replace the built-in one: {names}.")
-        return offered[0][1] if offered else builtin
+            offered = [*offers.of(plugin_name).platforms]
+            offered += [name for owner, name in offers.dropped if owner == plugin_name]
+            if platform not in offered:
+                problems.append(
+                    _Problem(
+                        "platforms", (plugin_name,),
+                        f"plugins.disable lists {entry!r}, but plugin {plugin_name!r} registers "
+                        f"no platform {platform!r} (it registers: "
+                        f"{', '.join(offered) or 'none'}); fix the entry.",
+                        ConfigError,
+                    )
+                )  # fmt: skip
+        return problems
+
+    def _is_builtin(self, plugin_name: str) -> bool:
+        return self._origins.get(plugin_name, _NO_ORIGIN).builtin
+
+    def _raise_for(self, concern: _Concern) -> None:
+        """Raise the error for ``concern``'s problems (all of them named), if any."""
+        problems = [problem for problem in self._offers().problems if problem.concern == concern]
+        if not problems:
+            return
+        message = " Also: ".join(problem.message for problem in problems)
+        kind = problems[0].error
+        if kind is ConfigError:
+            raise ConfigError("plugins.disable", message, source=self.config.source)
+        raise kind(message)
+
+    def check(self) -> None:
+        """Raise the first problem that would stop the plugins from being used: a conflict
+        (:class:`PluginConflictError`, :class:`PlatformConflictError` for platforms), an
+        essential plugin disabled without a replacement or a misnamed ``plugins.disable`` entry
+        (:class:`ConfigError`), or, when strict, a registration hook that failed."""
+        for concern in ("platforms", "stores", "recovery_steps", "eviction_policy"):
+            self._raise_for(concern)
+
+    # -- typed getters ----------------------------------------------------------------------------
+
+    def platforms(self) -> PlatformRegistry:
+        """The platform registry (cached until a plugin is registered or unregistered)."""
+        self._raise_for("platforms")
+        offers = self._offers()
+        return PlatformRegistry(
+            {spec.name: spec for _, spec in offers.platforms},
+            {spec.name: plugin_name for plugin_name, spec in offers.platforms},
+        )
+
+    def stores(self) -> dict[str, StoreSpec]:
+        """Storage backends by URL scheme."""
+        self._raise_for("stores")
+        return {scheme: spec for _, spec in self._offers().stores for scheme in spec.schemes}
+
+    def recovery_steps(self, phase: str = "startup") -> list[RecoveryStep]:
+        """Recovery steps of ``phase`` in run order (ascending order, ties by name)."""
+        self._raise_for("recovery_steps")
+        steps = [step for _, step in self._offers().steps if step.phase == phase]
+        return sorted(steps, key=lambda step: (step.order, step.name))
+
+    def eviction_policy(self) -> EvictionPolicy | None:
+        """The active eviction policy: the one non-built-in offer if any, else the built-in one."""
+        self._raise_for("eviction_policy")
+        offers = self._offers().policies
+        replacing = [policy for name, policy in offers if not self._is_builtin(name)]
+        active = replacing or [policy for name, policy in offers if self._is_builtin(name)]
+        return active[0] if active else None
 
     @property
     def observing(self) -> bool:
@@ -239,7 +521,8 @@ class HermesPluginManager(pluggy.PluginManager):
         return bool(self.hook.hermes_on_lifecycle_event.get_hookimpls())
 
     def notify(self, event: LifecycleEvent) -> None:
-        """Tell every observer about ``event``; an observer's exception is logged and ignored."""
+        """Tell every observer about ``event`` in pluggy's call order; an observer's exception is
+        logged with its plugin's name and the next observer runs."""
         for plugin_name, _, error in self._call_each("hermes_on_lifecycle_event", event=event):
             if error is not None:
                 logger.error(
@@ -248,84 +531,117 @@ class HermesPluginManager(pluggy.PluginManager):
                 )  # fmt: skip
 
     def list_plugins(self) -> list[PluginInfo]:
-        """Every registered plugin with its distribution, version, hooks and built-in flag."""
+        """Every plugin seen, registered or not, in the order seen (built-ins first), with its
+        status, what it provides and its problems. Never raises."""
+        offers = self._offers()
+        problems = offers.problems
+        registered = {name: plugin for name, plugin in self.list_name_plugin() if plugin}
         infos = []
-        for name, plugin in self.list_name_plugin():
-            if plugin is None:  # blocked names stay listed by pluggy with a None plugin
+        for name in self._order:
+            absent = self._absent.get(name)
+            if absent is not None:
+                provides = self._essentials_disabled.get(name, Provides())
+                notes = [absent.problem] if absent.problem else []
+                notes += [p.message for p in problems if name in p.plugins]
+                infos.append(
+                    PluginInfo(
+                        name, absent.origin.distribution, absent.origin.version, (),
+                        absent.origin.builtin, absent.status, provides, tuple(notes),
+                    )
+                )  # fmt: skip
+                continue
+            plugin = registered.get(name)
+            if plugin is None:  # unregistered since
                 continue
             origin = self._origins.get(name, _NO_ORIGIN)
             hooks = tuple(sorted(caller.name for caller in self.get_hookcallers(plugin) or ()))
+            failures = [message for owner, _, message in offers.failures if owner == name]
+            conflicts = [p.message for p in problems if name in p.plugins]
+            status: PluginStatus = "conflict" if conflicts else "failed" if failures else "loaded"
             infos.append(
-                PluginInfo(name, origin.distribution, origin.version, hooks, origin.builtin)
-            )
+                PluginInfo(
+                    name, origin.distribution, origin.version, hooks, origin.builtin, status,
+                    offers.of(name), tuple(conflicts + failures),
+                )
+            )  # fmt: skip
         return infos
 
-    def add_plugin(
-        self, plugin: object, name: str, *, distribution: str | None, version: str | None,
-        builtin: bool = False,
-    ) -> bool:  # fmt: skip
-        """Register ``plugin`` after checking it implements only known hooks; False if skipped."""
-        who = _who(name, distribution)
-        if self.has_plugin(name):
-            self._fail(who, f"the name is already used by plugin {self._describe(name)}")
-            return False
-        try:
-            self.register(plugin, name=name)
-        except Exception as exc:  # noqa: BLE001 - pluggy validation errors
-            self._fail(who, f"could not be registered: {exc}")
-            return False
-        self._origins[name] = _Origin(distribution, version, builtin)
-        unknown = sorted(c.name for c in self.get_hookcallers(plugin) or () if c.spec is None)
-        if unknown:
-            self.unregister(plugin)
-            self._fail(who, f"implements unknown hooks {', '.join(unknown)} (misspelled?)")
-            return False
-        return True
+
+def _owners(claims: Iterator[tuple[str, str]]) -> dict[str, list[str]]:
+    """Claimed name → the plugins claiming it, in call order."""
+    owners: dict[str, list[str]] = {}
+    for claimed, plugin_name in claims:
+        owners.setdefault(claimed, []).append(plugin_name)
+    return owners
+
+
+def _disable_one(plugins: list[str]) -> str:
+    """``disable one of them (plugins.disable: [a] or [b])``."""
+    return f"disable one of them (plugins.disable: {' or '.join(f'[{p}]' for p in plugins)})"
 
 
 def create_plugin_manager(
-    config: GatewayConfig | None = None, *, load_entrypoints: bool = True, strict: bool = False
+    config: GatewayConfig | None = None,
+    *,
+    load_entrypoints: bool = True,
+    strict: bool = False,
+    check: bool = True,
 ) -> HermesPluginManager:
-    """A fresh, validated plugin manager: built-ins first, then entry-point plugins.
+    """A fresh plugin manager: built-ins first, then entry-point plugins, then :meth:`check`.
 
     ``config`` None loads ``$HERMES_HOME/config.yaml`` (if present) and the environment. Plugins in
-    ``plugins.disable`` are not registered; entry points are skipped when ``load_entrypoints`` or
-    ``plugins.autoload`` is false. A third-party plugin that fails to import or register is logged
-    and skipped (a :class:`PluginError` when ``strict``); a platform claimed twice always raises
-    :class:`PlatformConflictError`.
+    ``plugins.disable`` are not registered (``<plugin>.<platform>`` drops one platform of a
+    plugin); entry points are skipped when ``load_entrypoints`` or ``plugins.autoload`` is false.
+    A third-party plugin that fails to import or register is logged and skipped (a
+    :class:`PluginError` when ``strict``). With ``check`` false, conflicts and lost essential
+    plugins are not raised: :meth:`HermesPluginManager.list_plugins` shows them, and each typed
+    getter still raises for its own concern.
     """
-    from hermes_plugins import BUILTIN_PLUGINS
+    from hermes_plugins import BUILTIN_PLUGINS, ESSENTIAL_PLUGINS
 
     config = config if config is not None else GatewayConfig.load()
     manager = HermesPluginManager(config, strict=strict)
-    for module_name in SPEC_MODULES:
-        manager.add_hookspecs(importlib.import_module(module_name))
     disabled = set(config.plugins.disable)
     version = _own_version()
-    builtin_names = set()
     for name, module_path in BUILTIN_PLUGINS:
-        builtin_names.add(name)
-        if name not in disabled:
-            manager.add_plugin(
-                importlib.import_module(module_path), name,
-                distribution=DISTRIBUTION, version=version, builtin=True,
-            )  # fmt: skip
+        origin = _Origin(DISTRIBUTION, version, True)
+        if name in disabled:
+            manager._add_absent(name, origin, "disabled", None)
+            if name in ESSENTIAL_PLUGINS:
+                manager._essentials_disabled[name] = _would_provide(config, name, module_path)
+            continue
+        manager.add_plugin(
+            importlib.import_module(module_path), name,
+            distribution=DISTRIBUTION, version=version, builtin=True,
+        )  # fmt: skip
     if load_entrypoints and config.plugins.autoload:
+        builtin_names = {name for name, _ in BUILTIN_PLUGINS}
         for entry in entry_points(group=ENTRY_POINT_GROUP):
             dist = entry.dist.name if entry.dist is not None else None
-            if entry.name in disabled or (entry.name in builtin_names and dist == DISTRIBUTION):
+            if entry.name in builtin_names and dist == DISTRIBUTION:
+                continue
+            origin = _Origin(dist, entry.dist.version if entry.dist is not None else None, False)
+            if entry.name in disabled:
+                manager._add_absent(entry.name, origin, "disabled", None)
                 continue
             try:
                 plugin = entry.load()
             except Exception as exc:  # noqa: BLE001 - a broken third-party plugin is skipped
-                manager._fail(_who(entry.name, dist), f"failed to import {entry.value!r}: {exc!r}")
+                manager._fail(entry.name, origin, f"failed to import {entry.value!r}: {exc!r}")
                 continue
             manager.add_plugin(
-                plugin, entry.name, distribution=dist,
-                version=entry.dist.version if entry.dist is not None else None,
-            )  # fmt: skip
-    manager.platforms()
+                plugin, entry.name, distribution=origin.distribution, version=origin.version
+            )
+    if check:
+        manager.check()
     return manager
+
+
+def _would_provide(config: GatewayConfig, name: str, module_path: str) -> Provides:
+    """What the built-in plugin ``name`` registers when enabled (shown while it is disabled)."""
+    alone = HermesPluginManager(config)
+    alone.register(importlib.import_module(module_path), name=name)
+    return alone._offers().of(name)
 
 
 def _own_version() -> str | None:
@@ -335,20 +651,31 @@ def _own_version() -> str | None:
     return __version__
 
 
-def platform_registry(
-    plugins: HermesPluginManager | None = None, *, hermes_home: Path | None = None
-) -> PlatformRegistry:
-    """The platforms of ``plugins``; when None, the built-in platforms for ``hermes_home``
-    (default ``$HERMES_HOME``; WhatsApp reads its mapping files there)."""
-    if plugins is not None:
-        return plugins.platforms()
-    home = str(hermes_home) if hermes_home is not None else os.environ.get("HERMES_HOME", "")
-    return _builtin_registry(home)
+def default_plugin_manager(config: GatewayConfig | None = None) -> HermesPluginManager:
+    """The manager every ``plugins=None`` stands for: built-ins and entry points, checked, not
+    strict, for ``config`` (None: ``$HERMES_HOME/config.yaml`` and the environment, read once per
+    state directory). Built once and cached: equal configurations share one manager."""
+    if config is None:
+        config = _process_config(os.environ.get("HERMES_HOME", ""))
+    key = config.model_dump_json()
+    manager = _DEFAULT_MANAGERS.get(key)
+    if manager is None:
+        manager = _DEFAULT_MANAGERS.setdefault(key, create_plugin_manager(config))
+    return manager
 
 
 @functools.lru_cache(maxsize=8)
-def _builtin_registry(hermes_home: str) -> PlatformRegistry:
-    """Built-in platforms for one state directory, cached (no entry points, nothing disabled)."""
-    environ = {"HERMES_HOME": hermes_home} if hermes_home else {}
-    config = GatewayConfig.from_dict({}, source="<built-in defaults>", environ=environ)
-    return create_plugin_manager(config, load_entrypoints=False, strict=True).platforms()
+def _process_config(hermes_home: str) -> GatewayConfig:
+    """The process's configuration for one ``$HERMES_HOME`` (the argument is the cache key)."""
+    return GatewayConfig.load()
+
+
+_DEFAULT_MANAGERS: LRUCache[str, HermesPluginManager] = LRUCache(maxsize=8)
+"""Default managers by the JSON of their configuration."""
+
+
+def platform_registry(
+    plugins: HermesPluginManager | None = None, config: GatewayConfig | None = None
+) -> PlatformRegistry:
+    """The platforms of ``plugins``, or of :func:`default_plugin_manager` for ``config``."""
+    return (plugins if plugins is not None else default_plugin_manager(config)).platforms()

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from hermes_core.config import GatewayConfig
@@ -18,7 +18,7 @@ from hermes_core.crashpoints import arm, crash_point
 from hermes_core.errors import HermesError
 from hermes_core.instance import InstanceLock, read_clean_shutdown, write_clean_shutdown
 from hermes_core.ledger import SILENCE_NOTICE, is_silent_reply
-from hermes_core.plugins import HermesPluginManager, create_plugin_manager
+from hermes_core.plugins import HermesPluginManager, default_plugin_manager
 from hermes_core.specs import LifecycleEvent, RecoveryContext, RecoveryStep
 from hermes_core.store import SessionStore
 
@@ -42,7 +42,7 @@ def run_recovery_steps(
 ) -> None:
     """Run ``steps`` in order: a failing step is logged with its name and the next one runs,
     unless it is critical, which raises :class:`RecoveryAbortedError`."""
-    results: dict[str, str] = context.report.setdefault("steps", {})
+    results = context.report.outcomes
     for step in steps:
         try:
             step.run(context)
@@ -142,7 +142,10 @@ class GatewayState:
     config: GatewayConfig
     plugins: HermesPluginManager | None = None
     has_active_processes_fn: Callable[[str], bool] | None = None
-    callbacks: dict[str, Callable[..., Any]] = field(default_factory=dict)
+    diagnostic_muted: Callable[[str, str], bool] | None = None
+    """The host callback the ``clean_shutdown`` step consults (see :class:`RecoveryContext`)."""
+    queue_restore: Callable[[], int] | None = None
+    """The gateway's queue reload the ``queue_restore`` step calls."""
     lock: InstanceLock | None = None
     store: SessionStore | None = None
     context: RecoveryContext | None = None
@@ -150,7 +153,7 @@ class GatewayState:
     def start(self) -> SessionStore:
         """SPEC §7.2 steps 1-3: lock, open the store, run the start-up recovery steps."""
         arm()
-        plugins = self.plugins or create_plugin_manager(self.config)
+        plugins = self.plugins or default_plugin_manager(self.config)
         self.plugins = plugins
         home = self.config.hermes_home
         self.lock = InstanceLock.acquire(home)
@@ -161,7 +164,7 @@ class GatewayState:
             clean = read_clean_shutdown(home, self.lock.previous_boot_id)
             self.context = RecoveryContext(
                 store=self.store, config=self.config, last_stop_clean=clean,
-                callbacks=dict(self.callbacks),
+                diagnostic_muted=self.diagnostic_muted, queue_restore=self.queue_restore,
             )  # fmt: skip
             run_recovery_steps(plugins.recovery_steps("startup"), self.context, plugins)
         except BaseException:

@@ -53,7 +53,7 @@ from hermes_core.housekeeping import Housekeeping
 from hermes_core.ledger import Occasion, SendResult
 from hermes_core.models import MessageEvent, SessionContext, SessionEntry, SessionSource
 from hermes_core.pipeline import Turn, TurnPipeline
-from hermes_core.plugins import HermesPluginManager, create_plugin_manager
+from hermes_core.plugins import HermesPluginManager, default_plugin_manager
 from hermes_core.queue import EnqueueResult, QueuedItem, SeenMessages, TurnQueue
 from hermes_core.recovery import GatewayState
 from hermes_core.resume import resume_candidates, resume_event
@@ -112,7 +112,7 @@ class Gateway:
         callbacks: HostCallbacks | None = None,
     ) -> None:
         self.config = config
-        self.plugins = plugins if plugins is not None else create_plugin_manager(config)
+        self.plugins = plugins if plugins is not None else default_plugin_manager(config)
         self.agent_factory = agent_factory
         self.adapters = {adapter.platform: adapter for adapter in adapters}
         self.callbacks = callbacks or HostCallbacks()
@@ -125,9 +125,7 @@ class Gateway:
         self.state = GatewayState(
             config, plugins=self.plugins,
             has_active_processes_fn=self.callbacks.has_active_processes,
-            callbacks={"queue_restore": self._restore_queue,
-                       **({"diagnostic_muted": self.callbacks.diagnostic_muted}
-                          if self.callbacks.diagnostic_muted else {})},
+            diagnostic_muted=self.callbacks.diagnostic_muted, queue_restore=self._restore_queue,
         )  # fmt: skip
         self.queue: TurnQueue | None = None
         self.pipeline: TurnPipeline | None = None

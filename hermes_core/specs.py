@@ -45,6 +45,11 @@ class PlatformSpec(BaseModel):
     validate_source: Callable[[SessionSource], None] | None = None
     """Raises ``InvalidValueError`` when an id has the wrong shape for this platform; run on
     untrusted input (``SessionSource.from_dict``, so also stored entries and events)."""
+    local_machine: bool = False
+    """The platform is the machine running the agent (a terminal): the prompt names the source
+    ``Local (the machine running this agent)``, lists the platform first among the connected ones
+    as ``<name> (files on this machine)``, sends scheduled output of its sessions to local files and
+    offers ``"<name>"`` as the local-files delivery target."""
 
     @field_validator("name")
     @classmethod
@@ -77,17 +82,80 @@ class StoreSpec(BaseModel):
     """True when the backend has no turn leases, so one gateway may use it at a time."""
 
 
+@dataclass(frozen=True)
+class BacklogReplayResult:
+    """What ``jsonl_backlog_replay`` imported from the JSONL backlog into SQL."""
+
+    files: int
+    messages: int
+    routes: int
+    skipped: tuple[str, ...]
+    """Backlog files left in place, by name."""
+
+
+@dataclass(frozen=True)
+class CrashRecoveryResult:
+    """What ``clean_shutdown`` did: after a clean stop it discards the turn markers; after a crash
+    it records crash-left replies and arms the interrupted turns."""
+
+    clean: bool
+    """Whether the previous stop was clean."""
+    markers_discarded: int = 0
+    """After a clean stop: turn markers discarded."""
+    crash_left_replies: Mapping[str, str] = field(default_factory=dict)
+    """After a crash: what happened per session key (``ledgered``, ``recorded``, ...)."""
+    armed: tuple[str, ...] = ()
+    """After a crash: lanes newly marked to resume."""
+    kept: tuple[str, ...] = ()
+    """After a crash: lanes already marked to resume (their reason kept)."""
+    markers_cleared: int = 0
+    interrupted: tuple[str, ...] = ()
+    """Lanes this start found interrupted; ``stuck_loop`` counts them."""
+
+
+@dataclass(frozen=True)
+class StuckLoopResult:
+    """What ``stuck_loop`` did: the interrupted-start counts it saved and the lanes it suspended."""
+
+    counts: Mapping[str, int]
+    suspended: tuple[str, ...]
+
+
+@dataclass
+class RecoveryReport:
+    """What the recovery steps did, shared by all steps of one start (and its shutdown).
+
+    The built-in steps write their typed field; a later step reads an earlier one's field (e.g.
+    ``stuck_loop`` reads ``crash_recovery.interrupted``). Other steps record under their own
+    step name in ``extra``.
+    """
+
+    outcomes: dict[str, str] = field(default_factory=dict)
+    """Every step that ran, by name: ``ok`` or ``failed: <error>``."""
+    backlog: BacklogReplayResult | None = None
+    search_index_rebuilt: bool | None = None
+    crash_recovery: CrashRecoveryResult | None = None
+    stuck_loop: StuckLoopResult | None = None
+    queued_events_restored: int | None = None
+    extra: dict[str, object] = field(default_factory=dict)
+    """What steps other than the built-in ones record, keyed by their step name."""
+
+
 @dataclass
 class RecoveryContext:
     """What a recovery step receives: the store, the configuration, whether the previous stop
-    was clean, a report shared by all steps, and the host callbacks steps may consult (e.g.
-    ``diagnostic_muted(session_key, text) -> bool``, SPEC §7.4)."""
+    was clean, the report shared by all steps, and the host callbacks steps consult."""
 
     store: Any
     config: GatewayConfig
     last_stop_clean: bool
-    report: dict[str, Any] = field(default_factory=dict)
-    callbacks: dict[str, Callable[..., Any]] = field(default_factory=dict)
+    report: RecoveryReport = field(default_factory=RecoveryReport)
+    diagnostic_muted: Callable[[str, str], bool] | None = None
+    """The host's ``diagnostic_muted(session_key, text)``: whether a machinery turn's reply is a
+    diagnostic that need not be delivered after a crash."""
+    queue_restore: Callable[[], int] | None = None
+    """Set by the gateway: reloads the durable queues into its turn queue and returns how many
+    events it restored (without a gateway, ``queue_restore`` only counts them)."""
 
 
 class RecoveryStep(BaseModel):

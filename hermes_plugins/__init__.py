@@ -16,3 +16,7 @@ BUILTIN_PLUGINS: tuple[tuple[str, str], ...] = (
     ("recovery_steps", "hermes_plugins.recovery_steps"),
     ("eviction", "hermes_plugins.eviction"),
 )
+
+ESSENTIAL_PLUGINS: frozenset[str] = frozenset({"sql_store", "recovery_steps", "eviction"})
+"""Built-ins whose loss breaks the gateway: disabling one is a configuration error unless other
+plugins provide what it did (the ``storage.url`` scheme, the recovery steps by name, a policy)."""

@@ -9,7 +9,7 @@ from hermes_core import GatewayConfig, PlatformSpec, hookimpl
 def hermes_register_platforms(config: GatewayConfig) -> list[PlatformSpec]:
     """``local`` (the CLI terminal), ``signal``, ``matrix``, ``email``, ``sms``, ``bluebubbles``."""
     return [
-        PlatformSpec(name="local"),
+        PlatformSpec(name="local", local_machine=True, describe=lambda source: "CLI terminal"),
         PlatformSpec(name="signal", pii_safe=True),
         PlatformSpec(name="matrix"),
         PlatformSpec(name="email"),

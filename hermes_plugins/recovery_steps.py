@@ -22,6 +22,7 @@ from hermes_core.recovery import (
     marker_max_age,
     record_crash_left_replies,
 )
+from hermes_core.specs import BacklogReplayResult, CrashRecoveryResult, StuckLoopResult
 
 logger = logging.getLogger(__name__)
 
@@ -30,18 +31,18 @@ def jsonl_backlog_replay(context: RecoveryContext) -> None:
     """Replay the JSONL backlog into SQL (no-op while still degraded)."""
     report = context.store.replay_backlog()
     if report is not None:
-        context.report["jsonl_backlog_replay"] = {
-            "files": report.files_replayed,
-            "messages": report.messages_imported,
-            "routes": report.routes_inserted + report.routes_updated,
-            "skipped": [name for name, _reason in report.skipped],
-        }
+        context.report.backlog = BacklogReplayResult(
+            files=report.files_replayed,
+            messages=report.messages_imported,
+            routes=report.routes_inserted + report.routes_updated,
+            skipped=tuple(name for name, _reason in report.skipped),
+        )
 
 
 def fts_rebuild_if_stale(context: RecoveryContext) -> None:
     """Rebuild the full-text index when a failed write left it stale."""
     if context.store.health()["fts"] == "stale":
-        context.report["fts_rebuild_if_stale"] = context.store.rebuild_search_index()
+        context.report.search_index_rebuilt = context.store.rebuild_search_index()
 
 
 def clean_shutdown(context: RecoveryContext) -> None:
@@ -56,28 +57,29 @@ def clean_shutdown(context: RecoveryContext) -> None:
             marker.unlink()
         except Exception as exc:
             raise RecoveryAbortedError("clean-start recovery cleanup failed") from exc
-        context.report["clean_shutdown"] = {"clean": True, "markers_discarded": discarded}
-        context.report["struck"] = []
+        context.report.crash_recovery = CrashRecoveryResult(clean=True, markers_discarded=discarded)
         return
-    replies = record_crash_left_replies(store, config, context.callbacks.get("diagnostic_muted"))
+    replies = record_crash_left_replies(store, config, context.diagnostic_muted)
     recovered = store.recover_turn_markers(marker_max_age(config))
     marker.unlink(missing_ok=True)  # an invalid or foreign marker proves nothing; drop it
-    context.report["clean_shutdown"] = {
-        "clean": False,
-        "crash_left_replies": replies,
-        "armed": list(recovered.armed),
-        "kept": list(recovered.kept),
-        "markers_cleared": recovered.cleared,
-    }
-    context.report["struck"] = list(recovered.struck)
+    context.report.crash_recovery = CrashRecoveryResult(
+        clean=False,
+        crash_left_replies=replies,
+        armed=tuple(recovered.armed),
+        kept=tuple(recovered.kept),
+        markers_cleared=recovered.cleared,
+        interrupted=tuple(recovered.struck),
+    )
 
 
 def stuck_loop(context: RecoveryContext) -> None:
     """Count this start's interrupted lanes (others drop to zero), durably, before any resume;
     a lane reaching three is suspended so its next message starts a fresh session."""
+    crash = context.report.crash_recovery
+    interrupted = crash.interrupted if crash is not None else ()
     counts = context.store.restart_counts()
     previous = counts.load()
-    updated = {key: previous.get(key, 0) + 1 for key in context.report.get("struck", [])}
+    updated = {key: previous.get(key, 0) + 1 for key in interrupted}
     suspended = []
     for key, count in list(updated.items()):
         if count < STUCK_LOOP_THRESHOLD:
@@ -92,14 +94,14 @@ def stuck_loop(context: RecoveryContext) -> None:
             suspended.append(key)
             del updated[key]
     counts.save(updated)
-    context.report["stuck_loop"] = {"counts": updated, "suspended": suspended}
+    context.report.stuck_loop = StuckLoopResult(counts=updated, suspended=tuple(suspended))
 
 
 def queue_restore(context: RecoveryContext) -> None:
     """Reload the events that were queued when the previous process stopped (SPEC §8.7)."""
-    restore = context.callbacks.get("queue_restore")
+    restore = context.queue_restore
     restored = restore() if restore is not None else len(context.store.queue_restore())
-    context.report["queue_restore"] = {"events": restored}
+    context.report.queued_events_restored = restored
 
 
 @hookimpl

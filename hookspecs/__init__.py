@@ -3,6 +3,13 @@
 The pluggy project name is ``hermes``; every hook name starts with ``hermes_``. Each module holds
 one concern and documents, for every hook, when it is called, its call mode, its arguments, what it
 returns and its failure policy. Implementations use ``hermes_core.hookimpl``.
+
+Call semantics shared by every hook: the plugin manager calls each implementation on its own, so a
+failure is isolated and attributed to its plugin, in pluggy's call order: the last registered
+plugin first, with ``hookimpl(tryfirst=True)`` moved to the front and ``hookimpl(trylast=True)`` to
+the back. Hook wrappers (``hookimpl(wrapper=True)`` or ``hookwrapper=True``) are refused when the
+plugin is registered (a ``PluginError`` naming it), as is an implementation of a hook that does
+not exist unless marked ``optionalhook=True``.
 """
 
 from __future__ import annotations

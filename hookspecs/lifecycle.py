@@ -19,7 +19,10 @@ def hermes_on_lifecycle_event(event: LifecycleEvent) -> None:
     a queue item accepted, refused, merged or discarded; a delivery-ledger transition; a recovery
     step's result. ``event.kind`` names which.
 
-    **Mode:** every implementation is called, in pluggy's order; return values are ignored.
+    **Mode:** every implementation is called on its own, in pluggy's call order: the last
+    registered plugin first, ``tryfirst=True`` implementations before the others and
+    ``trylast=True`` ones after them. Return values are ignored. Hook wrappers are refused at
+    registration.
 
     **Arguments:** ``event``, a frozen record with the kind, the session key and id (when the event
     concerns a session), the time, and a small ``detail`` mapping.

@@ -15,20 +15,22 @@ if TYPE_CHECKING:
 def hermes_register_platforms(config: GatewayConfig) -> list[PlatformSpec]:
     """Return the platforms this plugin provides, as :class:`hermes_core.PlatformSpec` objects.
 
-    **When:** once per plugin manager, when ``create_plugin_manager`` validates the loaded plugins
-    (the registry is then cached; registering or unregistering a plugin rebuilds it).
+    **When:** once per plugin manager, when ``create_plugin_manager`` checks the loaded plugins,
+    together with the other registration hooks (the result is cached; registering or
+    unregistering a plugin collects them again).
 
-    **Mode:** every implementation is called; results are collected per plugin. Return an empty
-    list when the plugin provides no platform.
+    **Mode:** every implementation is called on its own, in pluggy's call order; results are
+    collected per plugin. Return an empty list when the plugin provides no platform.
 
     **Arguments:** ``config``, the gateway configuration (for instance to locate files under
     ``config.hermes_home``).
 
     **Returns:** a list of ``PlatformSpec``. A spec names the platform (``^[a-z0-9_]+$``) and MAY
     supply a display label, a scope key component, a DM chat-id canonicaliser, a participant
-    canonicaliser, a description override, prompt notes and an identifier validator. Anything not
-    supplied follows the generic key rule of the core. Canonicalisers are pure, deterministic and do
-    no network I/O; they run on every inbound message.
+    canonicaliser, a description override, prompt notes, an identifier validator and
+    ``local_machine`` (the platform is the machine running the agent). Anything not supplied
+    follows the generic key rule of the core. Canonicalisers are pure, deterministic and do no
+    network I/O; they run on every inbound message.
 
     **PII-redaction safety contract:** ``PlatformSpec.pii_safe`` says whether the platform's
     user and chat ids may be replaced by pseudonyms in the system prompt (default false: ids stay
@@ -37,8 +39,13 @@ def hermes_register_platforms(config: GatewayConfig) -> list[PlatformSpec]:
     Redaction fails closed: if a canonicaliser or any other hook consulted for redaction raises,
     no prompt is produced and the error names the plugin.
 
-    **Failure policy:** a name claimed by two plugins raises ``PlatformConflictError`` naming both
-    plugins and their distributions. An implementation that raises, or returns something other than
-    a list of ``PlatformSpec``, is logged with the plugin's name and its platforms are not
-    registered; with ``strict=True`` it is a ``PluginError``.
+    **Failure policy:** a name claimed by two plugins is a conflict: ``PlatformConflictError``
+    naming both plugins, their distributions and the fix (``plugins.disable:
+    [<plugin>.<platform>]`` drops one platform of one plugin, a plain plugin name drops the whole
+    plugin), raised by ``create_plugin_manager`` and by ``platforms()``; ``list_plugins()`` shows
+    both plugins with the status ``conflict``. A ``<plugin>.<platform>`` entry naming a platform
+    the loaded plugin does not register is a ``ConfigError``. An implementation that raises, or
+    returns something other than a list of ``PlatformSpec``, is logged with the plugin's name, its
+    platforms are not registered and it is listed as ``failed``; with ``strict=True`` it is a
+    ``PluginError``.
     """

@@ -15,9 +15,12 @@ if TYPE_CHECKING:
 def hermes_register_stores(config: GatewayConfig) -> list[StoreSpec]:
     """Return the storage backends this plugin provides, as :class:`hermes_core.StoreSpec` objects.
 
-    **When:** once per plugin manager, the first time a store is opened (the result is cached).
+    **When:** once per plugin manager, when ``create_plugin_manager`` checks the loaded plugins,
+    together with the other registration hooks (the result is cached; registering or
+    unregistering a plugin collects them again).
 
-    **Mode:** every implementation is called; results are collected per plugin.
+    **Mode:** every implementation is called on its own, in pluggy's call order; results are
+    collected per plugin.
 
     **Arguments:** ``config``, the gateway configuration.
 
@@ -31,8 +34,11 @@ def hermes_register_stores(config: GatewayConfig) -> list[StoreSpec]:
     when another process has it) and may offer ``open_read_only``, which takes none and refuses
     every write, for stores opened with ``read_only=True``.
 
-    **Failure policy:** a scheme claimed by two plugins is a ``PluginError`` naming both. An unknown
-    scheme in ``storage.url`` is a startup error naming it. An implementation that raises is logged
-    with the plugin's name and its backends are unavailable; with ``strict=True`` it is an error.
-    A factory that raises when opening is the store's error: it is never swallowed.
+    **Failure policy:** a scheme claimed by two plugins is a ``PluginConflictError`` naming both and
+    which to disable. Disabling the built-in ``sql_store`` while no other plugin serves the scheme
+    of ``storage.url`` is a ``ConfigError`` naming the scheme. Another unknown scheme in
+    ``storage.url`` is a startup error naming it. An implementation that raises is logged with the
+    plugin's name, its backends are unavailable and it is listed as ``failed``; with
+    ``strict=True`` it is an error. A factory that raises when opening is the store's error: it is
+    never swallowed.
     """

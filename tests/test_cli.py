@@ -53,11 +53,14 @@ def test_version(capsys: pytest.CaptureFixture[str]) -> None:
 def test_plugins_table(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["plugins"]) == 0
     lines = capsys.readouterr().out.splitlines()
-    assert lines[0].split() == ["NAME", "DISTRIBUTION", "VERSION", "BUILT-IN", "HOOKS"]
+    assert lines[0].split() == ["NAME", "STATUS", "DISTRIBUTION", "VERSION", "PROVIDES"]
     rows = {line.split()[0]: line.split() for line in lines[1:]}
     for name in BUILTINS:
-        assert rows[name][1:2] == ["hermes-sessions"]
-        assert rows[name][3:] == ["yes", "hermes_register_platforms"]
+        assert rows[name][1:3] == ["loaded", "hermes-sessions"]
+        assert rows[name][4] == "platforms:"
+    assert rows["telegram"][5:] == ["telegram"]
+    assert rows["eviction"][4:] == ["policy:", "lru"]
+    assert "Problems:" not in lines
 
 
 def test_plugins_json(capsys: pytest.CaptureFixture[str]) -> None:
@@ -65,10 +68,23 @@ def test_plugins_json(capsys: pytest.CaptureFixture[str]) -> None:
     plugins = json.loads(capsys.readouterr().out)
     assert [plugin["name"] for plugin in plugins][: len(BUILTINS)] == BUILTINS
     for plugin in plugins[: len(BUILTINS)]:
-        assert list(plugin) == ["name", "distribution", "version", "builtin", "hooks"]
+        assert list(plugin) == [
+            "name", "status", "distribution", "version", "builtin", "hooks", "provides",
+            "problems",
+        ]  # fmt: skip
+        assert plugin["status"] == "loaded"
         assert plugin["distribution"] == "hermes-sessions"
         assert plugin["builtin"] is True
         assert plugin["hooks"] == ["hermes_register_platforms"]
+        assert plugin["problems"] == []
+    steps = next(plugin for plugin in plugins if plugin["name"] == "recovery_steps")
+    assert steps["provides"] == {
+        "platforms": [], "schemes": [], "policy": None,
+        "steps": [
+            "jsonl_backlog_replay", "fts_rebuild_if_stale", "clean_shutdown", "stuck_loop",
+            "queue_restore",
+        ],
+    }  # fmt: skip
 
 
 @pytest.mark.parametrize("chat_id", [["--chat-id", GROUP], [f"--chat-id={GROUP}"]])

@@ -18,6 +18,7 @@ from hermes_core import (
     LifecycleEvent,
     PlatformConflictError,
     PlatformSpec,
+    PluginConflictError,
     PluginError,
     RecoveryContext,
     RecoveryStep,
@@ -112,9 +113,11 @@ def test_entry_points_are_skipped_when_not_loaded(
             build_session_key(source, plugins=manager)
 
 
-def test_disabled_builtin_is_not_registered(hermes_home: Path) -> None:
+def test_disabled_builtin_is_not_registered_and_listed_as_disabled(hermes_home: Path) -> None:
     manager = create_plugin_manager(_config(hermes_home, {"plugins": {"disable": ["slack"]}}))
-    assert "slack" not in [info.name for info in manager.list_plugins()]
+    slack = next(info for info in manager.list_plugins() if info.name == "slack")
+    assert (slack.status, slack.hooks) == ("disabled", ())
+    assert not manager.has_plugin("slack")
     assert "slack" not in manager.platforms()
 
 
@@ -219,23 +222,24 @@ def test_failing_observer_is_logged_and_others_still_run(
 
 def _step(name: str, order: int, phase: Literal["startup", "shutdown"] = "startup") -> RecoveryStep:
     def run(context: RecoveryContext) -> None:
-        context.report[name] = order
+        context.report.extra[name] = order
 
     return RecoveryStep(name=name, order=order, run=run, phase=phase)
 
 
 def test_recovery_steps_sorted_by_order_then_name(hermes_home: Path) -> None:
-    manager = create_plugin_manager(
-        _config(hermes_home, {"plugins": {"disable": ["recovery_steps"]}}), load_entrypoints=False
-    )
+    manager = create_plugin_manager(_config(hermes_home), load_entrypoints=False)
     manager.register(RecoveryStepsPlugin(_step("b", 200), _step("z", 100)), name="one")
     manager.register(
         RecoveryStepsPlugin(_step("a", 200), _step("flush", 50, "shutdown")), name="two"
     )
-    assert [step.name for step in manager.recovery_steps()] == ["z", "a", "b"]
+    assert [step.name for step in manager.recovery_steps()] == [
+        "jsonl_backlog_replay", "z", "a", "b", "fts_rebuild_if_stale", "clean_shutdown",
+        "stuck_loop", "queue_restore",
+    ]  # fmt: skip
     assert [step.name for step in manager.recovery_steps("shutdown")] == ["flush"]
     manager.register(RecoveryStepsPlugin(_step("a", 1)), name="three")
-    with pytest.raises(PluginError, match="recovery step 'a' is registered twice"):
+    with pytest.raises(PluginConflictError, match="recovery step 'a' is registered by plugin"):
         manager.recovery_steps()
 
 
@@ -278,7 +282,7 @@ def test_stores_by_scheme_and_scheme_conflict(hermes_home: Path) -> None:
     assert stores["memory"].open("memory://x", manager.config) == ("mem", "memory://x")
     assert stores["mem"] is stores["memory"]
     manager.register(_Stores("other", "mem"), name="other")
-    with pytest.raises(PluginError, match="storage scheme 'mem' is registered twice"):
+    with pytest.raises(PluginConflictError, match="storage scheme 'mem' is registered by plugin"):
         manager.stores()
 
 

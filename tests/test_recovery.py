@@ -18,6 +18,7 @@ from hermes_core.errors import GatewayLockedError
 from hermes_core.instance import InstanceLock, RestartCounts
 from hermes_core.ledger import RESTART_PREFIX, SILENCE_NOTICE
 from hermes_core.recovery import GatewayState, RecoveryAbortedError, record_crash_left_replies
+from hermes_core.specs import CrashRecoveryResult, StuckLoopResult
 from hermes_core.store import SessionStore
 from hermes_core.testing import RecoveryStepsPlugin, fresh_plugin_manager, telegram_dm
 
@@ -84,6 +85,9 @@ def test_clean_stop_discards_markers_without_resume(state: Callable[..., Gateway
     assert not (again.config.hermes_home / ".clean_shutdown").exists()
     assert again.context is not None
     assert again.context.last_stop_clean
+    report = again.context.report
+    assert report.crash_recovery == CrashRecoveryResult(clean=True, markers_discarded=1)
+    assert report.stuck_loop == StuckLoopResult(counts={}, suspended=())
 
 
 def test_missing_marker_means_crash_recovery(state: Callable[..., GatewayState]) -> None:
@@ -97,6 +101,13 @@ def test_missing_marker_means_crash_recovery(state: Callable[..., GatewayState])
     assert entry.resume_reason == "restart_interrupted"
     assert entry.active_turn_token is None
     assert json.loads((again.config.hermes_home / "restart_counts.json").read_text()) == {key: 1}
+    assert again.context is not None
+    report = again.context.report  # clean_shutdown hands the interrupted lanes to stuck_loop
+    assert report.crash_recovery is not None
+    assert (report.crash_recovery.clean, report.crash_recovery.armed) == (False, (key,))
+    assert report.crash_recovery.interrupted == (key,)
+    assert report.stuck_loop == StuckLoopResult(counts={key: 1}, suspended=())
+    assert report.outcomes["stuck_loop"] == "ok"
 
 
 def test_marker_of_another_boot_is_not_trusted(
@@ -311,7 +322,7 @@ def _failing(context: RecoveryContext) -> None:
 
 
 def _recording(context: RecoveryContext) -> None:
-    context.report["ran_after_failure"] = True
+    context.report.extra["after"] = "ran"
 
 
 def test_non_critical_step_failure_is_isolated(
@@ -325,8 +336,8 @@ def test_non_critical_step_failure_is_isolated(
     with caplog.at_level(logging.ERROR):
         gateway.start()
     assert gateway.context is not None
-    assert gateway.context.report["steps"]["flaky"].startswith("failed")
-    assert gateway.context.report["ran_after_failure"]
+    assert gateway.context.report.outcomes["flaky"] == "failed: plugin step broke"
+    assert gateway.context.report.extra == {"after": "ran"}
     assert "recovery step flaky failed" in caplog.text
     gateway.stop(drained=True)
 

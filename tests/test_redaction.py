@@ -223,7 +223,7 @@ def test_prompt_shape_survives_any_metadata(
 
 
 def _redactor(hermes_home: Path, mode: RedactionMode, *, enabled: bool = True) -> Redactor:
-    registry = platform_registry(hermes_home=hermes_home)
+    registry = platform_registry()
     return Redactor(registry, enabled=enabled, mode=mode, key_file=hermes_home / "pii_hmac.key")
 
 

@@ -62,7 +62,7 @@ def make_gateway(
         for section, values in settings.items():
             base.setdefault(section, {}).update(values)
         config = GatewayConfig.from_dict(base, environ={"HERMES_HOME": str(hermes_home)})
-        adapter, agents = InMemoryAdapter(), Agents(delay)
+        adapter, agents = InMemoryAdapter("telegram"), Agents(delay)
         gateway = Gateway(config, fresh_plugin_manager(hermes_home), agents, [adapter])
         return gateway, adapter, agents
 
@@ -396,7 +396,7 @@ async def test_observers_fire_and_a_failing_one_never_breaks_a_turn(
     plugins.register(recorder, name="recorder")
     config = GatewayConfig.from_dict({"agent": {"agent_cache": {"max_size": 1}}},
                                      environ={"HERMES_HOME": str(hermes_home)})  # fmt: skip
-    adapter = InMemoryAdapter()
+    adapter = InMemoryAdapter("telegram")
     gateway = Gateway(config, plugins, Agents(), [adapter])
     await gateway.start()
     for chat in ("1", "2"):
@@ -481,7 +481,7 @@ class _SlowAdapter(InMemoryAdapter):
 
 async def test_stop_during_delivery_lets_the_reply_finish(hermes_home: Path) -> None:
     config = GatewayConfig.from_dict({}, environ={"HERMES_HOME": str(hermes_home)})
-    adapter = _SlowAdapter()
+    adapter = _SlowAdapter("telegram")
     gateway = Gateway(config, fresh_plugin_manager(hermes_home), Agents(), [adapter])
     await gateway.start()
     await gateway.handle_message(_event("question"))

@@ -62,7 +62,7 @@ def make(hermes_home: Path) -> Make:
         for section, values in settings.items():
             base.setdefault(section, {}).update(values)
         config = GatewayConfig.from_dict(base, environ={"HERMES_HOME": str(hermes_home)})
-        adapter = InMemoryAdapter()
+        adapter = InMemoryAdapter("telegram")
         agents = factory or (lambda entry: EchoAgent())
         gateway = Gateway(config, fresh_plugin_manager(hermes_home), agents, [adapter])
         return gateway, adapter

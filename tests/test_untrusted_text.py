@@ -298,7 +298,7 @@ async def test_half_an_emoji_in_a_message_and_in_the_reply_is_answered_and_store
         {"gateway": {"housekeeping": {"initial_delay_secs": 3600}}},
         environ={"HERMES_HOME": str(hermes_home)},
     )
-    adapter = InMemoryAdapter()
+    adapter = InMemoryAdapter("telegram")
     gateway = Gateway(
         config, fresh_plugin_manager(hermes_home), lambda entry: _HalfEmojiAgent(), [adapter]
     )

@@ -84,7 +84,7 @@ async def test_a_second_gateway_on_one_database_is_refused(url: str, tmp_path: P
         _config(tmp_path / "home-b", url),
         fresh_plugin_manager(tmp_path / "home-b"),
         lambda entry: EchoAgent(),
-        [InMemoryAdapter()],
+        [InMemoryAdapter("telegram")],
     )
     try:
         with pytest.raises(GatewayLockedError, match=rf"another writer .*pid[ =]{first.pid}\b"):
@@ -100,7 +100,7 @@ async def test_a_second_gateway_on_one_database_is_refused(url: str, tmp_path: P
 async def test_a_plain_store_beside_a_running_gateway_is_refused(
     url: str, tmp_path: Path, stores: list[SessionStore]
 ) -> None:
-    adapter = InMemoryAdapter()
+    adapter = InMemoryAdapter("telegram")
     config = _config(tmp_path / "gateway-home", url)
     gateway = Gateway(
         config, fresh_plugin_manager(tmp_path / "gateway-home"), lambda e: EchoAgent(), [adapter]

@@ -27,7 +27,7 @@ from hermes_core.errors import (
     StoreUnavailableError,
 )
 from hermes_core.models import SessionEntry
-from hermes_core.plugins import HermesPluginManager, create_plugin_manager
+from hermes_core.plugins import HermesPluginManager, default_plugin_manager
 from hermes_core.specs import LifecycleEvent, LifecycleKind
 from hermes_core.store.backend import (
     SqlMaintenance,
@@ -97,7 +97,7 @@ class StoreBase:
         """Opened to read only: no writer lock is taken and every change is refused
         (``ReadOnlyStoreError``), so it may be opened beside a running gateway."""
         self.sessions_dir = ensure_private_dir(Path(sessions_dir))
-        self.plugins = plugins if plugins is not None else create_plugin_manager(config)
+        self.plugins = plugins if plugins is not None else default_plugin_manager(config)
         self._has_active_processes = has_active_processes_fn
         self._cache_size = entry_cache_size
         self._map_lock = threading.Lock()

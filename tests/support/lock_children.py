@@ -58,7 +58,9 @@ def _race(
                 store = SessionStore.open(config, plugins=plugins, read_only=True)
                 stop: Any = store.close
             else:
-                gateway = Gateway(config, plugins, lambda entry: EchoAgent(), [InMemoryAdapter()])
+                gateway = Gateway(
+                    config, plugins, lambda entry: EchoAgent(), [InMemoryAdapter("telegram")]
+                )
                 await gateway.start()
                 store, stop = gateway.store, gateway.stop
         except GatewayLockedError as exc:
@@ -91,7 +93,7 @@ def _hold(role: str, home: str, ready: Any, release: Any) -> None:
         return
 
     async def serve() -> None:
-        gateway = Gateway(config, plugins, lambda entry: EchoAgent(), [InMemoryAdapter()])
+        gateway = Gateway(config, plugins, lambda entry: EchoAgent(), [InMemoryAdapter("telegram")])
         await gateway.start()
         ready.set()
         await asyncio.to_thread(release.wait, CHILD_TIMEOUT)
