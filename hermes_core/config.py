@@ -38,7 +38,8 @@ from hermes_core.errors import ConfigError
 __all__ = [
     "LEGACY_RESET_WARNING", "AgentCacheConfig", "AgentConfig", "BusyQueueConfig",
     "DeliveryLedgerConfig", "DisplayConfig", "GatewayConfig", "GatewaySection",
-    "HomeChannelConfig", "HousekeepingConfig", "MemoryBudgetSetting", "PlatformConfig",
+    "HomeChannelConfig", "HousekeepingConfig", "KeysConfig", "MemoryBudgetSetting",
+    "PlatformConfig",
     "PluginsConfig", "PrivacyConfig", "StorageConfig",
 ]  # fmt: skip
 
@@ -266,6 +267,13 @@ class GatewaySection(_SharedSection):
     housekeeping: HousekeepingConfig = HousekeepingConfig()
 
 
+class KeysConfig(_Section):
+    """``keys``: ``schema`` is the session-key schema (v2 by default; v1 is the original
+    gateway's layout). A store records the schema it was created with and refuses another one."""
+
+    key_schema: Literal["v1", "v2"] = Field("v2", alias="schema", description="one of: v1, v2")
+
+
 class DisplayConfig(_SharedSection):
     """``display``."""
 
@@ -329,6 +337,7 @@ class GatewayConfig(_SharedSection):
     ] = Field(default_factory=dict, description="a mapping of platform names to their settings")
     storage: StorageConfig = StorageConfig()
     gateway: GatewaySection = GatewaySection()
+    keys: KeysConfig = KeysConfig()
     display: DisplayConfig = DisplayConfig()
     agent: AgentConfig = AgentConfig()
     privacy: PrivacyConfig = PrivacyConfig()
@@ -451,13 +460,18 @@ def _field_at(loc: tuple[int | str, ...]) -> tuple[type[BaseModel] | None, Field
         if in_mapping:  # ``part`` is a key of a mapping field (a platform name)
             in_mapping, field = False, None
             continue
-        found = model.model_fields.get(str(part)) if model else None
+        found = _field_named(model, str(part)) if model else None
         if found is None:  # an unknown key, or an item of a list
             break
         field = found
         in_mapping = get_origin(field.annotation) is dict
         model = _model_in(get_args(field.annotation)[1] if in_mapping else field.annotation)
     return model, field
+
+
+def _field_named(model: type[BaseModel], name: str) -> FieldInfo | None:
+    """The field of ``model`` that the file calls ``name`` (its alias, else its own name)."""
+    return next((f for n, f in model.model_fields.items() if (f.alias or n) == name), None)
 
 
 def _model_in(annotation: Any) -> type[BaseModel] | None:
@@ -474,7 +488,8 @@ def _config_error(exc: ValidationError, source: str) -> ConfigError:
     key = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in loc).lstrip(".")
     model, field = _field_at(loc)
     if error["type"] == "extra_forbidden" and model is not None:
-        message = f"unknown key {key}; accepted keys: {', '.join(model.model_fields)}"
+        names = (field.alias or name for name, field in model.model_fields.items())
+        message = f"unknown key {key}; accepted keys: {', '.join(names)}"
         return ConfigError(key, f"{source}: {message}", source=source)
     if error["loc"][-1:] == ("[key]",):
         accepted = "keys that are strings"
