@@ -22,10 +22,12 @@ from hermes_core.config import GatewayConfig
 from hermes_core.errors import (
     CorruptDatabaseError,
     InvalidValueError,
+    KeySchemaError,
     SchemaVersionError,
     StoreError,
     StoreUnavailableError,
 )
+from hermes_core.keys import KeySchema
 from hermes_core.models import SessionEntry
 from hermes_core.plugins import HermesPluginManager, create_plugin_manager
 from hermes_core.specs import LifecycleEvent, LifecycleKind
@@ -43,6 +45,10 @@ logger = logging.getLogger(__name__)
 
 DEGRADED_WARNING = "SQL session store unavailable, falling back to JSONL: "
 MIRROR_IMPORTED = "sessions_json_imported"
+KEY_SCHEMA_META = "key_schema"
+"""``state_meta`` name of the store's session-key schema: ``v1``, ``v2`` or :data:`REKEYING`."""
+REKEYING = "v1>v2"
+"""The recorded schema while ``rekey`` moves lanes from v1 to v2 (until its last batch)."""
 
 _S = TypeVar("_S", bound="StoreBase")
 _P = ParamSpec("_P")
@@ -90,7 +96,10 @@ class StoreBase:
         *,
         plugins: HermesPluginManager | None = None,
         entry_cache_size: int = 10_000,
+        rekeying: bool = False,
     ) -> None:
+        """``rekeying``: open a store whose recorded key schema differs from ``keys.schema``
+        (or whose re-key was interrupted), for :meth:`~hermes_core.store.SessionStore.rekey`."""
         self.config = config
         self.sessions_dir = ensure_private_dir(Path(sessions_dir))
         self.plugins = plugins if plugins is not None else create_plugin_manager(config)
@@ -107,6 +116,15 @@ class StoreBase:
         self._closed = False
         self._sql: SqlMaintenance | None = None
         self._backend: StoreBackend = self._open_backend()
+        self.key_schema: KeySchema = config.keys.key_schema
+        """The schema of this store's session keys (``keys.schema``, checked against the
+        store's record while SQL is in use)."""
+        if self._sql is not None:
+            try:
+                self.key_schema = self._key_schema_of(self._backend, rekeying=rekeying)
+            except BaseException:
+                self._backend.close()
+                raise
         self._writer = StoreWriter(
             self._transaction, self._drop_cache, atomic=lambda: self._backend.atomic_batches
         )
@@ -145,6 +163,49 @@ class StoreBase:
             return self._degrade(str(exc))
         self._sql = backend  # type: ignore[assignment]  # SQL backends provide maintenance too
         return backend
+
+    def _key_schema_of(self, backend: StoreBackend, *, rekeying: bool) -> KeySchema:
+        """The key schema recorded in ``sql``, recorded first for a store that has none (v1
+        when it already holds lanes, written before schemas were recorded or imported from the
+        original gateway's sessions.json; else ``keys.schema``). Unless ``rekeying``, it must
+        be ``keys.schema``: :class:`KeySchemaError` otherwise."""
+        sql: SqlMaintenance = backend  # type: ignore[assignment]  # the SQL backend
+        wanted = self.config.keys.key_schema
+        recorded = sql.get_meta(KEY_SCHEMA_META)
+        if recorded is None:
+            held = sql.has_routes() or backend.count_sessions() > 0 or self._mirror_to_import(sql)
+            recorded = "v1" if held else wanted
+            sql.set_meta(KEY_SCHEMA_META, recorded)
+        if recorded not in ("v1", "v2", REKEYING):
+            raise KeySchemaError(
+                f"the store records key schema {recorded!r}, which this hermes-sessions does not "
+                "know; upgrade hermes-sessions."
+            )
+        if rekeying:
+            return "v2" if recorded == "v2" else "v1"
+        if recorded == REKEYING:
+            raise KeySchemaError(
+                "a re-key of this store to key schema v2 was interrupted; run `hermes-sessions "
+                "rekey --to v2` again to finish it before starting the gateway."
+            )
+        if recorded == "v1" and wanted == "v2":
+            raise KeySchemaError(
+                "this store's session keys follow key schema v1 (the original gateway's layout) "
+                "but keys.schema is v2 (the default): set keys.schema: v1 to keep them, or stop "
+                "the gateway and run `hermes-sessions rekey --to v2` to move every lane to v2."
+            )
+        if recorded != wanted:
+            raise KeySchemaError(
+                "this store's session keys follow key schema v2 but keys.schema is v1: set "
+                "keys.schema: v2 (or remove it); a v2 store is never moved back to v1."
+            )
+        return wanted
+
+    def _mirror_to_import(self, sql: SqlMaintenance) -> bool:
+        """Whether opening will import the lanes of a sessions.json (written with v1 keys)."""
+        return sql.get_meta(MIRROR_IMPORTED) is None and bool(
+            read_mirror(self._mirror.path, self.plugins)
+        )
 
     def _degrade(self, reason: str) -> StoreBackend:
         from hermes_plugins.jsonl_store import JsonlBackend
@@ -207,6 +268,12 @@ class StoreBase:
             backend: StoreBackend = spec.open(self.config.storage_url, self.config)
         except StoreError as exc:
             logger.debug("the SQL store is still unavailable: %s", exc)
+            return False
+        try:
+            self._key_schema_of(backend, rekeying=False)
+        except StoreError as exc:
+            backend.close()
+            logger.error("the SQL store is available again but cannot be used: %s", exc)
             return False
         self._writer.run(self._switch_to, backend)  # no lane operation runs during the switch
         logger.warning("the SQL session store is available again; replaying the JSONL backlog")
