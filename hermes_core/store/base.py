@@ -27,8 +27,8 @@ from hermes_core.errors import (
     StoreError,
     StoreUnavailableError,
 )
-from hermes_core.keys import KeySchema
-from hermes_core.models import SessionEntry
+from hermes_core.keys import KeySchema, resolve_for_config
+from hermes_core.models import SessionEntry, SessionSource
 from hermes_core.plugins import HermesPluginManager, create_plugin_manager
 from hermes_core.specs import LifecycleEvent, LifecycleKind
 from hermes_core.store.backend import (
@@ -165,16 +165,14 @@ class StoreBase:
         return backend
 
     def _key_schema_of(self, backend: StoreBackend, *, rekeying: bool) -> KeySchema:
-        """The key schema recorded in ``sql``, recorded first for a store that has none (v1
-        when it already holds lanes, written before schemas were recorded or imported from the
-        original gateway's sessions.json; else ``keys.schema``). Unless ``rekeying``, it must
-        be ``keys.schema``: :class:`KeySchemaError` otherwise."""
+        """The key schema recorded in ``backend``, recorded first for a store that has none
+        (see :meth:`_unrecorded_schema`). Unless ``rekeying``, it must be ``keys.schema``:
+        :class:`KeySchemaError` otherwise."""
         sql: SqlMaintenance = backend  # type: ignore[assignment]  # the SQL backend
         wanted = self.config.keys.key_schema
         recorded = sql.get_meta(KEY_SCHEMA_META)
         if recorded is None:
-            held = sql.has_routes() or backend.count_sessions() > 0 or self._mirror_to_import(sql)
-            recorded = "v1" if held else wanted
+            recorded = self._unrecorded_schema(backend, sql)
             sql.set_meta(KEY_SCHEMA_META, recorded)
         if recorded not in ("v1", "v2", REKEYING):
             raise KeySchemaError(
@@ -201,11 +199,31 @@ class StoreBase:
             )
         return wanted
 
-    def _mirror_to_import(self, sql: SqlMaintenance) -> bool:
-        """Whether opening will import the lanes of a sessions.json (written with v1 keys)."""
-        return sql.get_meta(MIRROR_IMPORTED) is None and bool(
-            read_mirror(self._mirror.path, self.plugins)
-        )
+    def _unrecorded_schema(self, backend: StoreBackend, sql: SqlMaintenance) -> KeySchema:
+        """The schema of a store written before schemas were recorded: the one its routing
+        entries (or the sessions.json it is about to import) are keyed in, told by comparing
+        each key with its origin's keys; v1 when only session rows exist (they predate v2);
+        ``keys.schema`` for new state."""
+        lanes = [(entry["session_key"], entry.get("origin")) for entry in backend.iter_routes()]
+        if not lanes and sql.get_meta(MIRROR_IMPORTED) is None:
+            mirrored = read_mirror(self._mirror.path, self.plugins).values()
+            lanes = [(entry.session_key, entry.to_dict().get("origin")) for entry in mirrored]
+        for key, origin in lanes:
+            try:
+                v1, v2 = self.keys_in_both(SessionSource.from_dict(origin, plugins=self.plugins))
+            except InvalidValueError:
+                continue  # no origin, or one that cannot be keyed: this lane cannot tell
+            if v1 != v2 and key in (v1, v2):
+                return "v1" if key == v1 else "v2"
+        if lanes or backend.count_sessions() > 0:
+            return "v1"
+        return self.config.keys.key_schema
+
+    def keys_in_both(self, source: SessionSource) -> tuple[str, str]:
+        """The v1 and v2 keys of ``source`` under this store's settings."""
+        config, plugins = self.config, self.plugins
+        v1 = resolve_for_config(source, config, plugins, schema="v1").key
+        return v1, resolve_for_config(source, config, plugins, schema="v2").key
 
     def _degrade(self, reason: str) -> StoreBackend:
         from hermes_plugins.jsonl_store import JsonlBackend

@@ -23,7 +23,6 @@ from typing import Any
 
 from hermes_core.errors import InvalidValueError, StoreUnavailableError
 from hermes_core.instance import GatewayLockedError, lock_holder
-from hermes_core.keys import resolve_for_config
 from hermes_core.models import SessionSource
 from hermes_core.plugins import HermesPluginManager
 from hermes_core.store.backend import KeyMoves, StoredKeys
@@ -250,11 +249,6 @@ def _json(text: str | None) -> Any:
 class RekeyStore(TurnRecoveryStore):
     """The re-key operation of the store."""
 
-    def _keys_of(self, source: SessionSource) -> tuple[str, str]:
-        config, plugins = self.config, self.plugins
-        v1 = resolve_for_config(source, config, plugins, schema="v1").key
-        return v1, resolve_for_config(source, config, plugins, schema="v2").key
-
     @exclusive
     def rekey(self, *, dry_run: bool = False, batch_size: int = 500) -> RekeyReport:
         """Move every lane of a v1 store to its v2 key, ``batch_size`` keys per transaction
@@ -277,7 +271,7 @@ class RekeyStore(TurnRecoveryStore):
             return RekeyReport(dry_run=dry_run, schema_before=before)
         if not dry_run:
             self.replay_backlog()  # lanes the degraded mode wrote are re-keyed too
-        plan = plan_rekey(sql.stored_keys(), self._keys_of, self.plugins, before)
+        plan = plan_rekey(sql.stored_keys(), self.keys_in_both, self.plugins, before)
         counts = self.counts.load()
         moved_counts = {plan.renames.get(key, key): value for key, value in counts.items()}
         changed = sum(1 for key in counts if key in plan.renames)
