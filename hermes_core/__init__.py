@@ -27,8 +27,10 @@ from hermes_core.errors import (
 from hermes_core.gateway_texts import HostCallbacks
 from hermes_core.keys import (
     KeyResolution,
+    SessionKeyParts,
     build_session_key,
     is_shared_multi_user_session,
+    parse_session_key,
     resolve_session_key,
 )
 from hermes_core.models import (
@@ -96,6 +98,7 @@ __all__ = [
     "RedactionError",
     "SessionContext",
     "SessionEntry",
+    "SessionKeyParts",
     "SessionSource",
     "SessionStore",
     "StoreSpec",
@@ -109,6 +112,7 @@ __all__ = [
     "default_plugin_manager",
     "hookimpl",
     "is_shared_multi_user_session",
+    "parse_session_key",
     "prefix_sender",
     "resolve_session_key",
 ]

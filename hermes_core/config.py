@@ -40,7 +40,8 @@ from hermes_core.errors import ConfigError
 __all__ = [
     "LEGACY_RESET_WARNING", "AgentCacheConfig", "AgentConfig", "BusyQueueConfig",
     "DeliveryLedgerConfig", "DisplayConfig", "GatewayConfig", "GatewaySection",
-    "HomeChannelConfig", "HousekeepingConfig", "MemoryBudgetSetting", "PlatformConfig",
+    "HomeChannelConfig", "HousekeepingConfig", "KeysConfig", "MemoryBudgetSetting",
+    "PlatformConfig",
     "PluginsConfig", "PrivacyConfig", "StorageConfig",
 ]  # fmt: skip
 
@@ -404,6 +405,13 @@ class GatewaySection(_SharedSection):
     housekeeping: HousekeepingConfig = HousekeepingConfig()
 
 
+class KeysConfig(_Section):
+    """``keys``: ``schema`` is the session-key schema (v2 by default; v1 is the original
+    gateway's layout). A store records the schema it was created with and refuses another one."""
+
+    key_schema: Literal["v1", "v2"] = Field("v2", alias="schema", description="one of: v1, v2")
+
+
 class DisplayConfig(_SharedSection):
     """``display``."""
 
@@ -469,6 +477,7 @@ class GatewayConfig(_SharedSection):
     ] = Field(default_factory=dict, description="a mapping of platform names to their settings")
     storage: StorageConfig = StorageConfig()
     gateway: GatewaySection = GatewaySection()
+    keys: KeysConfig = KeysConfig()
     display: DisplayConfig = DisplayConfig()
     agent: AgentConfig = AgentConfig()
     privacy: PrivacyConfig = PrivacyConfig()
@@ -604,7 +613,7 @@ def _near_misses(
     ``group_session_per_user``) would otherwise change behaviour without a word.
     """
     for name, value in data.items():
-        field = model.model_fields.get(name) if isinstance(name, str) else None
+        field = _field_named(model, name) if isinstance(name, str) else None
         if field is None:
             match = difflib.get_close_matches(str(name), _settings(model), 1, _NEAR_MISS_CUTOFF)
             if match:
@@ -623,7 +632,11 @@ def _near_misses(
 
 def _settings(model: type[BaseModel]) -> list[str]:
     """The keys a file may set in ``model``'s section."""
-    return [name for name in model.model_fields if name not in _INTERNAL_FIELDS]
+    return [
+        field.alias or name
+        for name, field in model.model_fields.items()
+        if name not in _INTERNAL_FIELDS
+    ]
 
 
 def _is_secret(field: FieldInfo) -> bool:
@@ -651,12 +664,17 @@ def _field_at(loc: tuple[int | str, ...]) -> tuple[type[BaseModel] | None, Field
         if in_mapping:  # ``part`` is a key of a mapping field (a platform name)
             in_mapping, field = False, None
             continue
-        found = model.model_fields.get(str(part)) if model else None
+        found = _field_named(model, str(part)) if model else None
         if found is None:  # an unknown key, or an item of a list
             break
         field = found
         model, in_mapping = _nested(field)
     return model, field
+
+
+def _field_named(model: type[BaseModel], name: str) -> FieldInfo | None:
+    """The field of ``model`` that the file calls ``name`` (its alias, else its own name)."""
+    return next((f for n, f in model.model_fields.items() if (f.alias or n) == name), None)
 
 
 def _model_in(annotation: Any) -> type[BaseModel] | None:

@@ -65,6 +65,11 @@ class SchemaVersionError(StoreError):
     """The database was written by a newer hermes-sessions than this one."""
 
 
+class KeySchemaError(StoreError):
+    """The store's session keys follow another schema than ``keys.schema`` (or a re-key was
+    interrupted); the message says how to re-key."""
+
+
 class CorruptDatabaseError(StoreError):
     """The canonical database is corrupt; ``hermes-sessions doctor`` explains the repair."""
 

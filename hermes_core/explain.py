@@ -43,6 +43,11 @@ def explain_session_key(
     shared = resolution.shared
     return {
         "key": resolution.key,
+        "key_schema": {
+            "value": resolution.schema,
+            "origin": "keys.schema" if "key_schema" in config.keys.model_fields_set else "default",
+        },
+        "warnings": _schema_warnings(resolution, spec),
         "platform": source.platform,
         "platform_plugin": registry.owners[source.platform],
         "namespace": resolution.namespace,
@@ -58,6 +63,23 @@ def explain_session_key(
         "shared_multi_user_session": shared,
         "session_type_line": session_type_line(thread=bool(resolution.thread)) if shared else None,
     }
+
+
+def _schema_warnings(resolution: KeyResolution, spec: PlatformSpec) -> list[str]:
+    """Why this v1 key may be shared with another source: a component holds ``:``, or fewer
+    components are present than the platform can have, so their kinds cannot be told apart."""
+    if resolution.schema != "v1":
+        return []
+    values = [resolution.scope, resolution.chat_id, resolution.thread, resolution.participant]
+    present = [value for value in values if value]
+    possible = 4 if spec.scope is not None else 3
+    if not any(":" in value for value in present) and not 0 < len(present) < possible:
+        return []
+    return [
+        "key schema v1 is ambiguous for this source: another source can get the same key (a "
+        "thread id read as a sender id or the other way round, or ids containing ':'), and its "
+        "messages would join this lane; run `hermes-sessions rekey --to v2` and use schema v2"
+    ]
 
 
 def _namespace_reason(
@@ -141,8 +163,11 @@ def format_explanation(explanation: Mapping[str, Any]) -> list[str]:
     )
     scope = explanation["scope"]
     shared = "yes" if explanation["shared_multi_user_session"] else "no"
+    schema = explanation["key_schema"]
     return [
         f"key: {explanation['key']}",
+        f"key schema: {schema['value']} ({schema['origin']})",
+        *(f"warning: {warning}" for warning in explanation["warnings"]),
         f"platform: {explanation['platform']} (plugin {explanation['platform_plugin']})",
         f"namespace: {explanation['namespace']} ({explanation['namespace_reason']})",
         f"rule: {rule}",

@@ -18,6 +18,7 @@ import pytest
 
 from hermes_core.config import GatewayConfig
 from hermes_core.errors import InvalidValueError
+from hermes_core.keys import parse_session_key
 from hermes_core.models import SessionSource
 from hermes_core.plugins import HermesPluginManager, create_plugin_manager, hookimpl
 from hermes_core.specs import LifecycleEvent, RecoveryStep
@@ -58,7 +59,7 @@ class RecoveryStepsPlugin:
 
 
 def telegram_dm(chat_id: str = "99", **fields: Any) -> SessionSource:
-    """A Telegram DM source (the lane ``agent:main:telegram:dm:<chat_id>``)."""
+    """A Telegram DM source (the lane ``agent:main:telegram:dm:c=<chat_id>``)."""
     return SessionSource(platform="telegram", chat_id=chat_id, **fields)
 
 
@@ -77,7 +78,7 @@ class StoreContract:
     def test_creates_then_returns_the_same_session(self, store: SessionStore) -> None:
         source = telegram_dm(chat_name="Chat", user_name="Alice")
         first = store.get_or_create_session(source)
-        assert first.session_key == "agent:main:telegram:dm:99"
+        assert first.session_key == "agent:main:telegram:dm:c=99"
         assert SESSION_ID_RE.fullmatch(first.session_id)
         assert first.origin == source
         assert (first.platform, first.chat_type, first.display_name) == ("telegram", "dm", "Chat")
@@ -112,7 +113,7 @@ class StoreContract:
         assert (new.prev_session_id, new.reset_had_activity) == (old.session_id, True)
         assert not new.suspended
         assert not new.resume_pending
-        assert not store.suspend_session("agent:main:telegram:dm:unknown")
+        assert not store.suspend_session("agent:main:telegram:dm:c=unknown")
 
     def test_reset_starts_a_fresh_session_and_keeps_history(self, store: SessionStore) -> None:
         old = store.get_or_create_session(telegram_dm(chat_name="Old name"))
@@ -131,7 +132,7 @@ class StoreContract:
         assert new.origin == old.origin
         assert store.peek_session_id(old.session_key) == new.session_id
         assert [m["content"] for m in store.load_transcript(old.session_id)] == ["remember me"]
-        assert store.reset_session("agent:main:telegram:dm:unknown") is None
+        assert store.reset_session("agent:main:telegram:dm:c=unknown") is None
 
     # -- flags and markers -------------------------------------------------------------------------
 
@@ -149,7 +150,7 @@ class StoreContract:
         assert cleared is not None
         assert (cleared.resume_pending, cleared.resume_reason) == (False, None)
         assert cleared.last_resume_marked_at is None
-        assert not store.mark_resume_pending("agent:main:telegram:dm:unknown")
+        assert not store.mark_resume_pending("agent:main:telegram:dm:c=unknown")
 
     def test_turn_marker_compare_and_swap(self, store: SessionStore) -> None:
         entry = store.get_or_create_session(telegram_dm())
@@ -167,7 +168,7 @@ class StoreContract:
         assert not store.clear_turn_active(entry.session_key, first)  # a newer turn owns it
         assert store.clear_turn_active(entry.session_key, second)
         assert not store.clear_turn_active(entry.session_key, second)
-        assert store.mark_turn_active("agent:main:telegram:dm:unknown") is None
+        assert store.mark_turn_active("agent:main:telegram:dm:c=unknown") is None
 
     def test_marker_and_user_message_are_stored_together(self, store: SessionStore) -> None:
         entry = store.get_or_create_session(telegram_dm())
@@ -191,7 +192,7 @@ class StoreContract:
         assert updated.estimated_cost_usd == pytest.approx(0.5)
         assert updated.cost_status == "estimated"
         assert updated.updated_at > entry.updated_at
-        store.update_session("agent:main:telegram:dm:unknown", input_tokens=1)  # no-op
+        store.update_session("agent:main:telegram:dm:c=unknown", input_tokens=1)  # no-op
 
     def test_metadata(self, store: SessionStore) -> None:
         entry = store.get_or_create_session(telegram_dm(), touch_activity=False)
@@ -211,13 +212,13 @@ class StoreContract:
         assert after is not None
         assert after.updated_at == entry.updated_at
         assert set(after.metadata) == {"state"}
-        assert not store.set_session_metadata("agent:main:telegram:dm:unknown", "a", 1)
+        assert not store.set_session_metadata("agent:main:telegram:dm:c=unknown", "a", 1)
 
     # -- lookups -----------------------------------------------------------------------------------
 
     def test_lookups_are_read_only(self, store: SessionStore) -> None:
-        assert store.lookup_by_session_key("agent:main:telegram:dm:99") is None
-        assert store.peek_session_id("agent:main:telegram:dm:99") is None
+        assert store.lookup_by_session_key("agent:main:telegram:dm:c=99") is None
+        assert store.peek_session_id("agent:main:telegram:dm:c=99") is None
         assert store.lookup_by_session_key("") is None
         assert store.lookup_by_session_id("") is None
         entry = store.get_or_create_session(telegram_dm())
@@ -233,7 +234,7 @@ class StoreContract:
         for chat in ("1", "2", "3"):
             store.get_or_create_session(telegram_dm(chat))
         store.get_or_create_session(telegram_dm("1"))  # touch: newest again
-        listed = [entry.session_key.rsplit(":", 1)[1] for entry in store.list_sessions()]
+        listed = [parse_session_key(entry.session_key).chat_id for entry in store.list_sessions()]
         assert listed == ["1", "3", "2"]
         assert len(store.list_sessions(active_minutes=5)) == 3
 

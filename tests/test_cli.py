@@ -91,12 +91,12 @@ def test_plugins_json(capsys: pytest.CaptureFixture[str]) -> None:
 def test_key_with_negative_chat_id(capsys: pytest.CaptureFixture[str], chat_id: list[str]) -> None:
     argv = ["key", "--platform", "telegram", "--chat-type", "group", *chat_id, "--user-id", "alice"]
     assert main(argv) == 0
-    assert capsys.readouterr().out == f"agent:main:telegram:group:{GROUP}:alice\n"
+    assert capsys.readouterr().out == f"agent:main:telegram:group:c={GROUP}:u=alice\n"
 
 
 def test_key_chat_id_defaults_to_empty(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["key", "--platform", "telegram", "--user-id", "jordan"]) == 0
-    assert capsys.readouterr().out == "agent:main:telegram:dm:jordan\n"
+    assert capsys.readouterr().out == "agent:main:telegram:dm:u=jordan\n"
 
 
 def test_explain_json_equals_the_library(capsys: pytest.CaptureFixture[str]) -> None:
@@ -107,13 +107,13 @@ def test_explain_json_equals_the_library(capsys: pytest.CaptureFixture[str]) -> 
     )
     config = GatewayConfig.load()
     assert printed == explain_session_key(source, config, create_plugin_manager(config))
-    assert printed["key"] == f"agent:main:telegram:group:{GROUP}:17585"
+    assert printed["key"] == f"agent:main:telegram:group:c={GROUP}:t=17585"
 
 
 def test_explain_text(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["explain", "--platform", "telegram", "--chat-id", "99"]) == 0
     lines = capsys.readouterr().out.splitlines()
-    assert lines[0] == "key: agent:main:telegram:dm:99"
+    assert lines[0] == "key: agent:main:telegram:dm:c=99"
     assert "rule: dm-chat" in lines
     assert (
         "flags: group_sessions_per_user=true (default), thread_sessions_per_user=false (default)"
@@ -126,7 +126,7 @@ def test_config_yaml_in_hermes_home_is_used(
 ) -> None:
     (hermes_home / "config.yaml").write_text("gateway:\n  multiplex_profiles: true\n")
     assert main(["key", "--platform", "telegram", "--chat-id", "99", "--profile", "main"]) == 0
-    assert capsys.readouterr().out == "agent:main~:telegram:dm:99\n"
+    assert capsys.readouterr().out == "agent:main~:telegram:dm:c=99\n"
 
 
 def test_config_option(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -135,7 +135,7 @@ def test_config_option(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> No
     argv = ["--config", str(path), "explain", "--platform", "telegram", "--chat-type", "group"]
     assert main([*argv, "--chat-id", GROUP, "--user-id", "alice", "--json"]) == 0
     result = json.loads(capsys.readouterr().out)
-    assert result["key"] == f"agent:main:telegram:group:{GROUP}"
+    assert result["key"] == f"agent:main:telegram:group:c={GROUP}"
     assert result["flags"]["group_sessions_per_user"] == {"value": False, "origin": "top level"}
 
 
@@ -146,7 +146,7 @@ def test_source_json_file_with_an_overriding_option(
     source = {"platform": "telegram", "chat_type": "group", "chat_id": -1002285219667}
     path.write_text(json.dumps({**source, "user_id": "alice"}))
     assert main(["key", "--source-json", str(path), "--user-id", "bob"]) == 0
-    assert capsys.readouterr().out == f"agent:main:telegram:group:{GROUP}:bob\n"
+    assert capsys.readouterr().out == f"agent:main:telegram:group:c={GROUP}:u=bob\n"
 
 
 def test_source_json_from_stdin(
@@ -154,7 +154,7 @@ def test_source_json_from_stdin(
 ) -> None:
     monkeypatch.setattr(sys, "stdin", io.StringIO('{"platform": "slack", "chat_id": "D1"}'))
     assert main(["key", "--source-json", "-"]) == 0
-    assert capsys.readouterr().out == "agent:main:slack:dm:D1\n"
+    assert capsys.readouterr().out == "agent:main:slack:dm:c=D1\n"
 
 
 def test_unknown_platform(capsys: pytest.CaptureFixture[str]) -> None:
@@ -219,4 +219,4 @@ def test_console_script_explains_the_readme_example(hermes_home: Path) -> None:
         capture_output=True, text=True, encoding="utf-8", env=env, timeout=60, check=False,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
-    assert f"key: agent:main:telegram:group:{GROUP}:17585" in result.stdout.splitlines()
+    assert f"key: agent:main:telegram:group:c={GROUP}:t=17585" in result.stdout.splitlines()

@@ -30,7 +30,7 @@ from hermes_core.crashpoints import CRASH_POINTS
 from hermes_core.resume import resume_note
 
 KILLED = -signal.SIGKILL
-STUCK_KEY = "agent:main:telegram:dm:1"
+STUCK_KEY = "agent:main:telegram:dm:c=1"
 
 
 def _events() -> list[MessageEvent]:

@@ -22,6 +22,6 @@ def test_demo_crashes_and_recovers_the_reply_once(
     assert NEW_SESSION in out
     assert "echo: [Bob] Also: remember the changelog." in out  # queued behind a running turn
     assert (tmp_path / "demo" / "state.db").exists()
-    for key in ("agent:main:telegram:dm:1001", "agent:main:telegram:dm:1002",
-                "agent:main:telegram:group:-100200:17"):  # fmt: skip
+    for key in ("agent:main:telegram:dm:c=1001", "agent:main:telegram:dm:c=1002",
+                "agent:main:telegram:group:c=-100200:t=17"):  # fmt: skip
         assert key in out

@@ -43,7 +43,9 @@ def test_session_type_lines_are_exact() -> None:
 def test_telegram_dm(tmp_path: Path) -> None:
     result = _explain(tmp_path, platform="telegram", chat_id="99", user_id="jordan")
     assert result == {
-        "key": "agent:main:telegram:dm:99",
+        "key": "agent:main:telegram:dm:c=99",
+        "key_schema": {"value": "v2", "origin": "default"},
+        "warnings": [],
         "platform": "telegram",
         "platform_plugin": "telegram",
         "namespace": "agent:main",
@@ -64,7 +66,8 @@ def test_telegram_dm(tmp_path: Path) -> None:
         "session_type_line": None,
     }
     assert list(result) == [
-        "key", "platform", "platform_plugin", "namespace", "namespace_reason", "rule",
+        "key", "key_schema", "warnings", "platform", "platform_plugin", "namespace",
+        "namespace_reason", "rule",
         "prospective_thread", "flags", "canonicalisation", "scope", "shared_multi_user_session",
         "session_type_line",
     ]  # fmt: skip
@@ -76,7 +79,7 @@ def test_shared_forum_topic_has_the_thread_line(tmp_path: Path) -> None:
         tmp_path, platform="telegram", chat_type="group", chat_id=GROUP, user_id="alice",
         thread_id="17585",
     )  # fmt: skip
-    assert result["key"] == f"agent:main:telegram:group:{GROUP}:17585"
+    assert result["key"] == f"agent:main:telegram:group:c={GROUP}:t=17585"
     assert result["rule"] == "thread-shared"
     assert result["shared_multi_user_session"] is True
     assert result["session_type_line"] == THREAD_LINE
@@ -87,7 +90,7 @@ def test_group_shared_by_top_level_flag(tmp_path: Path) -> None:
         tmp_path, {"group_sessions_per_user": False},
         platform="telegram", chat_type="group", chat_id=GROUP, user_id="alice",
     )  # fmt: skip
-    assert result["key"] == f"agent:main:telegram:group:{GROUP}"
+    assert result["key"] == f"agent:main:telegram:group:c={GROUP}"
     assert result["rule"] == "group-shared"
     assert result["flags"]["group_sessions_per_user"] == {"value": False, "origin": "top level"}
     assert result["flags"]["thread_sessions_per_user"] == {"value": False, "origin": "default"}
@@ -107,7 +110,7 @@ def test_group_shared_by_platform_override(tmp_path: Path) -> None:
     discord = _explain(tmp_path, data, platform="discord", **group)
     assert discord["flags"]["group_sessions_per_user"] == {"value": True, "origin": "default"}
     assert discord["rule"] == "group-per-user"
-    assert discord["key"] == f"agent:main:discord:group:{GROUP}:alice"
+    assert discord["key"] == f"agent:main:discord:group:c={GROUP}:u=alice"
 
 
 @pytest.mark.parametrize(
@@ -128,7 +131,7 @@ def test_namespace_and_reason(
         platform="telegram", chat_id="99", profile=profile,
     )  # fmt: skip
     assert result["namespace"] == namespace
-    assert result["key"] == f"{namespace}:telegram:dm:99"
+    assert result["key"] == f"{namespace}:telegram:dm:c=99"
     assert reason_part in result["namespace_reason"]
 
 
@@ -137,7 +140,7 @@ def test_discord_prospective_thread_matches_the_later_thread_key(tmp_path: Path)
         tmp_path, platform="discord", chat_type="group", chat_id="channel-1", user_id="u1",
         scope_id="G1", prospective_thread_id="msg-100",
     )  # fmt: skip
-    assert result["key"] == "agent:main:discord:thread:channel-1:msg-100"  # slot ``thread``
+    assert result["key"] == "agent:main:discord:thread:c=channel-1:t=msg-100"  # slot ``thread``
     assert result["prospective_thread"] is True
     assert result["rule"] == "thread-shared"
     assert result["session_type_line"] == THREAD_LINE
@@ -154,8 +157,8 @@ def test_discord_prospective_thread_matches_the_later_thread_key(tmp_path: Path)
 @pytest.mark.parametrize(
     ("scope_id", "key", "component", "reason_part"),
     [
-        ("T1", "agent:main:slack:group:T1:C1:1111", "T1", "this source has one"),
-        (None, "agent:main:slack:group:C1:1111", None, "this source has none"),
+        ("T1", "agent:main:slack:group:s=T1:c=C1:t=1111", "T1", "this source has one"),
+        (None, "agent:main:slack:group:c=C1:t=1111", None, "this source has none"),
     ],
 )
 def test_slack_scope(
@@ -184,7 +187,7 @@ def test_whatsapp_dm_aliases_and_winner(tmp_path: Path) -> None:
         tmp_path, platform="whatsapp", chat_id="999999999999999@lid",
         user_id="999999999999999@lid",
     )  # fmt: skip
-    assert result["key"] == "agent:main:whatsapp:dm:60123456789"
+    assert result["key"] == "agent:main:whatsapp:dm:c=60123456789"
     dm_chat_id = result["canonicalisation"]["dm_chat_id"]
     assert dm_chat_id["raw"] == "999999999999999@lid"
     assert dm_chat_id["canonical"] == "60123456789"
@@ -201,7 +204,7 @@ def test_whatsapp_group_participant_is_canonical_in_the_key(tmp_path: Path) -> N
         tmp_path, platform="whatsapp", chat_type="group", chat_id="120363@g.us",
         user_id="999999999999999@lid",
     )  # fmt: skip
-    assert result["key"] == "agent:main:whatsapp:group:120363@g.us:60123456789"
+    assert result["key"] == "agent:main:whatsapp:group:c=120363@g.us:u=60123456789"
     assert result["canonicalisation"]["dm_chat_id"] is None  # group ids are never canonicalised
     assert result["canonicalisation"]["participant"]["in_key"] is True
 
@@ -225,7 +228,8 @@ def test_format_explanation_lines(tmp_path: Path) -> None:
     _whatsapp_mapping(tmp_path)
     dm = _explain(tmp_path, platform="telegram", chat_id="99")
     assert format_explanation(dm) == [
-        "key: agent:main:telegram:dm:99",
+        "key: agent:main:telegram:dm:c=99",
+        "key schema: v2 (default)",
         "platform: telegram (plugin telegram)",
         "namespace: agent:main (gateway.multiplex_profiles is off: every key uses agent:main)",
         "rule: dm-chat",
@@ -246,3 +250,32 @@ def test_format_explanation_lines(tmp_path: Path) -> None:
         "canonicalisation: DM chat id 999999999999999@lid -> 60123456789 "
         "(aliases visited: 999999999999999, 60123456789)"
     ) in format_explanation(whatsapp)
+
+
+V1 = {"keys": {"schema": "v1"}}
+
+
+@pytest.mark.parametrize(
+    ("source", "ambiguous"),
+    [
+        ({"chat_type": "group", "chat_id": GROUP, "user_id": "17585"}, True),  # or a topic
+        ({"chat_type": "group", "chat_id": GROUP, "thread_id": "17585"}, True),  # or a member
+        ({"chat_id": "99"}, True),  # a DM chat, participant or thread
+        ({"chat_id": ""}, False),  # the sink: no component to mistake
+        ({"chat_type": "group", "chat_id": GROUP, "thread_id": "1", "user_id": "2"}, False),
+        ({"chat_type": "group", "chat_id": "a:b", "thread_id": "1", "user_id": "2"}, True),
+    ],
+)
+def test_v1_warns_about_ambiguous_sources(
+    tmp_path: Path, source: dict[str, Any], ambiguous: bool
+) -> None:
+    flags = {**V1, "thread_sessions_per_user": True}
+    result = _explain(tmp_path, flags, platform="telegram", **source)
+    assert result["key_schema"] == {"value": "v1", "origin": "keys.schema"}
+    assert bool(result["warnings"]) is ambiguous
+    lines = format_explanation(result)
+    assert lines[1] == "key schema: v1 (keys.schema)"
+    assert any(line.startswith("warning: key schema v1 is ambiguous") for line in lines) is (
+        ambiguous
+    )
+    assert _explain(tmp_path, platform="telegram", **source)["warnings"] == []  # v2: never

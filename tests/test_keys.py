@@ -1,4 +1,5 @@
-"""Golden session keys: one row per rule of SPEC §4. A changed key silently loses every live
+"""Golden session keys: one row per rule, in key schema v1 (the original gateway's layout, kept
+byte for byte) and, for the documented examples, v2. A changed key silently loses every live
 session, so any change here must be deliberate."""
 
 from __future__ import annotations
@@ -19,14 +20,20 @@ from hermes_core import (
     is_shared_multi_user_session,
     resolve_session_key,
 )
-from hermes_core.keys import profile_from_namespace, profile_namespace
+from hermes_core.keys import (
+    KEY_SCHEMAS,
+    KeySchema,
+    parse_session_key,
+    profile_from_namespace,
+    profile_namespace,
+)
 from hermes_plugins.whatsapp import canonical_whatsapp_identifier
 
 TG_GROUP = "-1002285219667"
 WA_PHONE = "60123456789"
 WA_LID = "999999999999999"
 
-# (row id, source fields, options, expected key, rule, shared)
+# (row id, source fields, options, expected v1 key, rule, shared)
 GOLDEN: list[tuple[str, dict[str, Any], dict[str, Any], str, str, bool]] = [
     ("dm-chat", {"platform": "telegram", "chat_id": "99"}, {},
      "agent:main:telegram:dm:99", "dm-chat", False),
@@ -143,8 +150,8 @@ def test_golden_keys(
     fields: dict[str, Any], options: dict[str, Any], key: str, rule: str, shared: bool
 ) -> None:
     source = SessionSource(**fields)
-    assert build_session_key(source, **options) == key
-    resolution = resolve_session_key(source, **options)
+    assert build_session_key(source, schema="v1", **options) == key
+    resolution = resolve_session_key(source, schema="v1", **options)
     assert (resolution.rule, resolution.shared) == (rule, shared)
     flags = {name: value for name, value in options.items() if name != "profile"}
     assert is_shared_multi_user_session(source, **flags) is shared
@@ -166,7 +173,8 @@ def test_whatsapp_lid_with_mapping_file(hermes_home: Path, mapping_dir: str) -> 
     )
     lid_dm = SessionSource(platform="whatsapp", chat_id=f"{WA_LID}@lid")
     phone_dm = SessionSource(platform="whatsapp", chat_id=f"+{WA_PHONE}")
-    assert build_session_key(lid_dm) == f"agent:main:whatsapp:dm:{WA_PHONE}"
+    assert build_session_key(lid_dm, schema="v1") == f"agent:main:whatsapp:dm:{WA_PHONE}"
+    assert build_session_key(lid_dm) == f"agent:main:whatsapp:dm:c={WA_PHONE}"
     assert build_session_key(lid_dm) == build_session_key(phone_dm)
 
 
@@ -179,7 +187,9 @@ def test_whatsapp_lid_participant_in_group_uses_mapping(hermes_home: Path) -> No
     source = SessionSource(
         platform="whatsapp", chat_id="120363@g.us", chat_type="group", user_id=f"{WA_LID}@lid"
     )
-    assert build_session_key(source) == f"agent:main:whatsapp:group:120363@g.us:{WA_PHONE}"
+    key = f"agent:main:whatsapp:group:120363@g.us:{WA_PHONE}"
+    assert build_session_key(source, schema="v1") == key
+    assert build_session_key(source) == f"agent:main:whatsapp:group:c=120363@g.us:u={WA_PHONE}"
 
 
 def test_whatsapp_id_with_a_trailing_newline_is_not_looked_up(hermes_home: Path) -> None:
@@ -210,8 +220,8 @@ def test_unusable_whatsapp_mapping_is_logged_once_and_ignored(
         platform="whatsapp", chat_id="120363@g.us", chat_type="group", user_id=f"{WA_LID}@lid"
     )
     with caplog.at_level("WARNING", logger="hermes_plugins.whatsapp"):
-        assert build_session_key(dm) == f"agent:main:whatsapp:dm:{WA_LID}"
-        assert build_session_key(participant).endswith(f":{WA_LID}")
+        assert build_session_key(dm) == f"agent:main:whatsapp:dm:c={WA_LID}"
+        assert build_session_key(participant).endswith(f":u={WA_LID}")
     warnings = [r.getMessage() for r in caplog.records if r.name == "hermes_plugins.whatsapp"]
     assert len(warnings) == 1
     assert str(directory) in warnings[0]
@@ -229,7 +239,10 @@ def test_thread_keys_equal_for_prospective_and_real_thread() -> None:
         {"thread_sessions_per_user": True},
     ]
     for flags in variants:
-        assert build_session_key(channel, **flags) == build_session_key(in_thread, **flags)
+        for schema in KEY_SCHEMAS:
+            assert build_session_key(channel, schema=schema, **flags) == build_session_key(
+                in_thread, schema=schema, **flags
+            )
 
 
 def test_unregistered_platform_is_a_named_error() -> None:
@@ -239,18 +252,26 @@ def test_unregistered_platform_is_a_named_error() -> None:
 
 
 @pytest.mark.parametrize(
-    ("fields", "problem"),
+    ("fields", "schemas", "problem"),
     [
-        ({"chat_id": "a..b"}, "'..'"),
-        ({"chat_id": "a\x01b"}, "control characters"),
-        ({"chat_id": "x" * 1100}, "1-1024"),
+        ({"chat_id": "a..b"}, ("v1",), "'..'"),
+        ({"chat_id": "a\x01b"}, KEY_SCHEMAS, "control characters"),
+        ({"chat_id": "x" * 1100}, KEY_SCHEMAS, "1-1024"),
     ],
 )
-def test_source_producing_an_invalid_key_is_refused(fields: dict[str, str], problem: str) -> None:
+def test_source_producing_an_invalid_key_is_refused(
+    fields: dict[str, str], schemas: tuple[KeySchema, ...], problem: str
+) -> None:
     source = SessionSource(platform="telegram", **fields)
-    with pytest.raises(InvalidValueError, match=problem) as info:
-        build_session_key(source)
-    assert info.value.field == "source"
+    for schema in schemas:
+        with pytest.raises(InvalidValueError, match=problem) as info:
+            build_session_key(source, schema=schema)
+        assert info.value.field == "source"
+
+
+def test_v2_escapes_dots_so_an_id_with_two_dots_is_keyed() -> None:
+    source = SessionSource(platform="telegram", chat_id="a..b")
+    assert build_session_key(source) == "agent:main:telegram:dm:c=a.%2Eb"
 
 
 def test_invalid_profile_is_refused() -> None:
@@ -312,6 +333,10 @@ def test_predicate_matches_spec_table_and_key(
     shared = is_shared_multi_user_session(source, **flags)
     assert shared is _oracle_shared(source, group_flag, thread_flag)
     participant = source.user_id_alt or source.user_id
-    key = build_session_key(source, **flags)
     if chat_type != "dm" and participant:
-        assert key.endswith(f":{participant}") is not shared
+        assert build_session_key(source, schema="v1", **flags).endswith(f":{participant}") is (
+            not shared
+        )
+        assert bool(parse_session_key(build_session_key(source, **flags)).participant) is (
+            not shared
+        )

@@ -320,7 +320,7 @@ def test_conflict_in_a_separate_process(
     assert "[acme_matrix.matrix] or [platforms.matrix]" in keyed.stderr
     (hermes_home / "config.yaml").write_text("plugins:\n  disable: [platforms.matrix]\n")
     fixed = run("key", "--platform", "matrix", "--chat-id", "!room")
-    assert (fixed.returncode, fixed.stdout) == (0, "agent:main:matrix:dm:!room\n"), fixed.stderr
+    assert (fixed.returncode, fixed.stdout) == (0, "agent:main:matrix:dm:c=!room\n"), fixed.stderr
 
 
 # -- plugins=None --------------------------------------------------------------------------------
@@ -333,7 +333,7 @@ def test_plugins_none_means_the_default_manager_with_entry_points(
         "hermes-irc", version="0.1.0", entry_points={"irc": "hermes_irc"}, extra_path=EXAMPLE_SRC
     )
     source = SessionSource.from_dict({"platform": "irc", "chat_id": "BOB", "scope_id": "oftc"})
-    assert build_session_key(source) == "agent:main:irc:dm:oftc:bob"
+    assert build_session_key(source) == "agent:main:irc:dm:s=oftc:c=bob"
     assert default_plugin_manager() is default_plugin_manager()
     assert default_plugin_manager().platforms().owners["irc"] == "irc"
 

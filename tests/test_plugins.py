@@ -90,11 +90,10 @@ def test_example_plugin_is_discovered_through_its_entry_point(
     source = SessionSource(
         platform="irc", chat_id="#hermes", chat_type="group", scope_id="libera", user_id="Alice[m]"
     )
-    assert (
-        build_session_key(source, plugins=manager) == "agent:main:irc:group:libera:#hermes:alice{m}"
-    )
+    key = build_session_key(source, plugins=manager)
+    assert key == "agent:main:irc:group:s=libera:c=#hermes:u=alice{m}"
     dm = SessionSource(platform="irc", chat_id="BOB", scope_id="oftc")
-    assert build_session_key(dm, plugins=manager) == "agent:main:irc:dm:oftc:bob"
+    assert build_session_key(dm, plugins=manager) == "agent:main:irc:dm:s=oftc:c=bob"
 
 
 def test_entry_points_are_skipped_when_not_loaded(

@@ -81,7 +81,7 @@ async def test_a_message_runs_one_turn(make_gateway: Any, synchronous: str) -> N
     await gateway.handle_message(_event("hi"))
     await gateway.idle()
     assert adapter.texts() == ["echo: hi"]
-    entry = gateway.store.lookup_by_session_key("agent:main:telegram:dm:1")
+    entry = gateway.store.lookup_by_session_key("agent:main:telegram:dm:c=1")
     assert entry is not None
     assert entry.active_turn_token is None
     roles = [m["role"] for m in gateway.store.load_transcript(entry.session_id)]
@@ -190,7 +190,7 @@ async def test_stop_discards_the_follow_up_but_keeps_queue_items(
     assert "echo: kept item" in texts
     assert "echo: build done" in texts  # internal wake-ups survive /stop
     assert not any("follow-up" in t for t in texts if t.startswith("echo:"))
-    entry = gateway.store.lookup_by_session_key("agent:main:telegram:dm:1")
+    entry = gateway.store.lookup_by_session_key("agent:main:telegram:dm:c=1")
     assert entry is not None
     assert entry.active_turn_token is None
     assert not entry.resume_pending
@@ -202,14 +202,14 @@ async def test_reset_trigger(make_gateway: Any) -> None:
     await gateway.start()
     await gateway.handle_message(_event("old conversation"))
     await asyncio.sleep(0.05)
-    old = gateway.store.peek_session_id("agent:main:telegram:dm:1")
+    old = gateway.store.peek_session_id("agent:main:telegram:dm:c=1")
     await gateway.handle_message(_event("queued human", user="u2"))
     wake = _event("background job finished", internal=True, metadata={"wake": True})
     await gateway.handle_message(wake)
     agents.hurry()
     await gateway.handle_message(_event("/NEW@hermes_bot fresh start"))
     await gateway.idle()
-    new = gateway.store.peek_session_id("agent:main:telegram:dm:1")
+    new = gateway.store.peek_session_id("agent:main:telegram:dm:c=1")
     assert new != old
     texts = adapter.texts()
     assert NEW_SESSION in texts
@@ -284,20 +284,20 @@ async def test_wake_bound_to_an_older_session_needs_the_resolver(make_gateway: A
     await gateway.start()
     await gateway.handle_message(_event("hello"))
     await gateway.idle()
-    old = gateway.store.peek_session_id("agent:main:telegram:dm:1")
+    old = gateway.store.peek_session_id("agent:main:telegram:dm:c=1")
     await gateway.handle_message(_event("/new"))
     await gateway.idle()
     gateway._gate = True  # queue the wake behind the gate, then let it through
     await gateway.handle_message(_event("work done", internal=True, bound_session_id=old))
     gateway._gate = False
-    gateway._dispatch_next("agent:main:telegram:dm:1")
+    gateway._dispatch_next("agent:main:telegram:dm:c=1")
     await gateway.idle()
     assert "echo: work done" not in adapter.texts()  # no resolver: dropped, never run
     gateway.callbacks = HostCallbacks(wake_allowed=lambda event, session_id: True)
     gateway._gate = True
     await gateway.handle_message(_event("work done", internal=True, bound_session_id=old))
     gateway._gate = False
-    gateway._dispatch_next("agent:main:telegram:dm:1")
+    gateway._dispatch_next("agent:main:telegram:dm:c=1")
     await gateway.idle()
     assert "echo: work done" in adapter.texts()
     await gateway.stop()
@@ -342,7 +342,7 @@ async def test_drain_that_times_out_resumes_after_restart(
     await again.start()
     await again.idle()
     assert adapter2.texts() == ["echo: slow question"]
-    entry = again.store.lookup_by_session_key("agent:main:telegram:dm:1")
+    entry = again.store.lookup_by_session_key("agent:main:telegram:dm:c=1")
     assert entry is not None
     assert not entry.resume_pending
     notes = [m for m in again.store.load_transcript(entry.session_id)
@@ -466,7 +466,7 @@ async def test_housekeeping_pass_is_isolated(make_gateway: Any, monkeypatch: Any
     assert results["prune"] == 0  # the tasks after the failing one still ran
     assert results["sessions_json"] is True
     assert (gateway.store.sessions_dir / "sessions.json").exists()
-    assert gateway.store.lookup_by_session_key("agent:main:telegram:dm:1") is not None
+    assert gateway.store.lookup_by_session_key("agent:main:telegram:dm:c=1") is not None
     await gateway.stop()
 
 
@@ -492,7 +492,7 @@ async def test_stop_during_delivery_lets_the_reply_finish(hermes_home: Path) -> 
     ledger = gateway.store.ledger
     assert ledger is not None
     assert ledger.rows.obligations(("pending", "attempting", "failed")) == []
-    entry = gateway.store.lookup_by_session_key("agent:main:telegram:dm:1")
+    entry = gateway.store.lookup_by_session_key("agent:main:telegram:dm:c=1")
     assert entry is not None
     assert entry.active_turn_token is None
     await gateway.stop()
@@ -511,7 +511,7 @@ async def test_disconnected_platform_waits_and_reconnect_catches_up(make_gateway
     await gateway.handle_message(_event("arrives while offline", chat="2"))
     await gateway.idle()
     assert gateway.queue is not None
-    assert gateway.queue.depth("agent:main:telegram:dm:2") == 1  # waits, never dropped
+    assert gateway.queue.depth("agent:main:telegram:dm:c=2") == 1  # waits, never dropped
     adapter.connected = True
     await gateway.platform_connected("telegram")
     await gateway.idle()
@@ -527,7 +527,7 @@ async def test_a_suspended_lane_starts_a_new_session_and_says_so_once(make_gatew
     await gateway.start()
     await gateway.handle_message(_event("before"))
     await gateway.idle()
-    key = "agent:main:telegram:dm:1"
+    key = "agent:main:telegram:dm:c=1"
     first = gateway.store.peek_session_id(key)
     assert gateway.store.suspend_session(key)
     await gateway.handle_message(_event("after the suspension"))

@@ -173,9 +173,9 @@ def test_append_to_unknown_session_is_refused(open_store: Opener) -> None:
 
 def test_prune_removes_only_idle_unprotected_routes(open_store: Opener) -> None:
     def active(key: str) -> bool:
-        if key.endswith(":boom"):
+        if key.endswith(":c=boom"):
             raise RuntimeError("process table unavailable")
-        return key.endswith(":busy")
+        return key.endswith(":c=busy")
 
     home_store = open_store()
     home_store.close()
@@ -323,7 +323,7 @@ def test_mirror_is_written_off_the_message_path(open_store: Opener) -> None:
     data = json.loads(mirror.read_text(encoding="utf-8"))
     assert next(iter(data)) == "_README"
     assert data["_README"] == MIRROR_README
-    assert set(data) == {"_README", entry.session_key, "agent:main:telegram:dm:2"}
+    assert set(data) == {"_README", entry.session_key, "agent:main:telegram:dm:c=2"}
     assert data[entry.session_key]["session_id"] == entry.session_id
     assert stat.S_IMODE(os.stat(mirror).st_mode) == 0o600
 
@@ -341,6 +341,10 @@ def _legacy_mirror(path: Path, entries: dict[str, Any], *, bom: bool = False) ->
     path.write_bytes(("\ufeff" if bom else "").encode() + body.encode("utf-8"))
 
 
+V1 = {"schema": "v1"}
+"""``keys``: the original gateway's sessions.json holds key schema v1 keys."""
+
+
 def _legacy_entry(key: str, session_id: str) -> dict[str, Any]:
     return {"session_key": key, "session_id": session_id,
             "created_at": "2026-01-01T00:00:00+00:00", "updated_at": "2026-01-02T00:00:00",
@@ -353,7 +357,7 @@ def test_existing_mirror_is_imported_once(open_store: Opener, tmp_path: Path) ->
     key = "agent:main:telegram:dm:7"
     _legacy_mirror(mirror, {key: _legacy_entry(key, "20260101_000000_aaaaaaaa"),
                             "agent:main:bad": {"session_key": 5}}, bom=True)  # fmt: skip
-    store = open_store()
+    store = open_store(keys=V1)
     entry = store.lookup_by_session_key(key)
     assert entry is not None
     assert entry.session_id == "20260101_000000_aaaaaaaa"
@@ -362,7 +366,7 @@ def test_existing_mirror_is_imported_once(open_store: Opener, tmp_path: Path) ->
     store.reset_session(key)
     store.close()
     _legacy_mirror(mirror, {key: _legacy_entry(key, "20260101_000000_aaaaaaaa")})
-    again = open_store()  # a stale file never brings a reset lane back
+    again = open_store(keys=V1)  # a stale file never brings a reset lane back
     assert again.peek_session_id(key) != "20260101_000000_aaaaaaaa"
     # Explicit import adds only keys the table lacks.
     other = "agent:main:telegram:dm:8"
@@ -378,7 +382,7 @@ def test_an_imported_lane_gets_its_session_row(open_store: Opener, tmp_path: Pat
     key, session_id = "agent:main:telegram:dm:7", "20260101_000000_aaaaaaaa"
     entry = {**_legacy_entry(key, session_id), "prev_session_id": "20251231_000000_gone0000"}
     _legacy_mirror(mirror, {key: entry})
-    store = open_store()
+    store = open_store(keys=V1)
     row = store.session_row(session_id)
     assert row is not None
     assert (row.session_key, row.parent_session_id) == (key, None)  # the parent never existed

@@ -121,7 +121,7 @@ def test_corrupt_database_file_falls_back_and_is_left_untouched(tmp_path: Path) 
     assert reopened.degraded
     assert "not a database" in reopened.health()["degraded_reason"]
     # Routing comes from the mirror written at close, so the lane keeps its session.
-    assert reopened.lookup_by_session_key("agent:main:telegram:dm:99") is not None
+    assert reopened.lookup_by_session_key("agent:main:telegram:dm:c=99") is not None
     reopened.close()
     assert database.read_bytes() == garbage
 

@@ -31,7 +31,7 @@ from hermes_core.store import SessionStore
 from hermes_core.testing import fresh_plugin_manager, telegram_dm
 
 Make = Callable[..., tuple[Gateway, InMemoryAdapter]]
-KEY = "agent:main:telegram:dm:1"
+KEY = "agent:main:telegram:dm:c=1"
 
 
 def _event(

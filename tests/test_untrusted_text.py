@@ -165,14 +165,14 @@ def test_search_takes_any_string_as_data(store: SessionStore) -> None:
 def test_unencodable_lookups_find_nothing(store: SessionStore) -> None:
     store.get_or_create_session(telegram_dm())
     assert store.lookup_by_session_id("id\ud83d") is None
-    assert store.lookup_by_session_key("agent:main:telegram:dm:\ud83d") is None
+    assert store.lookup_by_session_key("agent:main:telegram:dm:c=\ud83d") is None
     assert store.load_transcript("20260101_000000_abcdef12") == []
 
 
 def test_a_lone_surrogate_chat_gets_a_lane_and_keeps_it(store: SessionStore) -> None:
     first = store.get_or_create_session(telegram_dm("\ud83d"))
     second = store.get_or_create_session(telegram_dm("\ufffd"))
-    assert first.session_key == second.session_key == "agent:main:telegram:dm:\ufffd"
+    assert first.session_key == second.session_key == "agent:main:telegram:dm:c=\ufffd"
     assert first.session_id == second.session_id
 
 
@@ -275,10 +275,10 @@ def test_cli_key_and_explain_take_undecodable_arguments(capsys: pytest.CaptureFi
 
     undecodable = b"100\xff".decode("utf-8", "surrogateescape")  # as Python reads such argv
     assert main(["key", "--platform", "telegram", "--chat-id", undecodable]) == 0
-    assert capsys.readouterr().out.strip() == "agent:main:telegram:dm:100\ufffd"
+    assert capsys.readouterr().out.strip() == "agent:main:telegram:dm:c=100\ufffd"
     argv = ["explain", "--platform", "telegram", "--chat-type", "group", "--user-id", "u"]
     assert main([*argv, "--chat-id", undecodable, "--chat-name", "caf\ud83d"]) == 0
-    assert "key: agent:main:telegram:group:100\ufffd:u" in capsys.readouterr().out
+    assert "key: agent:main:telegram:group:c=100\ufffd:u=u" in capsys.readouterr().out
 
 
 # -- through the Gateway ---------------------------------------------------------------------------
@@ -310,7 +310,7 @@ async def test_half_an_emoji_in_a_message_and_in_the_reply_is_answered_and_store
     await gateway.handle_message(MessageEvent(source=source, text="hi \ud83d", message_id="m1"))
     await gateway.idle()
     assert adapter.texts() == ["echo: hi \ufffd \ufffd"]
-    entry = gateway.store.lookup_by_session_key("agent:main:telegram:group:-1001:u1")
+    entry = gateway.store.lookup_by_session_key("agent:main:telegram:group:c=-1001:u=u1")
     assert entry is not None
     assert entry.origin is not None
     assert (entry.origin.chat_name, entry.origin.user_name) == ("caf\ufffd", "bob\ufffd")

@@ -192,6 +192,35 @@ class DeadLetter:
 
 
 @dataclass(frozen=True, slots=True)
+class StoredKeys:
+    """Where session keys are stored, as re-keying reads them."""
+
+    routes: Sequence[EntryDict]
+    """Every routing entry (its ``session_key`` and ``origin``)."""
+    sessions: Sequence[tuple[str, str, str | None, float]]
+    """Session rows: (id, session key, origin JSON, started at)."""
+    queued: Sequence[tuple[int, str, str]]
+    """Queued events, dead letters included: (id, session key, event JSON)."""
+    others: frozenset[str]
+    """Keys named by redelivery records, ledger rows, restart counts and turn leases."""
+
+
+@dataclass(frozen=True, slots=True)
+class KeyMoves:
+    """One batch of a re-key, written in one transaction."""
+
+    lanes: Mapping[str, str]
+    """Old key → new key: the routing row (``entry_json`` follows), redelivery records, ledger
+    rows, restart counts and turn leases. A record already present under the new key wins."""
+    sessions: Sequence[tuple[str, str]]
+    """(session id, new key) of session rows."""
+    queued: Sequence[tuple[int, str]]
+    """(event id, new key) of queued events."""
+    key_schema: str
+    """The ``state_meta`` key schema once the batch is committed."""
+
+
+@dataclass(frozen=True, slots=True)
 class SearchHit:
     """One full-text search result (SPEC §3.5.5)."""
 
@@ -340,6 +369,15 @@ class BacklogTarget(Protocol):
 
 class SqlMaintenance(BacklogTarget, Protocol):
     """Operations only the canonical SQL backend offers (the store skips them while degraded)."""
+
+    def set_meta(self, name: str, value: str) -> None:
+        """Set one ``state_meta`` value (one transaction)."""
+
+    def stored_keys(self) -> StoredKeys:
+        """Every stored session key and what it belongs to, from one read (for re-keying)."""
+
+    def move_keys(self, moves: KeyMoves) -> None:
+        """One transaction: apply one batch of a re-key (see :class:`KeyMoves`)."""
 
     def has_routes(self) -> bool:
         """Whether the routing table has any row (cheap: reads at most one)."""

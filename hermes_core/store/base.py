@@ -22,11 +22,13 @@ from hermes_core.config import GatewayConfig
 from hermes_core.errors import (
     CorruptDatabaseError,
     InvalidValueError,
+    KeySchemaError,
     SchemaVersionError,
     StoreError,
     StoreUnavailableError,
 )
-from hermes_core.models import SessionEntry
+from hermes_core.keys import KeySchema, resolve_for_config
+from hermes_core.models import SessionEntry, SessionSource
 from hermes_core.plugins import HermesPluginManager, default_plugin_manager
 from hermes_core.specs import LifecycleEvent, LifecycleKind
 from hermes_core.store.backend import (
@@ -43,6 +45,10 @@ logger = logging.getLogger(__name__)
 
 DEGRADED_WARNING = "SQL session store unavailable, falling back to JSONL: "
 MIRROR_IMPORTED = "sessions_json_imported"
+KEY_SCHEMA_META = "key_schema"
+"""``state_meta`` name of the store's session-key schema: ``v1``, ``v2`` or :data:`REKEYING`."""
+REKEYING = "v1>v2"
+"""The recorded schema while ``rekey`` moves lanes from v1 to v2 (until its last batch)."""
 
 _S = TypeVar("_S", bound="StoreBase")
 _P = ParamSpec("_P")
@@ -91,7 +97,10 @@ class StoreBase:
         plugins: HermesPluginManager | None = None,
         entry_cache_size: int = 10_000,
         read_only: bool = False,
+        rekeying: bool = False,
     ) -> None:
+        """``rekeying``: open a store whose recorded key schema differs from ``keys.schema``
+        (or whose re-key was interrupted), for :meth:`~hermes_core.store.SessionStore.rekey`."""
         self.config = config
         self.read_only = read_only
         """Opened to read only: no writer lock is taken and every change is refused
@@ -111,6 +120,15 @@ class StoreBase:
         self._closed = False
         self._sql: SqlMaintenance | None = None
         self._backend: StoreBackend = self._open_backend()
+        self.key_schema: KeySchema = config.keys.key_schema
+        """The schema of this store's session keys (``keys.schema``, checked against the
+        store's record while SQL is in use)."""
+        if self._sql is not None:
+            try:
+                self.key_schema = self._key_schema_of(self._backend, rekeying=rekeying)
+            except BaseException:
+                self._backend.close()
+                raise
         self._writer = StoreWriter(
             self._transaction, self._drop_cache, atomic=lambda: self._backend.atomic_batches,
             read_only=read_only,
@@ -160,6 +178,68 @@ class StoreBase:
             return self._degrade(str(exc))
         self._sql = backend  # type: ignore[assignment]  # SQL backends provide maintenance too
         return backend
+
+    def _key_schema_of(self, backend: StoreBackend, *, rekeying: bool) -> KeySchema:
+        """The key schema recorded in ``backend``, recorded first for a store that has none
+        (see :meth:`_unrecorded_schema`). Unless ``rekeying``, it must be ``keys.schema``:
+        :class:`KeySchemaError` otherwise."""
+        sql: SqlMaintenance = backend  # type: ignore[assignment]  # the SQL backend
+        wanted = self.config.keys.key_schema
+        recorded = sql.get_meta(KEY_SCHEMA_META)
+        if recorded is None:
+            recorded = self._unrecorded_schema(backend, sql)
+            if not self.read_only:  # a reader tells it the same way each time
+                sql.set_meta(KEY_SCHEMA_META, recorded)
+        if recorded not in ("v1", "v2", REKEYING):
+            raise KeySchemaError(
+                f"the store records key schema {recorded!r}, which this hermes-sessions does not "
+                "know; upgrade hermes-sessions."
+            )
+        if rekeying:
+            return "v2" if recorded == "v2" else "v1"
+        if recorded == REKEYING:
+            raise KeySchemaError(
+                "a re-key of this store to key schema v2 was interrupted; run `hermes-sessions "
+                "rekey --to v2` again to finish it before starting the gateway."
+            )
+        if recorded == "v1" and wanted == "v2":
+            raise KeySchemaError(
+                "this store's session keys follow key schema v1 (the original gateway's layout) "
+                "but keys.schema is v2 (the default): set keys.schema: v1 to keep them, or stop "
+                "the gateway and run `hermes-sessions rekey --to v2` to move every lane to v2."
+            )
+        if recorded != wanted:
+            raise KeySchemaError(
+                "this store's session keys follow key schema v2 but keys.schema is v1: set "
+                "keys.schema: v2 (or remove it); a v2 store is never moved back to v1."
+            )
+        return wanted
+
+    def _unrecorded_schema(self, backend: StoreBackend, sql: SqlMaintenance) -> KeySchema:
+        """The schema of a store written before schemas were recorded: the one its routing
+        entries (or the sessions.json it is about to import) are keyed in, told by comparing
+        each key with its origin's keys; v1 when only session rows exist (they predate v2);
+        ``keys.schema`` for new state."""
+        lanes = [(entry["session_key"], entry.get("origin")) for entry in backend.iter_routes()]
+        if not lanes and sql.get_meta(MIRROR_IMPORTED) is None:
+            mirrored = read_mirror(self._mirror.path, self.plugins).values()
+            lanes = [(entry.session_key, entry.to_dict().get("origin")) for entry in mirrored]
+        for key, origin in lanes:
+            try:
+                v1, v2 = self.keys_in_both(SessionSource.from_dict(origin, plugins=self.plugins))
+            except InvalidValueError:
+                continue  # no origin, or one that cannot be keyed: this lane cannot tell
+            if v1 != v2 and key in (v1, v2):
+                return "v1" if key == v1 else "v2"
+        if lanes or backend.count_sessions() > 0:
+            return "v1"
+        return self.config.keys.key_schema
+
+    def keys_in_both(self, source: SessionSource) -> tuple[str, str]:
+        """The v1 and v2 keys of ``source`` under this store's settings."""
+        config, plugins = self.config, self.plugins
+        v1 = resolve_for_config(source, config, plugins, schema="v1").key
+        return v1, resolve_for_config(source, config, plugins, schema="v2").key
 
     def _degrade(self, reason: str) -> StoreBackend:
         from hermes_plugins.jsonl_store import JsonlBackend
@@ -222,6 +302,12 @@ class StoreBase:
             backend: StoreBackend = spec.open(self.config.storage_url, self.config)
         except StoreError as exc:
             logger.debug("the SQL store is still unavailable: %s", exc)
+            return False
+        try:
+            self._key_schema_of(backend, rekeying=False)
+        except StoreError as exc:
+            backend.close()
+            logger.error("the SQL store is available again but cannot be used: %s", exc)
             return False
         self._writer.run(self._switch_to, backend)  # no lane operation runs during the switch
         logger.warning("the SQL session store is available again; replaying the JSONL backlog")

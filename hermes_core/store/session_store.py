@@ -38,8 +38,8 @@ from hermes_core.store.backend import (
     SessionRow,
 )
 from hermes_core.store.base import exclusive, new_session_id, serialised
+from hermes_core.store.rekey import RekeyStore
 from hermes_core.store.transcripts import TranscriptStore
-from hermes_core.store.turns import TurnRecoveryStore
 from hermes_core.text import clean_text, clean_value
 from hermes_core.timeutil import utc_now
 
@@ -49,7 +49,7 @@ METADATA_MAX_BYTES = 65_536
 _EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
 
 
-class SessionStore(TurnRecoveryStore, TranscriptStore):
+class SessionStore(RekeyStore, TranscriptStore):
     """Session keys → sessions, lane flags, turn markers and transcripts (thread-safe)."""
 
     @classmethod
@@ -87,7 +87,7 @@ class SessionStore(TurnRecoveryStore, TranscriptStore):
 
     def session_key_for(self, source: SessionSource) -> str:
         """The key the store files ``source`` under (effective flags and profile of the config)."""
-        return resolve_for_config(source, self.config, self.plugins).key
+        return resolve_for_config(source, self.config, self.plugins, schema=self.key_schema).key
 
     @serialised
     def get_or_create_session(

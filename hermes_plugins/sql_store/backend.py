@@ -32,8 +32,8 @@ from hermes_core.store.backend import (
     SessionRow,
 )
 from hermes_plugins.sql_store import postgres, search
-from hermes_plugins.sql_store.counts import CountRows
 from hermes_plugins.sql_store.postgres import message_params
+from hermes_plugins.sql_store.rekey import RekeyRows
 from hermes_plugins.sql_store.rows import (
     ROUTE_READ,
     marker_params,
@@ -54,7 +54,7 @@ from hermes_plugins.sql_store.statements import Prepared
 logger = logging.getLogger(__name__)
 
 
-class SqlBackend(CountRows):
+class SqlBackend(RekeyRows):
     """The canonical store over SQLite or PostgreSQL."""
 
     durable_queue = True
