@@ -127,6 +127,8 @@ class _Offers:
     dropped: list[tuple[str, str]] = field(default_factory=list)
     """(plugin, platform) pairs left out by a ``plugins.disable: [plugin.platform]`` entry."""
     problems: list[_Problem] = field(default_factory=list)
+    registry: PlatformRegistry | None = None
+    """The platform registry built from ``platforms`` (once there is no platform problem)."""
 
     def of(self, plugin_name: str) -> Provides:
         """What ``plugin_name`` provides."""
@@ -489,12 +491,14 @@ class HermesPluginManager(pluggy.PluginManager):
 
     def platforms(self) -> PlatformRegistry:
         """The platform registry (cached until a plugin is registered or unregistered)."""
-        self._raise_for("platforms")
         offers = self._offers()
-        return PlatformRegistry(
-            {spec.name: spec for _, spec in offers.platforms},
-            {spec.name: plugin_name for plugin_name, spec in offers.platforms},
-        )
+        if offers.registry is None:
+            self._raise_for("platforms")
+            offers.registry = PlatformRegistry(
+                {spec.name: spec for _, spec in offers.platforms},
+                {spec.name: plugin_name for plugin_name, spec in offers.platforms},
+            )
+        return offers.registry
 
     def stores(self) -> dict[str, StoreSpec]:
         """Storage backends by URL scheme."""
@@ -657,10 +661,14 @@ def default_plugin_manager(config: GatewayConfig | None = None) -> HermesPluginM
     state directory). Built once and cached: equal configurations share one manager."""
     if config is None:
         config = _process_config(os.environ.get("HERMES_HOME", ""))
+    known = _BY_IDENTITY.get(id(config))
+    if known is not None and known[0] is config:  # the same object again (the common case)
+        return known[1]
     key = config.model_dump_json()
     manager = _DEFAULT_MANAGERS.get(key)
     if manager is None:
         manager = _DEFAULT_MANAGERS.setdefault(key, create_plugin_manager(config))
+    _BY_IDENTITY[id(config)] = (config, manager)  # holds config, so its id stays its own
     return manager
 
 
@@ -672,6 +680,8 @@ def _process_config(hermes_home: str) -> GatewayConfig:
 
 _DEFAULT_MANAGERS: LRUCache[str, HermesPluginManager] = LRUCache(maxsize=8)
 """Default managers by the JSON of their configuration."""
+_BY_IDENTITY: LRUCache[int, tuple[GatewayConfig, HermesPluginManager]] = LRUCache(maxsize=32)
+"""The default manager of recently seen configuration objects, without serialising them."""
 
 
 def platform_registry(
