@@ -285,9 +285,9 @@ def test_version_one_database_upgrades_in_place(open_store: Opener, backend: str
     store.append_to_transcript(entry.session_id, {"role": "user", "content": "ancient words"})
     store.close()
     if backend == "sqlite":
-        for statement in ("DROP TRIGGER messages_fts_insert", "DROP TRIGGER messages_fts_delete",
-                          "DROP TRIGGER messages_fts_update", "DROP TABLE messages_fts",
-                          "DROP VIEW messages_fts_src"):  # fmt: skip
+        for statement in ("DROP TRIGGER messages_fts_delete", "DROP TRIGGER messages_fts_update",
+                          "DROP TABLE messages_fts", "DROP VIEW messages_fts_src",
+                          "DELETE FROM state_meta WHERE key = 'fts_indexed_through'"):  # fmt: skip
             sql(store, statement)
     else:
         sql(store, "DROP INDEX ix_messages_search")

@@ -17,6 +17,7 @@ from hermes_core.errors import StoreError
 from hermes_core.store import SessionStore
 from hermes_core.store.base import DEGRADED_WARNING
 from hermes_core.testing import StoreContract, StoreFactory, fresh_plugin_manager, telegram_dm
+from hermes_plugins.sql_store import fts
 
 
 def blocked_store(home: Path) -> SessionStore:
@@ -151,7 +152,10 @@ def test_corruption_detected_mid_operation_switches_to_jsonl(
     store.close()
 
 
-def test_broken_fts_index_fails_open_and_is_rebuilt(tmp_path: Path) -> None:
+def test_broken_fts_index_fails_open_and_is_rebuilt(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(fts, "INDEX_EVERY", 1)  # each commit indexes its messages
     home = tmp_path / "home"
     store = sqlite_store(home)
     entry = store.get_or_create_session(telegram_dm())
@@ -174,7 +178,10 @@ def test_broken_fts_index_fails_open_and_is_rebuilt(tmp_path: Path) -> None:
     assert sqlite_store(home).health()["fts"] == "ok"
 
 
-def test_garbled_fts_blocks_are_scanned_around_and_fail_open_on_write(tmp_path: Path) -> None:
+def test_garbled_fts_blocks_are_scanned_around_and_fail_open_on_write(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(fts, "INDEX_EVERY", 1)  # each commit indexes its messages
     home = tmp_path / "home"
     store = sqlite_store(home)
     entry = store.get_or_create_session(telegram_dm())

@@ -113,28 +113,25 @@ class SqlBackend(RekeyRows):
         message = message_row(*user_message) if user_message is not None else None
         key = entry.session_key
 
-        def write() -> bool:
-            with self._write("starting a turn") as cursor:
-                if self.name == "postgresql":  # one round trip (see ``postgres``)
-                    params = marker | message_params(message) | {
-                        "seen": seen, "seen_at": time.time(), "event_id": consumed_event_id,
-                    }  # fmt: skip
-                    went, marked = cursor.execute(postgres.BEGIN_TURN, params).fetchone()
-                    if not went:
-                        return False
-                else:
-                    if seen is not None and not self._mark_seen(cursor, key, seen):
-                        return False
-                    marked = self._sql.set_marker.run(cursor, marker).rowcount
-                    if consumed_event_id is not None:
-                        self._sql.delete_queued.run(cursor, {"event_id": consumed_event_id})
-                    if message is not None:
-                        self._insert_message(cursor, message)
-                if marked != 1:  # no routing row yet: write the whole entry
-                    self._sql.upsert_route.run(cursor, route_params(entry.to_dict()))
-            return True
-
-        return self._with_fts_fail_open(write)
+        with self._write("starting a turn") as cursor:
+            if self.name == "postgresql":  # one round trip (see ``postgres``)
+                params = marker | message_params(message) | {
+                    "seen": seen, "seen_at": time.time(), "event_id": consumed_event_id,
+                }  # fmt: skip
+                went, marked = cursor.execute(postgres.BEGIN_TURN, params).fetchone()
+                if not went:
+                    return False
+            else:
+                if seen is not None and not self._mark_seen(cursor, key, seen):
+                    return False
+                marked = self._sql.set_marker.run(cursor, marker).rowcount
+                if consumed_event_id is not None:
+                    self._sql.delete_queued.run(cursor, {"event_id": consumed_event_id})
+                if message is not None:
+                    self._insert_message(cursor, message)
+            if marked != 1:  # no routing row yet: write the whole entry
+                self._sql.upsert_route.run(cursor, route_params(entry.to_dict()))
+        return True
 
     def delete_routes(self, session_keys: Sequence[str]) -> int:
         """Remove routing rows in one transaction."""
@@ -261,14 +258,11 @@ class SqlBackend(RekeyRows):
     # -- transcripts ----------------------------------------------------------------------------
 
     def append_message(self, session_id: str, message: Message) -> int:
-        """Insert one message (FTS fails open); returns its id."""
+        """Insert one message; returns its id."""
         row = message_row(session_id, message)
 
-        def write() -> int:
-            with self._write("appending a message") as cursor:
-                return self._insert_message(cursor, row)
-
-        return self._with_fts_fail_open(write)
+        with self._write("appending a message") as cursor:
+            return self._insert_message(cursor, row)
 
     def load_messages(self, session_id: str) -> list[dict[str, Any]]:
         """Active messages of a session in insertion order."""
@@ -284,17 +278,12 @@ class SqlBackend(RekeyRows):
         """Deactivate the active messages and append ``new_messages``, in one transaction."""
         rows = [message_row(session_id, message) for message in new_messages]
 
-        def write() -> int:
-            with self._write("rewriting a transcript") as cursor:
-                self._sql.deactivate_messages.run(cursor, {"session_id": session_id})
-                self._sql.set_message_count.run(
-                    cursor, {"session_id": session_id, "message_count": 0}
-                )
-                for row in rows:
-                    self._insert_message(cursor, row)
-            return len(rows)
-
-        return self._with_fts_fail_open(write)
+        with self._write("rewriting a transcript") as cursor:
+            self._sql.deactivate_messages.run(cursor, {"session_id": session_id})
+            self._sql.set_message_count.run(cursor, {"session_id": session_id, "message_count": 0})
+            for row in rows:
+                self._insert_message(cursor, row)
+        return len(rows)
 
     def soft_delete_messages(self, session_id: str, message_ids: Sequence[int]) -> int:
         """Deactivate messages of the session; never deletes rows."""
@@ -341,12 +330,9 @@ class SqlBackend(RekeyRows):
         """Create the session row if needed, append messages, store the offset: one transaction."""
         rows = [message_row(session_id, message) for message in new_messages]
 
-        def write() -> None:
-            with self._write("replaying the JSONL backlog") as cursor:
-                if create_row is not None:
-                    self._sql.insert_session.run(cursor, session_values(create_row))
-                for row in rows:
-                    self._insert_message(cursor, row)
-                self._set_meta(cursor, *offset)
-
-        self._with_fts_fail_open(write)
+        with self._write("replaying the JSONL backlog") as cursor:
+            if create_row is not None:
+                self._sql.insert_session.run(cursor, session_values(create_row))
+            for row in rows:
+                self._insert_message(cursor, row)
+            self._set_meta(cursor, *offset)

@@ -19,7 +19,7 @@ import os
 import stat
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, TypeVar, cast
@@ -53,8 +53,10 @@ from hermes_core.errors import (
 from hermes_core.instance import LockFile
 from hermes_core.store.files import create_private_file, ensure_private_dir
 from hermes_plugins.sql_store import exclusive
+from hermes_plugins.sql_store.fts import DeferredIndex
 from hermes_plugins.sql_store.schema import (
     FTS_TRIGGERS,
+    FTS_WATERMARK,
     MIGRATIONS,
     SCHEMA_VERSION,
     SQLITE_FTS_TRIGGERS,
@@ -97,6 +99,8 @@ class SqlConnection:
         self.counters = {"commits": 0, "statements": 0, "reads": 0}
         """Write commits, statements sent by the writer and read transactions, for benchmarks."""
         self._warned_fts = False
+        self._index: DeferredIndex | None = None
+        """SQLite's full-text watermark while its index is in use (see ``fts.py``)."""
         self._closed = False
         self._writer: PoolProxiedConnection | None = None
         """The connection of every write; None while read-only or lost (see :meth:`_live`)."""
@@ -122,6 +126,7 @@ class SqlConnection:
                 else:
                     self._migrate(conn)
                 self._fts = self._fts_state(conn)
+                self._index = self._deferred_index(conn)
         except (SQLAlchemyError, self._driver_error) as exc:  # a raw connection's are bare
             self._release()
             raise self._translate(exc, "opening the store", unavailable=True) from exc
@@ -232,6 +237,8 @@ class SqlConnection:
                 self._batch_depth -= 1
                 if self._batch_depth == 0:
                     self._batch_owner = None
+            if self._batch_depth == 0:
+                self._index_behind()
 
     @property
     def _in_batch(self) -> bool:
@@ -261,6 +268,8 @@ class SqlConnection:
     def _rollback(self) -> None:
         """Roll back the writer's transaction; a connection found lost is dropped (with it
         PostgreSQL's writer lock), so the next write reconnects."""
+        if self._index is not None:
+            self._index.rolled_back()
         writer = self._writer
         if writer is None:
             return
@@ -370,6 +379,7 @@ class SqlConnection:
                 if isinstance(exc, self._driver_error):
                     raise self._translate(exc, what) from exc
                 raise
+            self._index_behind()
 
     @contextmanager
     def _read(self, what: str) -> Iterator[Connection]:
@@ -494,11 +504,46 @@ class SqlConnection:
         stale = conn.execute(select(state_meta.c.value).where(state_meta.c.key == "fts_stale"))
         return "stale" if stale.first() is not None else "ok"
 
-    def _triggers_present(self) -> bool:
-        return self.name == "sqlite" and self._fts == "ok"
+    def _deferred_index(self, conn: Connection) -> DeferredIndex | None:
+        """SQLite's watermark (see ``fts.py``) when its index is in use; a missing watermark
+        marks the index stale (the rebuild sets it)."""
+        if self.name != "sqlite" or self._fts != "ok":
+            return None
+        watermark = conn.execute(
+            select(state_meta.c.value).where(state_meta.c.key == FTS_WATERMARK)
+        ).scalar()
+        if watermark is None:
+            self._fts = "stale"
+            return None
+        newest = conn.exec_driver_sql("SELECT coalesce(max(id), 0) FROM messages").scalar()
+        return DeferredIndex(int(watermark), int(newest or 0))
+
+    def _index_behind(self) -> None:
+        """After a commit: index the messages waiting past the watermark, when enough wait, in
+        a transaction of its own; a fault of the index marks it stale (the messages are stored
+        already)."""
+        index = self._index
+        if index is None or self._fts != "ok" or not index.due:
+            return
+        writer, cursor = self._live()
+        try:
+            index.catch_up(cursor)
+            writer.commit()
+        except self._driver_error as exc:
+            self._rollback()
+            error = self._translate(exc, "indexing messages for search")
+            try:
+                self._disable_fts(error)
+            except StoreError:
+                logger.exception("%s: marking the full-text index stale failed", self.display)
+                self._fts, self._index = "stale", None
+            return
+        self.counters["commits"] += 1
+        index.committed()
 
     def _disable_fts(self, error: StoreError) -> None:
-        """Fail open: drop the FTS triggers and mark the index stale (separate transaction)."""
+        """Fail open: drop the FTS triggers and mark the index stale (its own transaction)."""
+        self._index = None
         with self._write("disabling the full-text index", ddl=True) as cursor:
             for trigger in FTS_TRIGGERS:
                 cursor.execute(f"DROP TRIGGER IF EXISTS {trigger}")
@@ -512,56 +557,19 @@ class SqlConnection:
                 self.display, error,
             )  # fmt: skip
 
-    def _with_fts_fail_open(self, write: Callable[[], _T]) -> _T:
-        """Run a write that inserts messages. When it fails because of the full-text index (its
-        triggers or a missing or damaged shadow table), the index is marked stale and the write
-        runs without it, so the message is not lost; any other error is raised as it is and
-        leaves the index alone."""
-        try:
-            return write()
-        except StoreError as first:
-            if not self._triggers_present():
-                raise
-            if self._batched:  # the writer reruns the step on its own, where this is decided
-                if isinstance(first, CorruptDatabaseError):  # maybe only the index: not yet
-                    raise StoreError(str(first)) from first
-                raise
-            if "locked" in str(first).lower():
-                return write()  # one retry on a busy database
-            if not self._fails_only_with_fts(write):
-                raise
-            self._disable_fts(first)
-            return write()
-
-    def _fails_only_with_fts(self, write: Callable[[], object]) -> bool:
-        """Whether ``write`` succeeds with the FTS triggers dropped: tried in a transaction that
-        is rolled back, so nothing of the trial stays."""
-
-        class _Succeeded(Exception):
-            pass
-
-        try:
-            with self.transaction(), self._write("trying the write without the index") as cursor:
-                cursor.execute("BEGIN IMMEDIATE")  # DDL opens no implicit transaction
-                for trigger in FTS_TRIGGERS:
-                    cursor.execute(f"DROP TRIGGER IF EXISTS {trigger}")
-                write()
-                raise _Succeeded
-        except _Succeeded:
-            return True
-        except StoreError:
-            return False
-
     def rebuild_fts(self) -> bool:
         """Rebuild the derived index and clear ``fts_stale``; False when FTS5 is unavailable."""
         if self._fts == "unavailable":
             return False
+        newest = 0
         with self._write("rebuilding the full-text index", ddl=True) as cursor:
             if self.name == "sqlite":
                 for trigger in FTS_TRIGGERS:
                     cursor.execute(f"DROP TRIGGER IF EXISTS {trigger}")
                 reset_sqlite_fts(cursor)
                 cursor.execute("INSERT INTO messages_fts(messages_fts) VALUES ('rebuild')")
+                newest = cursor.execute("SELECT coalesce(max(id), 0) FROM messages").fetchone()[0]
+                self._set_meta(cursor, FTS_WATERMARK, str(newest))
                 for statement in SQLITE_FTS_TRIGGERS:
                     cursor.execute(statement)
             else:
@@ -569,6 +577,8 @@ class SqlConnection:
             self._sql.delete_meta.run(cursor, {"key": "fts_stale"})
         self._engine.dispose()  # pooled readers may still hold the broken index's connection
         self._fts = "ok"
+        if self.name == "sqlite":
+            self._index = DeferredIndex(int(newest), int(newest))
         return True
 
     # -- meta, health -----------------------------------------------------------------------------
@@ -602,8 +612,12 @@ class SqlConnection:
     def _insert_message(self, cursor: Any, row: Mapping[str, Any]) -> int:
         """Insert one message row on the writer's cursor; its id."""
         self._sql.insert_message.run(cursor, row)
-        message_id = cursor.lastrowid if self.name == "sqlite" else cursor.fetchone()[0]
-        return int(message_id)  # the session's count follows by trigger (schema version 3)
+        if self.name != "sqlite":
+            return int(cursor.fetchone()[0])
+        message_id = int(cursor.lastrowid)
+        if self._index is not None:
+            self._index.inserted(message_id)
+        return message_id  # the session's count follows by trigger (schema version 3)
 
     def stats(self) -> dict[str, int]:
         """Counters for benchmarks: ``commits``, ``statements`` (writer), ``reads``, and

@@ -39,23 +39,20 @@ class LedgerRows(SqlConnection):
         clear = None if marker is None else marker_params(marker[0]) | {"token": marker[1]}
         message = message_row(*reply) if reply is not None else None
 
-        def write() -> tuple[bool, bool]:
-            with self._write("recording a delivery obligation") as cursor:
-                if self.name == "postgresql":  # one round trip (see ``postgres``)
-                    params = (
-                        message_params(message) | obligation_params(obligation)
-                        | (clear or {"session_key": None, "token": None, "updated_at": None})
-                    )  # fmt: skip
-                    added, cleared = cursor.execute(postgres.FINISH_TURN, params).fetchone()
-                    return bool(added), bool(cleared)
-                if message is not None:
-                    self._insert_message(cursor, message)
-                values = {name: getattr(obligation, name) for name in OBLIGATION_FIELDS}
-                added = self._sql.insert_obligation.run(cursor, values).rowcount == 1
-                cleared = clear is not None and self._sql.clear_marker.run(cursor, clear).rowcount
+        with self._write("recording a delivery obligation") as cursor:
+            if self.name == "postgresql":  # one round trip (see ``postgres``)
+                params = (
+                    message_params(message) | obligation_params(obligation)
+                    | (clear or {"session_key": None, "token": None, "updated_at": None})
+                )  # fmt: skip
+                added, cleared = cursor.execute(postgres.FINISH_TURN, params).fetchone()
                 return bool(added), bool(cleared)
-
-        return self._with_fts_fail_open(write)
+            if message is not None:
+                self._insert_message(cursor, message)
+            values = {name: getattr(obligation, name) for name in OBLIGATION_FIELDS}
+            added = self._sql.insert_obligation.run(cursor, values).rowcount == 1
+            cleared = clear is not None and self._sql.clear_marker.run(cursor, clear).rowcount
+            return bool(added), bool(cleared)
 
     def obligations(
         self, states: Sequence[str], platforms: Sequence[str] | None = None

@@ -22,6 +22,8 @@ from sqlalchemy import (
     String,
     Table,
     Text,
+    delete,
+    insert,
     inspect,
     select,
     update,
@@ -197,15 +199,27 @@ _FTS_DELETE = (
     "INSERT INTO messages_fts(messages_fts, rowid, content, tool_name, tool_calls) VALUES "
     "('delete', old.id, " + _PROJECTION.format(r="old") + ", old.tool_name, old.tool_calls);"
 )
+FTS_WATERMARK = "fts_indexed_through"
+"""``state_meta`` key: the highest message id SQLite's full-text index holds (see ``fts.py``)."""
+_INDEXED = (
+    f"old.id <= (SELECT CAST(value AS INTEGER) FROM state_meta WHERE key = '{FTS_WATERMARK}')"
+)
 SQLITE_FTS_TRIGGERS = (
-    f"CREATE TRIGGER IF NOT EXISTS messages_fts_insert AFTER INSERT ON messages BEGIN "
-    f"{_FTS_INSERT} END",
-    f"CREATE TRIGGER IF NOT EXISTS messages_fts_delete AFTER DELETE ON messages BEGIN "
-    f"{_FTS_DELETE} END",
+    f"CREATE TRIGGER IF NOT EXISTS messages_fts_delete AFTER DELETE ON messages WHEN {_INDEXED} "
+    f"BEGIN {_FTS_DELETE} END",
     "CREATE TRIGGER IF NOT EXISTS messages_fts_update AFTER UPDATE OF content, tool_name, "
-    "tool_calls, role ON messages WHEN old.content IS NOT new.content OR old.tool_name IS NOT "
-    "new.tool_name OR old.tool_calls IS NOT new.tool_calls OR old.role IS NOT new.role BEGIN "
-    f"{_FTS_DELETE} {_FTS_INSERT} END",
+    "tool_calls, role ON messages WHEN (old.content IS NOT new.content OR old.tool_name IS NOT "
+    "new.tool_name OR old.tool_calls IS NOT new.tool_calls OR old.role IS NOT new.role) AND "
+    f"{_INDEXED} BEGIN {_FTS_DELETE} {_FTS_INSERT} END",
+)
+"""Index entries of rows the index already holds follow their updates and deletes; a message
+insert does not touch the index (it is indexed in bulk when the watermark passes it)."""
+TAIL_PROJECTION = _PROJECTION.format(r="m")
+"""What the index holds of a message ``m`` (tool output cut to 8 KiB)."""
+SQLITE_FTS_CATCH_UP = (
+    "INSERT INTO messages_fts(rowid, content, tool_name, tool_calls) SELECT id, "
+    + _PROJECTION.format(r="messages")
+    + ", tool_name, tool_calls FROM messages WHERE id > :after AND id <= :upto ORDER BY id"
 )
 
 POSTGRES_SEARCH = (
@@ -346,8 +360,27 @@ def _v3_redelivery_and_dead_letters(conn: Connection) -> None:
         )
 
 
+def _v4_index_behind_a_watermark(conn: Connection) -> None:
+    """Version 4 (SQLite): the full-text index no longer follows each insert; it holds the
+    messages up to ``fts_indexed_through`` and the writer indexes the rest in bulk. Every
+    message stored so far is indexed (the old insert trigger did it), unless the index is stale,
+    when the rebuild sets the watermark."""
+    if conn.dialect.name != "sqlite" or not sqlite_has_fts5(conn):
+        return
+    meta = state_meta.c
+    stale = conn.execute(select(meta.value).where(meta.key == "fts_stale")).first() is not None
+    for trigger in FTS_TRIGGERS:
+        conn.exec_driver_sql(f"DROP TRIGGER IF EXISTS {trigger}")
+    newest = conn.exec_driver_sql("SELECT coalesce(max(id), 0) FROM messages").scalar()
+    conn.execute(delete(state_meta).where(meta.key == FTS_WATERMARK))
+    conn.execute(insert(state_meta).values(key=FTS_WATERMARK, value=str(newest)))
+    if not stale:
+        for statement in SQLITE_FTS_TRIGGERS:
+            conn.exec_driver_sql(statement)
+
+
 MIGRATIONS: tuple[Callable[[Connection], None], ...] = (
-    _v1_canonical, _v2_search, _v3_redelivery_and_dead_letters,
+    _v1_canonical, _v2_search, _v3_redelivery_and_dead_letters, _v4_index_behind_a_watermark,
 )  # fmt: skip
 """Upgrade steps; step ``n`` brings a database from version ``n`` to ``n + 1``."""
 
