@@ -60,7 +60,7 @@ from pathlib import Path
 
 from sqlalchemy import create_engine, make_url
 
-from benchmarks.bench_store import _source, populate
+from benchmarks.bench_store import _source, lane_key, populate, populated_session_id
 from hermes_core import GatewayConfig, MessageEvent, SessionSource
 from hermes_core.agents import EchoAgent
 from hermes_core.ledger import SendResult
@@ -414,6 +414,10 @@ async def scale(big_home: Path, small_home: Path, turns: int, big: int) -> tuple
     try:
         await runs[0].measure(None, runs[0].events(warm, len(warm)), IN_FLIGHT)
         await runs[1].measure(None, runs[1].events(small, len(small)), IN_FLIGHT)
+        for index in (*warm[:3], *sample[:3]):  # turns go to the populated lanes, no new ones
+            session_id = runs[0].gateway.store.peek_session_id(lane_key(index))
+            if session_id != populated_session_id(index):
+                raise DeliveryError(f"lane {index} is not the populated one: {session_id}")
         taken = 0
         for chunk in _rounds(turns):
             await runs[0].measure(

@@ -25,6 +25,7 @@ from pathlib import Path
 import psutil
 
 from hermes_core import GatewayConfig, SessionEntry, SessionSource, SessionStore
+from hermes_core.keys import build_session_key
 from hermes_core.testing import fresh_plugin_manager
 
 USER = {"role": "user", "content": "What is the weather like in Kuala Lumpur this afternoon?"}
@@ -44,6 +45,16 @@ def _source(index: int) -> SessionSource:
     return SessionSource(platform="telegram", chat_id=str(1_000_000 + index), user_name="bench")
 
 
+def populated_session_id(index: int) -> str:
+    """The session id :func:`populate` gives lane ``index``."""
+    return f"20260101_000000_{index:08x}"
+
+
+def lane_key(index: int) -> str:
+    """The session key of lane ``index`` (the default key schema, as the stores here use)."""
+    return build_session_key(_source(index))
+
+
 def populate(home: Path, sessions: int, history: int = 0, with_history: int = 0) -> None:
     """Create ``sessions`` lanes in bulk (raw inserts of rows the store would write); the first
     ``with_history`` lanes get ``history`` transcript messages each."""
@@ -52,8 +63,8 @@ def populate(home: Path, sessions: int, history: int = 0, with_history: int = 0)
     session_rows, route_rows, message_rows = [], [], []
     for index in range(sessions):
         source = _source(index)
-        key = f"agent:main:telegram:dm:{source.chat_id}"
-        session_id = f"20260101_000000_{index:08x}"
+        key = lane_key(index)
+        session_id = populated_session_id(index)
         entry = SessionEntry(
             session_key=key, session_id=session_id, created_at=now, updated_at=now,
             origin=source, platform="telegram", chat_type="dm",
@@ -110,7 +121,7 @@ def raw_rate(database: Path, lanes: Sequence[int], turns: int, synchronous: str)
     conn.execute("PRAGMA foreign_keys=ON")
     targets = []
     for index in lanes:
-        key = f"agent:main:telegram:dm:{1_000_000 + index}"
+        key = lane_key(index)
         row = conn.execute(
             "SELECT session_id, entry_json FROM gateway_routing WHERE session_key = ?", (key,)
         ).fetchone()
@@ -192,7 +203,7 @@ def open_cost(sessions: int, touched: int) -> tuple[float, float, float]:
         seconds = time.perf_counter() - start
         opened = (process.memory_info().rss - before) / 2**10
         for index in range(min(touched, sessions)):
-            store.lookup_by_session_key(f"agent:main:telegram:dm:{1_000_000 + index}")
+            store.lookup_by_session_key(lane_key(index))
         warm = (process.memory_info().rss - before) / 2**20
         store.close()
     return seconds, opened, warm
