@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import os
 import sys
 import traceback
 from collections.abc import Callable, Sequence
@@ -22,6 +23,8 @@ from hermes_core.errors import HermesError, InvalidValueError
 from hermes_core.explain import explain_session_key, format_explanation
 from hermes_core.keys import resolve_for_config
 from hermes_core.models import SessionSource
+from hermes_core.operations import browse, doctor, lanes
+from hermes_core.operations.common import global_options, load_config, store_options
 from hermes_core.plugins import HermesPluginManager, create_plugin_manager
 from hermes_core.store import SessionStore
 from hermes_core.store.rekey import RekeyReport
@@ -53,8 +56,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0 if exc.code is None else exc.code if isinstance(exc.code, int) else EXIT_ERROR
     handler: Handler = args.handler
     try:
-        config = GatewayConfig.from_yaml(args.config) if args.config else GatewayConfig.load()
+        config = load_config(args)
         return handler(args, config)
+    except BrokenPipeError:  # the reader went away (| head): stop quietly
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
     except HermesError as exc:
         if args.debug:
             traceback.print_exc()
@@ -67,31 +73,34 @@ def _parser() -> argparse.ArgumentParser:
     """The argument parser: global options and one subcommand per command."""
     parser = argparse.ArgumentParser(
         prog=PROG,
-        description="Session lifecycle for chat-agent gateways: keys, plugins and a demo.",
+        description="Session lifecycle for chat-agent gateways: keys, plugins, a demo and the "
+        "operator commands over a gateway's store.",
         allow_abbrev=False,
+        parents=[global_options(top=True), store_options(top=True)],
     )
     parser.add_argument("--version", action="version", version=f"{PROG} {__version__ or 'unknown'}")
-    parser.add_argument("--debug", action="store_true", help="print tracebacks of errors")
-    parser.add_argument(
-        "--config",
-        metavar="PATH",
-        help="YAML configuration file (default: $HERMES_HOME/config.yaml if present)",
-    )
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     source = _source_options()
+    common = global_options(top=False)
+    on_store = [common, store_options(top=False)]
 
-    plugins = commands.add_parser("plugins", help="list the loaded plugins", allow_abbrev=False)
+    plugins = commands.add_parser(
+        "plugins", parents=[common], help="list the loaded plugins", allow_abbrev=False
+    )
     plugins.add_argument("--json", action="store_true", help="print a JSON list")
     plugins.set_defaults(handler=_plugins_command)
 
     key = commands.add_parser(
-        "key", parents=[source], help="print the session key of a source", allow_abbrev=False
+        "key",
+        parents=[common, source],
+        help="print the session key of a source",
+        allow_abbrev=False,
     )
     key.set_defaults(handler=_key_command, source_parser=key)
 
     explain = commands.add_parser(
         "explain",
-        parents=[source],
+        parents=[common, source],
         help="explain how a source is keyed (writes nothing)",
         allow_abbrev=False,
     )
@@ -100,6 +109,7 @@ def _parser() -> argparse.ArgumentParser:
 
     rekey = commands.add_parser(
         "rekey",
+        parents=[common],
         help="move every lane of a key schema v1 store to its v2 key (the gateway stopped)",
         allow_abbrev=False,
     )
@@ -112,6 +122,7 @@ def _parser() -> argparse.ArgumentParser:
 
     demo = commands.add_parser(
         "demo",
+        parents=[common],
         help="run the gateway with an echo agent over a bundled script, crash it, restart it",
         allow_abbrev=False,
     )
@@ -120,6 +131,8 @@ def _parser() -> argparse.ArgumentParser:
         help="state directory for the demo (default: a new temporary directory)",
     )  # fmt: skip
     demo.set_defaults(handler=_demo_command)
+    for module in (browse, lanes, doctor):
+        module.register(commands, on_store)
     return parser
 
 
@@ -127,7 +140,7 @@ def _demo_command(args: argparse.Namespace, config: GatewayConfig) -> int:
     """``demo [--state-dir DIR]``: the real Gateway, a real crash and the recovery."""
     from hermes_core.demo import run_demo
 
-    return run_demo(args.state_dir)
+    return run_demo(args.state_dir or args.store_dir)
 
 
 def _rekey_command(args: argparse.Namespace, config: GatewayConfig) -> int:
