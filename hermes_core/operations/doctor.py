@@ -13,6 +13,7 @@ Exit status: 0 healthy (or fixed), 1 problems remain, 2 could not run.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import re
@@ -287,6 +288,10 @@ def doctor_command(args: argparse.Namespace, config: GatewayConfig) -> int:
                 f"a gateway (pid {running}) is running on {config.hermes_home}; stop it before "
                 "`hermes-sessions doctor --fix` (plain `doctor` may run beside it)."
             )
+        # Another writer holding the store refuses this (GatewayLockedError, exit 2); an
+        # unreachable or corrupt store is in the findings already, and no fix opens it.
+        with contextlib.suppress(StoreError):
+            open_operator(config, write=True).close()
         before = {(f.check, f.detail) for f in findings if f.status == "problem"}
         done = apply_fixes(config, findings)
         if done:
