@@ -23,7 +23,7 @@ from hermes_core.errors import HermesError, InvalidValueError
 from hermes_core.explain import explain_session_key, format_explanation
 from hermes_core.keys import resolve_for_config
 from hermes_core.models import SessionSource
-from hermes_core.operations import browse, doctor, lanes
+from hermes_core.operations import browse, doctor, lanes, migrate
 from hermes_core.operations.common import global_options, load_config, store_options
 from hermes_core.plugins import HermesPluginManager, create_plugin_manager
 from hermes_core.store import SessionStore
@@ -131,7 +131,7 @@ def _parser() -> argparse.ArgumentParser:
         help="state directory for the demo (default: a new temporary directory)",
     )  # fmt: skip
     demo.set_defaults(handler=_demo_command)
-    for module in (browse, lanes, doctor):
+    for module in (browse, lanes, doctor, migrate):
         module.register(commands, on_store)
     return parser
 
