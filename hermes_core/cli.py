@@ -30,6 +30,8 @@ from hermes_core.store import SessionStore
 from hermes_core.store.rekey import RekeyReport
 
 PROG = "hermes-sessions"
+CHAT_TYPES = ("dm", "group", "channel", "thread")
+"""The chat types ``key`` and ``explain`` accept (another type would key a new lane)."""
 EXIT_ERROR = 2
 
 Handler = Callable[[argparse.Namespace, GatewayConfig], int]
@@ -41,7 +43,7 @@ _SOURCE_VALUES = tuple(name for name, field in _SOURCE_FIELDS if field.annotatio
 _SOURCE_HELP = {
     "platform": "registered platform name (required unless --source-json is given)",
     "chat_id": 'chat id (default: ""); negative ids work: --chat-id -100123',
-    "chat_type": "dm (default), group, channel, thread or another type",
+    "chat_type": "dm (default), group, channel or thread",
 }
 
 
@@ -140,7 +142,16 @@ def _demo_command(args: argparse.Namespace, config: GatewayConfig) -> int:
     """``demo [--state-dir DIR]``: the real Gateway, a real crash and the recovery."""
     from hermes_core.demo import run_demo
 
-    return run_demo(args.state_dir or args.store_dir)
+    state_dir: Path | None = args.state_dir or args.store_dir
+    if state_dir is not None:
+        try:
+            state_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        except OSError as exc:
+            raise InvalidValueError(
+                "state_dir", f"{state_dir}: cannot be used as the demo's state directory "
+                f"({exc.strerror}); name a directory, or leave --state-dir out."
+            ) from exc  # fmt: skip
+    return run_demo(state_dir)
 
 
 def _rekey_command(args: argparse.Namespace, config: GatewayConfig) -> int:
@@ -276,6 +287,12 @@ def _source(args: argparse.Namespace, plugins: HermesPluginManager) -> SessionSo
     data.update(
         {name: getattr(args, name) for name in _SOURCE_VALUES if getattr(args, name) is not None}
     )
+    if data.get("chat_type", "dm") not in CHAT_TYPES:
+        raise InvalidValueError(
+            "chat_type",
+            f"--chat-type {data['chat_type']!r} is not a chat type; use one of "
+            f"{', '.join(CHAT_TYPES)} (lowercase).",
+        )
     source = SessionSource.from_dict(data, plugins=plugins)
     flags = {name: True for name in _SOURCE_FLAGS if getattr(args, name)}
     return source.replace(**flags) if flags else source

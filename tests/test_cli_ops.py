@@ -269,3 +269,35 @@ def test_console_script_runs_ls_in_a_subprocess(state: State) -> None:
         keys.values()
     )
     assert result.stderr == ""  # no progress bar or noise when not on a terminal
+
+
+@pytest.mark.parametrize("chat_type", ["GROUP", "banana"])
+def test_key_refuses_an_unknown_chat_type(
+    chat_type: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code = main(["key", "--platform", "telegram", "--chat-id", "1", "--chat-type", chat_type])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert err.count("\n") == 1
+    assert f"--chat-type {chat_type!r} is not a chat type" in err
+
+
+def test_config_is_accepted_after_the_command(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    config = tmp_path / "config.yaml"
+    config.write_text("gateway:\n  multiplex_profiles: false\n")
+    assert main(["key", "--platform", "telegram", "--chat-id", "9", "--config", str(config)]) == 0
+    assert capsys.readouterr().out == "agent:main:telegram:dm:c=9\n"
+    assert main(["key", "--platform", "telegram", "--config", str(tmp_path / "none.yaml")]) == 2
+
+
+def test_demo_on_a_file_is_one_error_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    afile = tmp_path / "file"
+    afile.write_text("")
+    assert main(["demo", "--state-dir", str(afile)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1
+    assert "cannot be used as the demo's state directory" in err
