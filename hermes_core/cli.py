@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import os
 import sys
 import traceback
 from collections.abc import Callable, Sequence
@@ -22,11 +23,15 @@ from hermes_core.errors import HermesError, InvalidValueError
 from hermes_core.explain import explain_session_key, format_explanation
 from hermes_core.keys import resolve_for_config
 from hermes_core.models import SessionSource
+from hermes_core.operations import browse, doctor, lanes, migrate
+from hermes_core.operations.common import global_options, load_config, store_options
 from hermes_core.plugins import HermesPluginManager, create_plugin_manager
 from hermes_core.store import SessionStore
 from hermes_core.store.rekey import RekeyReport
 
 PROG = "hermes-sessions"
+CHAT_TYPES = ("dm", "group", "channel", "thread")
+"""The chat types ``key`` and ``explain`` accept (another type would key a new lane)."""
 EXIT_ERROR = 2
 
 Handler = Callable[[argparse.Namespace, GatewayConfig], int]
@@ -38,7 +43,7 @@ _SOURCE_VALUES = tuple(name for name, field in _SOURCE_FIELDS if field.annotatio
 _SOURCE_HELP = {
     "platform": "registered platform name (required unless --source-json is given)",
     "chat_id": 'chat id (default: ""); negative ids work: --chat-id -100123',
-    "chat_type": "dm (default), group, channel, thread or another type",
+    "chat_type": "dm (default), group, channel or thread",
 }
 
 
@@ -53,8 +58,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0 if exc.code is None else exc.code if isinstance(exc.code, int) else EXIT_ERROR
     handler: Handler = args.handler
     try:
-        config = GatewayConfig.from_yaml(args.config) if args.config else GatewayConfig.load()
+        config = load_config(args)
         return handler(args, config)
+    except BrokenPipeError:  # the reader went away (| head): stop quietly
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
     except HermesError as exc:
         if args.debug:
             traceback.print_exc()
@@ -67,31 +75,34 @@ def _parser() -> argparse.ArgumentParser:
     """The argument parser: global options and one subcommand per command."""
     parser = argparse.ArgumentParser(
         prog=PROG,
-        description="Session lifecycle for chat-agent gateways: keys, plugins and a demo.",
+        description="Session lifecycle for chat-agent gateways: keys, plugins, a demo and the "
+        "operator commands over a gateway's store.",
         allow_abbrev=False,
+        parents=[global_options(top=True), store_options(top=True)],
     )
     parser.add_argument("--version", action="version", version=f"{PROG} {__version__ or 'unknown'}")
-    parser.add_argument("--debug", action="store_true", help="print tracebacks of errors")
-    parser.add_argument(
-        "--config",
-        metavar="PATH",
-        help="YAML configuration file (default: $HERMES_HOME/config.yaml if present)",
-    )
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     source = _source_options()
+    common = global_options(top=False)
+    on_store = [common, store_options(top=False)]
 
-    plugins = commands.add_parser("plugins", help="list the loaded plugins", allow_abbrev=False)
+    plugins = commands.add_parser(
+        "plugins", parents=[common], help="list the loaded plugins", allow_abbrev=False
+    )
     plugins.add_argument("--json", action="store_true", help="print a JSON list")
     plugins.set_defaults(handler=_plugins_command)
 
     key = commands.add_parser(
-        "key", parents=[source], help="print the session key of a source", allow_abbrev=False
+        "key",
+        parents=[common, source],
+        help="print the session key of a source",
+        allow_abbrev=False,
     )
     key.set_defaults(handler=_key_command, source_parser=key)
 
     explain = commands.add_parser(
         "explain",
-        parents=[source],
+        parents=[common, source],
         help="explain how a source is keyed (writes nothing)",
         allow_abbrev=False,
     )
@@ -100,6 +111,7 @@ def _parser() -> argparse.ArgumentParser:
 
     rekey = commands.add_parser(
         "rekey",
+        parents=[common],
         help="move every lane of a key schema v1 store to its v2 key (the gateway stopped)",
         allow_abbrev=False,
     )
@@ -112,6 +124,7 @@ def _parser() -> argparse.ArgumentParser:
 
     demo = commands.add_parser(
         "demo",
+        parents=[common],
         help="run the gateway with an echo agent over a bundled script, crash it, restart it",
         allow_abbrev=False,
     )
@@ -120,6 +133,8 @@ def _parser() -> argparse.ArgumentParser:
         help="state directory for the demo (default: a new temporary directory)",
     )  # fmt: skip
     demo.set_defaults(handler=_demo_command)
+    for module in (browse, lanes, doctor, migrate):
+        module.register(commands, on_store)
     return parser
 
 
@@ -127,7 +142,16 @@ def _demo_command(args: argparse.Namespace, config: GatewayConfig) -> int:
     """``demo [--state-dir DIR]``: the real Gateway, a real crash and the recovery."""
     from hermes_core.demo import run_demo
 
-    return run_demo(args.state_dir)
+    state_dir: Path | None = args.state_dir or args.store_dir
+    if state_dir is not None:
+        try:
+            state_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        except OSError as exc:
+            raise InvalidValueError(
+                "state_dir", f"{state_dir}: cannot be used as the demo's state directory "
+                f"({exc.strerror}); name a directory, or leave --state-dir out."
+            ) from exc  # fmt: skip
+    return run_demo(state_dir)
 
 
 def _rekey_command(args: argparse.Namespace, config: GatewayConfig) -> int:
@@ -263,6 +287,12 @@ def _source(args: argparse.Namespace, plugins: HermesPluginManager) -> SessionSo
     data.update(
         {name: getattr(args, name) for name in _SOURCE_VALUES if getattr(args, name) is not None}
     )
+    if data.get("chat_type", "dm") not in CHAT_TYPES:
+        raise InvalidValueError(
+            "chat_type",
+            f"--chat-type {data['chat_type']!r} is not a chat type; use one of "
+            f"{', '.join(CHAT_TYPES)} (lowercase).",
+        )
     source = SessionSource.from_dict(data, plugins=plugins)
     flags = {name: True for name in _SOURCE_FLAGS if getattr(args, name)}
     return source.replace(**flags) if flags else source

@@ -94,7 +94,7 @@ def record_crash_left_replies(
             store.clear_turn_active(key, token)
             outcome[key] = "ledgered"
             continue
-        reply, user = _last_reply(store.load_transcript(entry.session_id))
+        reply, user = last_reply(store.load_transcript(entry.session_id))
         if reply is None or float(reply.get("timestamp", 0)) < started.timestamp():
             continue
         text = reply["content"]
@@ -117,7 +117,7 @@ def record_crash_left_replies(
     return outcome
 
 
-def _last_reply(
+def last_reply(
     messages: list[dict[str, Any]],
 ) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
     """The last assistant reply qualifying under SPEC §7.4 (and the user row before it)."""

@@ -472,6 +472,12 @@ class StoreBase:
         self._mirror_written_at = time.monotonic()
         return written
 
+    def rewrite_mirror(self) -> bool:
+        """Rewrite sessions.json from the routing table now, whatever the file holds (for
+        ``doctor --fix``); False when no mirror is written."""
+        self._routing_changed()
+        return self.flush_mirror(force=True)
+
     # -- health, close -----------------------------------------------------------------------------
 
     def health(self) -> dict[str, Any]:

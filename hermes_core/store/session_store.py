@@ -267,6 +267,13 @@ class SessionStore(RekeyStore, TranscriptStore):
         return entry is not None
 
     @serialised
+    def unsuspend_session(self, session_key: str) -> bool:
+        """Clear a suspension (an operator's decision): the next message continues the lane's
+        session. True iff the lane was suspended."""
+        entry = self._update(session_key, lambda e: {"suspended": False} if e.suspended else None)
+        return entry is not None
+
+    @serialised
     def mark_resume_pending(
         self, session_key: str, reason: str = "restart_timeout", *, only_if_running: bool = False
     ) -> bool:

@@ -32,6 +32,7 @@ from hermes_core.store.backend import (
     SessionRow,
 )
 from hermes_plugins.sql_store import postgres, search
+from hermes_plugins.sql_store.operator import OperatorRows
 from hermes_plugins.sql_store.postgres import message_params
 from hermes_plugins.sql_store.rekey import RekeyRows
 from hermes_plugins.sql_store.rows import (
@@ -54,7 +55,7 @@ from hermes_plugins.sql_store.statements import Prepared
 logger = logging.getLogger(__name__)
 
 
-class SqlBackend(RekeyRows):
+class SqlBackend(RekeyRows, OperatorRows):
     """The canonical store over SQLite or PostgreSQL."""
 
     durable_queue = True

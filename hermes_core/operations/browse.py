@@ -1,0 +1,291 @@
+"""Reading commands: ``ls``, ``show``, ``search`` and ``export``. Each opens the store
+read-only, so it works beside a running gateway."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, TextIO
+
+from hermes_core.config import GatewayConfig
+from hermes_core.errors import InvalidValueError
+from hermes_core.models import SessionEntry
+from hermes_core.operations.common import (
+    find_lane,
+    open_operator,
+    open_store,
+    print_json,
+    print_table,
+    progress,
+    stamp,
+)
+from hermes_core.store import SessionStore
+from hermes_core.store.operator import OperatorBackend
+
+OWED_STATES = ("pending", "attempting", "failed")
+"""Ledger states of a reply still owed to a chat."""
+SORTS = {
+    "updated": (lambda lane: lane["updated_at"], True),
+    "created": (lambda lane: lane["created_at"], True),
+    "key": (lambda lane: lane["session_key"], False),
+    "messages": (lambda lane: lane["message_count"], True),
+}
+EXPORT_TABLES = ("sessions", "messages", "gateway_routing", "queued_events", "delivery_obligations")
+
+
+def register(commands: Any, parents: list[argparse.ArgumentParser]) -> None:
+    """Add ``ls``, ``show``, ``search`` and ``export``."""
+    ls = commands.add_parser("ls", parents=parents, help="list lanes", allow_abbrev=False)
+    ls.add_argument("--platform", help="only lanes of this platform")
+    ls.add_argument(
+        "--active", type=float, metavar="MINUTES", help="only lanes active in the last MINUTES"
+    )
+    ls.add_argument("--suspended", action="store_true", help="only suspended lanes")
+    ls.add_argument("--resume-pending", action="store_true", help="only lanes owed a resume")
+    ls.add_argument(
+        "--dead-lettered", action="store_true", help="only lanes with dead-lettered events"
+    )
+    ls.add_argument("--sort", choices=sorted(SORTS), default="updated", help="default: updated")
+    ls.add_argument("--limit", type=int, metavar="N", help="at most N lanes")
+    ls.add_argument("--json", action="store_true", help="print a JSON list")
+    ls.set_defaults(handler=ls_command)
+
+    show = commands.add_parser(
+        "show", parents=parents, help="a lane: entry, flags, queue, owed replies, transcript",
+        allow_abbrev=False,
+    )  # fmt: skip
+    show.add_argument("lane", metavar="KEY|SESSION_ID")
+    show.add_argument("--json", action="store_true", help="print one JSON object")
+    show.set_defaults(handler=show_command)
+
+    search = commands.add_parser(
+        "search", parents=parents, help="full-text search of transcripts", allow_abbrev=False
+    )
+    search.add_argument("query", metavar="QUERY")
+    search.add_argument("--session", metavar="SESSION_ID", help="only this session")
+    search.add_argument("--limit", type=int, default=20, help="at most N hits (1-100, default 20)")
+    search.add_argument("--json", action="store_true", help="print a JSON list")
+    search.set_defaults(handler=search_command)
+
+    export = commands.add_parser(
+        "export", parents=parents, help="write every session and message as JSONL or Markdown",
+        allow_abbrev=False,
+    )  # fmt: skip
+    export.add_argument("--format", choices=["jsonl", "markdown"], default="jsonl")
+    export.add_argument("--output", "-o", metavar="FILE", type=Path, help="default: stdout")
+    export.set_defaults(handler=export_command)
+
+
+def lane_summary(store: SessionStore, entry: SessionEntry, dead: Counter[str]) -> dict[str, Any]:
+    """One lane as ``ls --json`` prints it."""
+    row = store.session_row(entry.session_id)
+    return {
+        "session_key": entry.session_key,
+        "session_id": entry.session_id,
+        "platform": entry.platform,
+        "chat_type": entry.chat_type,
+        "created_at": entry.created_at.isoformat(),
+        "updated_at": entry.updated_at.isoformat(),
+        "suspended": entry.suspended,
+        "resume_pending": entry.resume_pending,
+        "resume_reason": entry.resume_reason,
+        "turn_in_progress": entry.active_turn_token is not None,
+        "message_count": row.message_count if row is not None else 0,
+        "dead_letters": dead[entry.session_key],
+    }
+
+
+def _flags(lane: dict[str, Any]) -> str:
+    flags = []
+    if lane["suspended"]:
+        flags.append("suspended")
+    if lane["resume_pending"]:
+        flags.append(f"resume-pending({lane['resume_reason']})")
+    if lane["turn_in_progress"]:
+        flags.append("turn-marker")
+    if lane["dead_letters"]:
+        flags.append(f"dead-letters({lane['dead_letters']})")
+    return ",".join(flags) or "-"
+
+
+def ls_command(args: argparse.Namespace, config: GatewayConfig) -> int:
+    """``ls``: lanes, newest first unless ``--sort`` says otherwise."""
+    if args.limit is not None and args.limit < 1:
+        raise InvalidValueError("limit", "--limit must be at least 1.")
+    with open_store(config, write=False) as store:
+        dead = Counter(letter.session_key for letter in store.dead_letters())
+        entries = [
+            entry
+            for entry in store.list_sessions(args.active)
+            if (args.platform is None or entry.platform == args.platform)
+            and (not args.suspended or entry.suspended)
+            and (not args.resume_pending or entry.resume_pending)
+            and (not args.dead_lettered or dead[entry.session_key])
+        ]
+        lanes = [lane_summary(store, entry, dead) for entry in entries]
+    key, reverse = SORTS[args.sort]
+    lanes = sorted(lanes, key=key, reverse=reverse)[: args.limit]
+    if args.json:
+        print_json(lanes)
+        return 0
+    if not lanes:
+        print("no lanes")
+        return 0
+    rows = [("KEY", "SESSION", "UPDATED", "MESSAGES", "FLAGS")]
+    rows += [
+        (lane["session_key"], lane["session_id"], lane["updated_at"][:19] + "Z",
+         str(lane["message_count"]), _flags(lane))
+        for lane in lanes
+    ]  # fmt: skip
+    print_table(rows)
+    return 0
+
+
+def lane_details(store: SessionStore, entry: SessionEntry) -> dict[str, Any]:
+    """A lane as ``show --json`` prints it."""
+    key = entry.session_key
+    queued = [
+        {"event_id": event_id, "text": event.text, "internal": event.internal}
+        for event_id, lane, event in store.queue_restore()
+        if lane == key
+    ]
+    dead = [
+        {"event_id": letter.event_id, "attempts": letter.attempts, "last_error": letter.last_error,
+         "dead_at": stamp(letter.dead_at), "event": json.loads(letter.event_json)}
+        for letter in store.dead_letters()
+        if letter.session_key == key
+    ]  # fmt: skip
+    ledger = store.ledger
+    owed = [
+        {"obligation_id": row.obligation_id, "state": row.state, "attempts": row.attempts,
+         "origin_kind": row.origin_kind, "content": row.content,
+         "created_at": stamp(row.created_at)}
+        for row in (ledger.rows.obligations(OWED_STATES) if ledger is not None else [])
+        if row.session_key == key
+    ]  # fmt: skip
+    return {
+        "entry": entry.to_dict(),
+        "queued": queued,
+        "dead_letters": dead,
+        "owed_replies": owed,
+        "transcript": store.load_transcript(entry.session_id),
+    }
+
+
+def show_command(args: argparse.Namespace, config: GatewayConfig) -> int:
+    """``show KEY|SESSION_ID``."""
+    with open_store(config, write=False) as store:
+        details = lane_details(store, find_lane(store, args.lane))
+    if args.json:
+        print_json(details)
+        return 0
+    entry = details["entry"]
+    flags = [name for name in ("suspended", "resume_pending") if entry.get(name)]
+    if entry.get("active_turn_token"):
+        flags.append(f"turn marker since {entry.get('active_turn_started_at')}")
+    print(f"key:      {entry['session_key']}")
+    print(f"session:  {entry['session_id']}")
+    print(f"platform: {entry.get('platform')} ({entry.get('chat_type')})")
+    print(f"created:  {entry['created_at']}")
+    print(f"updated:  {entry['updated_at']}")
+    print(f"flags:    {', '.join(flags) or 'none'}")
+    print(f"queued:   {len(details['queued'])} event(s)")
+    for item in details["queued"]:
+        print(f"  #{item['event_id']}: {item['text']}")
+    print(f"dead letters: {len(details['dead_letters'])}")
+    for item in details["dead_letters"]:
+        print(f"  #{item['event_id']} after {item['attempts']} attempts: {item['last_error']}")
+    print(f"owed replies: {len(details['owed_replies'])}")
+    for item in details["owed_replies"]:
+        print(f"  {item['state']}: {item['content']}")
+    print(f"transcript: {len(details['transcript'])} message(s)")
+    for message in details["transcript"]:
+        print(f"  [{stamp(message.get('timestamp'))}] {message['role']}: {message.get('content')}")
+    return 0
+
+
+def search_command(args: argparse.Namespace, config: GatewayConfig) -> int:
+    """``search QUERY``."""
+    with open_store(config, write=False) as store:
+        hits = store.search(args.query, session_id=args.session, limit=args.limit)
+    rows = [
+        {"session_id": hit.session_id, "message_id": hit.message_id, "role": hit.role,
+         "timestamp": stamp(hit.timestamp), "snippet": hit.snippet}
+        for hit in hits
+    ]  # fmt: skip
+    if args.json:
+        print_json(rows)
+        return 0
+    if not rows:
+        print("no matches")
+        return 0
+    table = [("SESSION", "MESSAGE", "ROLE", "TIME", "SNIPPET")]
+    table += [
+        (hit.session_id, str(hit.message_id), hit.role, stamp(hit.timestamp), hit.snippet)
+        for hit in hits
+    ]
+    print_table(table)
+    return 0
+
+
+def _table(backend: OperatorBackend, name: str) -> Iterator[dict[str, Any]]:
+    after = None
+    while rows := backend.table_rows(name, after, 500):
+        yield from rows
+        after = backend.primary_key(name, rows[-1])
+
+
+def export_jsonl(backend: OperatorBackend, out: TextIO) -> int:
+    """Every row of the exported tables as ``{"table": ..., "row": ...}`` lines in primary-key
+    order (byte-identical for the same state in SQLite and PostgreSQL); the line count."""
+    lines = 0
+    with progress("export", len(EXPORT_TABLES)) as bar:
+        for name in EXPORT_TABLES:
+            for row in _table(backend, name):
+                out.write(json.dumps({"table": name, "row": row}, ensure_ascii=False) + "\n")
+                lines += 1
+            bar.advance()
+    return lines
+
+
+def export_markdown(store: SessionStore, backend: OperatorBackend, out: TextIO) -> int:
+    """One section per session (oldest first) with its active transcript; the session count."""
+    sessions = list(_table(backend, "sessions"))
+    with progress("export", len(sessions)) as bar:
+        for row in sessions:
+            out.write(f"## {row['session_key']} — {row['id']}\n\n")
+            out.write(f"- started: {stamp(row['started_at'])}\n")
+            ended = stamp(row["ended_at"])
+            out.write(f"- ended: {ended} ({row['end_reason']})\n" if row["ended_at"] else "")
+            out.write(f"- messages: {row['message_count']}\n\n")
+            for message in store.load_transcript(row["id"]):
+                when = stamp(message.get("timestamp"))
+                out.write(f"**{message['role']}** ({when}): {message.get('content') or ''}\n\n")
+            bar.advance()
+    return len(sessions)
+
+
+def export_command(args: argparse.Namespace, config: GatewayConfig) -> int:
+    """``export [--format jsonl|markdown] [--output FILE]``."""
+    try:
+        out = sys.stdout if args.output is None else args.output.open("w", encoding="utf-8")
+    except OSError as exc:
+        raise InvalidValueError("output", f"{args.output}: cannot write: {exc.strerror}") from exc
+    try:
+        with open_store(config, write=False) as store:
+            backend = open_operator(config, write=False, plugins=store.plugins)
+            try:
+                if args.format == "jsonl":
+                    export_jsonl(backend, out)
+                else:
+                    export_markdown(store, backend, out)
+            finally:
+                backend.close()
+    finally:
+        if out is not sys.stdout:
+            out.close()
+    return 0

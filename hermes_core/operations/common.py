@@ -1,0 +1,199 @@
+"""What every operator command shares: the global options, the store they work on (a state
+directory, a URL, or the configuration's), opening it read-only or for writing, JSON and table
+output, and a progress bar on a terminal."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, TextIO
+
+from hermes_core.config import GatewayConfig
+from hermes_core.errors import HermesError, InvalidValueError, StoreUnavailableError
+from hermes_core.models import SessionEntry
+from hermes_core.plugins import HermesPluginManager, create_plugin_manager
+from hermes_core.store import SessionStore
+from hermes_core.store.operator import OperatorBackend
+
+Handler = Callable[[argparse.Namespace, GatewayConfig], int]
+Commands = "argparse._SubParsersAction[argparse.ArgumentParser]"
+
+
+class UnknownLaneError(HermesError):
+    """A command named a session key or session id the store does not know."""
+
+
+def global_options(*, top: bool) -> argparse.ArgumentParser:
+    """``--config`` and ``--debug``, accepted before or after the subcommand: the subcommand's
+    copies default to "absent" so they never undo what was given before it."""
+    parent = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+    default: dict[str, Any] = {} if top else {"default": argparse.SUPPRESS}
+    parent.add_argument(
+        "--debug", action="store_true", help="print tracebacks of errors", **default
+    )
+    parent.add_argument(
+        "--config",
+        metavar="PATH",
+        help="YAML configuration file (default: $HERMES_HOME/config.yaml if present)",
+        **default,
+    )
+    return parent
+
+
+def store_options(*, top: bool) -> argparse.ArgumentParser:
+    """``--state-dir DIR`` and ``--url URL``: which store a command works on (before or after
+    the subcommand, like :func:`global_options`)."""
+    parent = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+    group = parent.add_argument_group("store", "default: the configuration's storage.url")
+    default: dict[str, Any] = {} if top else {"default": argparse.SUPPRESS}
+    group.add_argument(
+        "--state-dir", dest="store_dir", metavar="DIR", type=Path,
+        help="a gateway's state directory (its HERMES_HOME): its config.yaml and store", **default,
+    )  # fmt: skip
+    group.add_argument(
+        "--url", dest="store_url", metavar="URL", help="a store URL (storage.url)", **default
+    )
+    return parent
+
+
+def load_config(args: argparse.Namespace) -> GatewayConfig:
+    """The configuration a command runs with: ``--config`` or ``$HERMES_HOME/config.yaml``;
+    ``--state-dir`` reads that directory as ``$HERMES_HOME`` (its config.yaml unless
+    ``--config`` is given); ``--url`` replaces ``storage.url``."""
+    directory: Path | None = getattr(args, "store_dir", None)
+    if directory is None:
+        config = GatewayConfig.from_yaml(args.config) if args.config else GatewayConfig.load()
+    elif not directory.is_dir():
+        raise InvalidValueError(
+            "state_dir", f"{directory}: no such state directory; pass the HERMES_HOME of a "
+            "gateway (--state-dir) or a store URL (--url)."
+        )  # fmt: skip
+    else:
+        environ = {**os.environ, "HERMES_HOME": str(directory.absolute())}
+        path = Path(args.config) if args.config else directory / "config.yaml"
+        if path.exists() or args.config:
+            config = GatewayConfig.from_yaml(path, environ=environ)
+        else:
+            config = GatewayConfig.from_dict({}, source="<defaults>", environ=environ)
+    url: str | None = getattr(args, "store_url", None)
+    return config if url is None else with_url(config, url)
+
+
+def with_url(config: GatewayConfig, url: str) -> GatewayConfig:
+    """``config`` with ``storage.url`` set to ``url`` (which must name a scheme)."""
+    if "://" not in url:
+        raise InvalidValueError(
+            "url", f"{url!r} is not a store URL; write e.g. sqlite:////srv/hermes/state.db or "
+            "postgresql+psycopg://user@host/db."
+        )  # fmt: skip
+    return config.model_copy(update={"storage": config.storage.model_copy(update={"url": url})})
+
+
+def open_store(config: GatewayConfig, *, write: bool) -> SessionStore:
+    """The store of ``config``: read-only (works beside a running gateway) or for writing (refused
+    with ``GatewayLockedError`` naming the gateway that holds it)."""
+    plugins = create_plugin_manager(config)
+    store = SessionStore.open(config, plugins=plugins, read_only=not write)
+    if store.degraded:
+        reason = store.health().get("degraded_reason") or "the SQL store cannot be opened"
+        store.close()
+        raise StoreUnavailableError(
+            f"{config.storage_url}: {reason}; run `hermes-sessions doctor` to see why."
+        )
+    return store
+
+
+def open_operator(
+    config: GatewayConfig, *, write: bool, plugins: HermesPluginManager | None = None
+) -> OperatorBackend:
+    """The SQL backend of ``config`` with its operator interface, opened directly (no routing
+    import, no key-schema check): for ``doctor`` and ``migrate``."""
+    plugins = plugins or create_plugin_manager(config)
+    url = config.storage_url
+    spec = plugins.stores().get(url.split("://", 1)[0])
+    if spec is None:
+        raise StoreUnavailableError(
+            f"storage.url uses the scheme of {url!r}, which no loaded plugin provides; fix the "
+            "URL or install the plugin for it."
+        )
+    opener = spec.open if write or spec.open_read_only is None else spec.open_read_only
+    backend = opener(url, config)
+    if not hasattr(backend, "table_rows"):
+        backend.close()
+        raise StoreUnavailableError(
+            f"the {spec.name} store has no operator interface; this command needs a SQL store."
+        )
+    operator: OperatorBackend = backend
+    return operator
+
+
+def find_lane(store: SessionStore, name: str) -> SessionEntry:
+    """The lane named by its session key or its current session id."""
+    entry = store.lookup_by_session_key(name) or store.lookup_by_session_id(name)
+    if entry is None:
+        raise UnknownLaneError(
+            f"no lane has the session key or current session id {name!r}; "
+            "`hermes-sessions ls` lists them."
+        )
+    return entry
+
+
+def print_json(data: Any) -> None:
+    """Pretty JSON on standard output."""
+    print(json.dumps(data, indent=2, ensure_ascii=False, default=str))
+
+
+def print_table(rows: Sequence[Sequence[str]]) -> None:
+    """Left-aligned columns separated by two spaces (the last column is not padded)."""
+    widths = [max(len(row[column]) for row in rows) for column in range(len(rows[0]) - 1)]
+    for row in rows:
+        cells = [cell.ljust(width) for cell, width in zip(row, widths, strict=False)]
+        print("  ".join([*cells, row[-1]]).rstrip())
+
+
+def stamp(epoch: float | None) -> str:
+    """An epoch time as ``YYYY-MM-DDTHH:MM:SSZ`` (``-`` for none)."""
+    if epoch is None:
+        return "-"
+    return datetime.fromtimestamp(epoch, timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+class Progress:
+    """A progress bar on standard error, drawn only when it is a terminal."""
+
+    def __init__(self, label: str, total: int, stream: TextIO | None = None) -> None:
+        self.label, self.total, self.done = label, total, 0
+        self.stream = stream if stream is not None else sys.stderr
+        self.shown = self.stream.isatty()
+
+    def advance(self, count: int = 1) -> None:
+        """Count ``count`` more items done and redraw."""
+        self.done += count
+        if self.shown:
+            width = 30
+            filled = width * min(self.done, self.total) // max(self.total, 1)
+            bar = "#" * filled + "-" * (width - filled)
+            self.stream.write(f"\r{self.label} [{bar}] {self.done}/{self.total}")
+            self.stream.flush()
+
+    def close(self) -> None:
+        """End the bar's line."""
+        if self.shown:
+            self.stream.write("\n")
+            self.stream.flush()
+
+
+@contextmanager
+def progress(label: str, total: int) -> Iterator[Progress]:
+    """A :class:`Progress` closed on leaving."""
+    bar = Progress(label, total)
+    try:
+        yield bar
+    finally:
+        bar.close()

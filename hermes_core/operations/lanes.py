@@ -1,0 +1,255 @@
+"""Commands that change lanes and the queue (``reset``, ``suspend``, ``resume``, ``requeue``,
+``drop``, ``prune``, ``import-sessions-json``) and ``recover --dry-run``. The writing ones open
+the store for writing, which a running gateway's writer lock refuses (one clear line)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+from hermes_core.config import GatewayConfig
+from hermes_core.errors import InvalidValueError
+from hermes_core.instance import LOCK_FILE, lock_holder, read_clean_shutdown
+from hermes_core.operations.common import (
+    UnknownLaneError,
+    find_lane,
+    open_operator,
+    open_store,
+    print_json,
+)
+from hermes_core.recovery import STUCK_LOOP_THRESHOLD, last_reply, marker_max_age
+from hermes_core.store import SessionStore
+from hermes_core.store.files import read_file_nofollow
+
+
+def register(commands: Any, parents: list[argparse.ArgumentParser]) -> None:
+    """Add the lane, queue and recovery commands."""
+    for name, help_text, handler in (
+        ("reset", "end a lane's session; its next message starts a new one", reset_command),
+        ("suspend", "suspend a lane: its next message starts a new session", suspend_command),
+        ("resume", "clear a lane's suspension", resume_command),
+    ):
+        command = commands.add_parser(name, parents=parents, help=help_text, allow_abbrev=False)
+        command.add_argument("lane", metavar="KEY|SESSION_ID")
+        command.add_argument("--json", action="store_true", help="print one JSON object")
+        command.set_defaults(handler=handler)
+    for name, help_text, handler in (
+        ("requeue", "put dead-lettered events back in their lane's queue", requeue_command),
+        ("drop", "delete dead-lettered events", drop_command),
+    ):
+        command = commands.add_parser(name, parents=parents, help=help_text, allow_abbrev=False)
+        command.add_argument("event_ids", metavar="EVENT_ID", type=int, nargs="*")
+        command.add_argument("--all", action="store_true", help="every dead-lettered event")
+        command.add_argument("--json", action="store_true", help="print one JSON object")
+        command.set_defaults(handler=handler)
+
+    prune = commands.add_parser(
+        "prune", parents=parents, help="remove lanes idle for N days (sessions stay)",
+        allow_abbrev=False,
+    )  # fmt: skip
+    prune.add_argument("--days", type=float, required=True, metavar="N")
+    prune.add_argument("--dry-run", action="store_true", help="list them, remove nothing")
+    prune.add_argument("--json", action="store_true", help="print one JSON object")
+    prune.set_defaults(handler=prune_command)
+
+    imported = commands.add_parser(
+        "import-sessions-json", parents=parents, allow_abbrev=False,
+        help="add the lanes of a sessions.json that the routing table lacks",
+    )  # fmt: skip
+    imported.add_argument("path", metavar="PATH", type=Path)
+    imported.add_argument("--json", action="store_true", help="print one JSON object")
+    imported.set_defaults(handler=import_command)
+
+    recover = commands.add_parser(
+        "recover", parents=parents, allow_abbrev=False,
+        help="what the next gateway start-up would recover (writes nothing)",
+    )  # fmt: skip
+    recover.add_argument(
+        "--dry-run", action="store_true", required=True, help="required: recovery itself is "
+        "what a gateway does when it starts"
+    )  # fmt: skip
+    recover.add_argument("--json", action="store_true", help="print one JSON object")
+    recover.set_defaults(handler=recover_command)
+
+
+def _report(args: argparse.Namespace, data: dict[str, Any], line: str) -> int:
+    if args.json:
+        print_json(data)
+    else:
+        print(line)
+    return 0
+
+
+def reset_command(args: argparse.Namespace, config: GatewayConfig) -> int:
+    """``reset KEY``: a new session for the lane."""
+    with open_store(config, write=True) as store:
+        entry = find_lane(store, args.lane)
+        created = store.reset_session(entry.session_key)
+    assert created is not None  # the lane exists: the writer lock keeps it so
+    data = {"session_key": entry.session_key, "ended": entry.session_id,
+            "session_id": created.session_id}  # fmt: skip
+    return _report(args, data, f"{entry.session_key}: {entry.session_id} -> {created.session_id}")
+
+
+def suspend_command(args: argparse.Namespace, config: GatewayConfig) -> int:
+    """``suspend KEY``."""
+    with open_store(config, write=True) as store:
+        entry = find_lane(store, args.lane)
+        store.suspend_session(entry.session_key)
+    data = {"session_key": entry.session_key, "suspended": True}
+    return _report(args, data, f"{entry.session_key}: suspended")
+
+
+def resume_command(args: argparse.Namespace, config: GatewayConfig) -> int:
+    """``resume KEY``: clear the suspension."""
+    with open_store(config, write=True) as store:
+        entry = find_lane(store, args.lane)
+        changed = store.unsuspend_session(entry.session_key)
+    line = f"{entry.session_key}: " + ("no longer suspended" if changed else "was not suspended")
+    return _report(args, {"session_key": entry.session_key, "changed": changed}, line)
+
+
+def _dead_letter_ids(args: argparse.Namespace, config: GatewayConfig) -> list[int]:
+    """The dead letters named (or all with ``--all``); an id that is none is an error."""
+    if bool(args.event_ids) == bool(args.all):
+        raise InvalidValueError("event_ids", "name dead-lettered event ids or give --all.")
+    with open_store(config, write=False) as store:
+        dead = [letter.event_id for letter in store.dead_letters()]
+    if args.all:
+        return dead
+    unknown = sorted(set(args.event_ids) - set(dead))
+    if unknown:
+        raise UnknownLaneError(
+            f"no dead-lettered event has the id {unknown[0]}; `hermes-sessions ls "
+            "--dead-lettered` and `show KEY` list them."
+        )
+    return list(args.event_ids)
+
+
+def requeue_command(args: argparse.Namespace, config: GatewayConfig) -> int:
+    """``requeue EVENT_ID... | --all``."""
+    ids = _dead_letter_ids(args, config)
+    backend = open_operator(config, write=True)
+    try:
+        count = backend.revive_queued(ids)
+    finally:
+        backend.close()
+    return _report(args, {"requeued": ids}, f"requeued {count} event(s)")
+
+
+def drop_command(args: argparse.Namespace, config: GatewayConfig) -> int:
+    """``drop EVENT_ID... | --all``."""
+    ids = _dead_letter_ids(args, config)
+    backend = open_operator(config, write=True)
+    try:
+        count = backend.remove_queued(ids)
+    finally:
+        backend.close()
+    return _report(args, {"dropped": ids}, f"dropped {count} event(s)")
+
+
+def prune_command(args: argparse.Namespace, config: GatewayConfig) -> int:
+    """``prune --days N [--dry-run]``: routing entries only; sessions and messages stay."""
+    if args.days <= 0:
+        raise InvalidValueError("days", "--days must be a positive number of days.")
+    if args.dry_run:
+        backend = open_operator(config, write=False)
+        try:
+            keys = backend.prune_candidates(time.time() - args.days * 86_400)
+        finally:
+            backend.close()
+        data = {"would_remove": keys, "dry_run": True}
+        return _report(args, data, "\n".join([*keys, f"would remove {len(keys)} lane(s)"]))
+    with open_store(config, write=True) as store:
+        removed = store.prune_old_entries(args.days)
+    return _report(args, {"removed": removed, "dry_run": False}, f"removed {removed} lane(s)")
+
+
+def import_command(args: argparse.Namespace, config: GatewayConfig) -> int:
+    """``import-sessions-json PATH``."""
+    if not args.path.is_file():
+        raise InvalidValueError("path", f"{args.path}: no such file; name a sessions.json.")
+    with open_store(config, write=True) as store:
+        imported = store.import_sessions_json(args.path)
+    return _report(args, {"imported": imported}, f"imported {imported} lane(s)")
+
+
+def _previous_boot(home: Path) -> str | None:
+    try:
+        record = json.loads(read_file_nofollow(home / LOCK_FILE) or b"{}")
+    except (OSError, ValueError):
+        return None
+    boot = record.get("boot_id") if isinstance(record, dict) else None
+    return boot if isinstance(boot, str) else None
+
+
+def recovery_plan(store: SessionStore, config: GatewayConfig) -> dict[str, Any]:
+    """What the next start-up's recovery would do to this store, computed without writing."""
+    home = config.hermes_home
+    clean = read_clean_shutdown(home, _previous_boot(home))
+    fresh = {entry.session_key: entry for entry in store.entries_with_fresh_markers(
+        marker_max_age(config))}  # fmt: skip
+    ledger = store.ledger
+    resume, replies, cleared = [], [], []
+    if not clean:
+        for key, entry in fresh.items():
+            started = entry.active_turn_started_at
+            if entry.suspended or started is None:
+                continue
+            if ledger is not None and entry.origin is not None:
+                if ledger.rows.obligation_since(key, started.timestamp()):
+                    cleared.append(key)
+                    continue
+                reply, _ = last_reply(store.load_transcript(entry.session_id))
+                if reply is not None and float(reply.get("timestamp", 0)) >= started.timestamp():
+                    replies.append(key)
+                    continue
+            resume.append(key)
+    pending = [e.session_key for e in store.list_sessions() if e.resume_pending]
+    counts = store.counts.load()
+    suspend = [key for key in resume if counts.get(key, 0) + 1 >= STUCK_LOOP_THRESHOLD]
+    owed = ledger.rows.obligations(("pending", "attempting", "failed")) if ledger else []
+    return {
+        "last_stop_clean": clean,
+        "markers_discarded": len(store.entries_with_fresh_markers(0)) if clean else 0,
+        "resume": sorted(set(resume) - set(suspend) | set(pending)),
+        "record_crash_left_replies": replies,
+        "markers_already_ledgered": cleared,
+        "resend": [
+            {"session_key": row.session_key, "state": row.state, "content": row.content}
+            for row in owed
+        ],
+        "suspend": suspend,
+        "queued_events": len(store.queue_restore()),
+        "fts_rebuild": store.health()["fts"] == "stale",
+        "gateway_running": lock_holder(home),
+    }
+
+
+def recover_command(args: argparse.Namespace, config: GatewayConfig) -> int:
+    """``recover --dry-run``."""
+    with open_store(config, write=False) as store:
+        plan = recovery_plan(store, config)
+    if args.json:
+        print_json(plan)
+        return 0
+    lines = []
+    if plan["gateway_running"] is not None:
+        lines.append(f"a gateway (pid {plan['gateway_running']}) is running; it recovered at "
+                     "its own start-up, this is what a restart would do now")  # fmt: skip
+    if plan["last_stop_clean"]:
+        lines.append(f"last stop: clean; {plan['markers_discarded']} turn marker(s) discarded")
+    else:
+        lines.append("last stop: unclean (crash recovery runs)")
+    lines += [f"resume: {key}" for key in plan["resume"]]
+    lines += [f"record stored reply: {key}" for key in plan["record_crash_left_replies"]]
+    lines += [f"re-send ({row['state']}): {row['session_key']}" for row in plan["resend"]]
+    lines += [f"suspend (stuck loop): {key}" for key in plan["suspend"]]
+    lines.append(f"queued events to restore: {plan['queued_events']}")
+    if plan["fts_rebuild"]:
+        lines.append("rebuild the full-text index")
+    print("\n".join(lines))
+    return 0

@@ -1,0 +1,204 @@
+"""What the operator commands need of the SQL store beyond the gateway's own operations:
+database checks for ``doctor``, the table copy of ``migrate`` (batches keyed by primary key,
+so an interrupted copy resumes where it stopped) and reviving dead-lettered events.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import sqlite3
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from sqlalchemy import Table, bindparam, func, insert, select, tuple_, update
+
+from hermes_core.errors import StoreError
+from hermes_core.store.operator import TRANSFER_TABLES, TableDigest
+from hermes_plugins.sql_store.exclusive import LOCK_SUFFIX
+from hermes_plugins.sql_store.queue import QueueRows
+from hermes_plugins.sql_store.schema import metadata, queued_events, sessions, state_meta
+from hermes_plugins.sql_store.statements import Prepared
+
+_FTS_PROBE = "SELECT rowid FROM messages_fts WHERE messages_fts MATCH '\"hermesprobe\"' LIMIT 1"
+_PG_PROBE = "SELECT id FROM messages WHERE search_tsv @@ plainto_tsquery('simple', 'hermesprobe')"
+_SEQUENCES = ("messages", "queued_events")
+_RECOUNTED = ("message_count", "last_activity_at")
+"""Session columns the message-count trigger moves while messages are copied; set afterwards."""
+
+
+def _table(name: str) -> Table:
+    if name not in TRANSFER_TABLES:
+        raise KeyError(name)
+    return metadata.tables[name]
+
+
+def _digest_value(value: Any) -> Any:
+    """A column value in the form both dialects agree on (floats by their exact repr)."""
+    return repr(float(value)) if isinstance(value, float) else value
+
+
+class OperatorRows(QueueRows):
+    """Checks, transfer and dead-letter revival (each write is one transaction)."""
+
+    # -- checks ---------------------------------------------------------------------------------
+
+    def integrity_problems(self) -> list[str]:
+        """SQLite ``integrity_check`` and ``foreign_key_check`` findings (none on PostgreSQL,
+        whose server keeps its own pages consistent)."""
+        if self.name != "sqlite":
+            return []
+        with self._read("checking the database's integrity") as conn:
+            found = [str(row[0]) for row in conn.exec_driver_sql("PRAGMA integrity_check")]
+            keys = conn.exec_driver_sql("PRAGMA foreign_key_check").all()
+        problems = [line for line in found if line != "ok"]
+        problems += [f"{row[0]} row {row[1]} points at a missing {row[2]} row" for row in keys]
+        return problems
+
+    def fts_problems(self) -> list[str]:
+        """The full-text index's own integrity check and a real MATCH probe; ``[]`` when
+        healthy or when full-text search is unavailable."""
+        if self._fts == "unavailable":
+            return []
+        if self.name != "sqlite":
+            try:
+                with self._read("probing the search index") as conn:
+                    conn.exec_driver_sql(_PG_PROBE).all()
+            except StoreError as exc:  # any failure is the finding
+                return [f"the search index cannot be queried: {exc}"]
+            return []
+        # A connection of its own: the check is an INSERT command that writes nothing, which
+        # the store's read-only connections refuse; it runs in a transaction rolled back.
+        raw = sqlite3.connect(self.path, timeout=5)
+        problems = []
+        try:
+            for what, sql in (
+                ("integrity-check", "INSERT INTO messages_fts(messages_fts, rank) "
+                                    "VALUES ('integrity-check', 1)"),
+                ("MATCH probe", _FTS_PROBE),
+            ):  # fmt: skip
+                try:
+                    raw.execute(sql).fetchall()
+                except sqlite3.DatabaseError as exc:
+                    problems.append(f"{what}: {exc}")
+            raw.rollback()
+        finally:
+            raw.close()
+        return problems
+
+    def writer_lock_path(self) -> str | None:
+        """The SQLite writer lock file (None on PostgreSQL, whose lock lives on the server)."""
+        return f"{self.path}{LOCK_SUFFIX}" if self.name == "sqlite" else None
+
+    def routing_problems(self) -> list[str]:
+        """Routing rows whose session row is missing or ended."""
+        query = (
+            "SELECT r.session_key, r.session_id, s.id, s.ended_at FROM gateway_routing r "
+            "LEFT JOIN sessions s ON s.id = r.session_id ORDER BY r.session_key"
+        )
+        with self._read("checking the routing table") as conn:
+            rows = conn.exec_driver_sql(query).all()
+        problems = []
+        for key, session_id, found, ended in rows:
+            if found is None:
+                problems.append(f"{key} points at session {session_id}, which does not exist")
+            elif ended is not None:
+                problems.append(f"{key} points at session {session_id}, which has ended")
+        return problems
+
+    def obligation_counts(self) -> dict[str, int]:
+        """Ledger rows per state."""
+        table = metadata.tables["delivery_obligations"]
+        query = select(table.c.state, func.count()).group_by(table.c.state)
+        with self._read("counting ledger rows") as conn:
+            return {str(state): int(count) for state, count in conn.execute(query).all()}
+
+    # -- dead letters ---------------------------------------------------------------------------
+
+    def revive_queued(self, event_ids: Sequence[int]) -> int:
+        """Put dead-lettered events back in their lane's queue with no failed attempts."""
+        table = queued_events
+        revived = 0
+        with self._write("requeueing dead letters") as cursor:
+            for event_id in event_ids:
+                statement = (
+                    update(table)
+                    .where(table.c.id == event_id, table.c.dead_at.is_not(None))
+                    .values(dead_at=None, attempts=0, last_error=None)
+                )
+                revived += self._execute(cursor, statement).rowcount
+        return revived
+
+    # -- transfer -------------------------------------------------------------------------------
+
+    def table_rows(
+        self, name: str, after: Sequence[Any] | None, limit: int
+    ) -> list[dict[str, Any]]:
+        """Up to ``limit`` rows of a table in primary-key order, after the key ``after``."""
+        table = _table(name)
+        key = tuple(table.primary_key.columns)
+        query = select(table).order_by(*key).limit(limit)
+        if after is not None:
+            query = query.where(tuple_(*key) > tuple_(*after))
+        with self._read(f"reading {name}") as conn:
+            return [dict(row) for row in conn.execute(query).mappings()]
+
+    def primary_key(self, name: str, row: Mapping[str, Any]) -> tuple[Any, ...]:
+        """The primary key of a row of the table."""
+        return tuple(row[column.name] for column in _table(name).primary_key.columns)
+
+    def insert_missing(self, name: str, rows: Sequence[Mapping[str, Any]]) -> int:
+        """Insert the rows whose primary key the table lacks, in one transaction; how many."""
+        if not rows:
+            return 0
+        table = _table(name)
+        columns = tuple(table.primary_key.columns)
+        keys = [self.primary_key(name, row) for row in rows]
+        present_query = select(*columns).where(tuple_(*columns).in_(keys))
+        statement = Prepared(insert(table), self._dialect)
+        with self._read(f"reading {name}") as conn:
+            present = {tuple(row) for row in conn.execute(present_query).all()}
+        missing = [row for row, key in zip(rows, keys, strict=True) if key not in present]
+        with self._write(f"copying {name}") as cursor:
+            for row in missing:
+                statement.run(cursor, row)
+        return len(missing)
+
+    def set_session_counts(self, rows: Sequence[Mapping[str, Any]]) -> None:
+        """Give sessions the message counts and last activity of ``rows`` (the copy's source),
+        which the message-count trigger changed while their messages were inserted."""
+        statement = Prepared(
+            update(sessions)
+            .where(sessions.c.id == bindparam("row_id"))
+            .values({column: bindparam(column) for column in _RECOUNTED}),
+            self._dialect,
+        )
+        with self._write("restoring session counts") as cursor:
+            for row in rows:
+                values = {column: row[column] for column in _RECOUNTED}
+                statement.run(cursor, {"row_id": row["id"], **values})
+
+    def finish_transfer(self) -> None:
+        """After a copy: move PostgreSQL's id sequences past the copied ids (SQLite needs
+        nothing) and drop the copied ``fts_stale`` record, the index being rebuilt next."""
+        with self._write("finishing the copy") as cursor:
+            if self.name != "sqlite":
+                for name in _SEQUENCES:
+                    cursor.execute(
+                        f"SELECT setval(pg_get_serial_sequence('{name}', 'id'), "
+                        f"coalesce((SELECT max(id) FROM {name}), 0) + 1, false)"
+                    )
+            self._execute(cursor, state_meta.delete().where(state_meta.c.key == "fts_stale"))
+
+    def table_digest(self, name: str) -> TableDigest:
+        """Row count and SHA-256 of a table's rows (primary-key order, canonical JSON)."""
+        digest = hashlib.sha256()
+        count = 0
+        after: Sequence[Any] | None = None
+        while rows := self.table_rows(name, after, 1000):
+            for row in rows:
+                canonical = {column: _digest_value(value) for column, value in row.items()}
+                digest.update(json.dumps(canonical, sort_keys=True).encode("utf-8") + b"\n")
+            count += len(rows)
+            after = self.primary_key(name, rows[-1])
+        return TableDigest(count, digest.hexdigest())

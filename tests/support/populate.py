@@ -1,0 +1,47 @@
+"""A populated state directory for the operator-command tests: lanes with transcripts, a
+suspended lane, a queued event, a dead letter and an owed reply."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from hermes_core.config import GatewayConfig
+from hermes_core.models import MessageEvent, SessionSource
+from hermes_core.store import SessionStore
+
+ALICE = SessionSource(platform="telegram", chat_id="1001", user_id="1001", user_name="Alice")
+BOB = SessionSource(platform="telegram", chat_id="1002", user_id="1002", user_name="Bob")
+TOPIC = SessionSource(
+    platform="discord", chat_id="55", chat_type="group", thread_id="7", user_id="9"
+)
+
+
+def config_for(home: Path, url: str | None = None) -> GatewayConfig:
+    """The configuration of a state directory (and optionally another store URL)."""
+    data = {"storage": {"url": url}} if url else {}
+    return GatewayConfig.from_dict(data, environ={"HERMES_HOME": str(home)})
+
+
+def populate(home: Path, url: str | None = None) -> dict[str, str]:
+    """Fill the store of ``home`` (or ``url``); returns the lanes' keys by name."""
+    with SessionStore.open(config_for(home, url)) as store:
+        keys = {}
+        for name, source in (("alice", ALICE), ("bob", BOB), ("topic", TOPIC)):
+            entry = store.get_or_create_session(source)
+            keys[name] = entry.session_key
+            for text in (f"hello from {name}", f"the zebra of {name}"):
+                store.append_to_transcript(entry.session_id, {"role": "user", "content": text})
+                store.append_to_transcript(
+                    entry.session_id, {"role": "assistant", "content": f"echo: {text}"}
+                )
+        store.suspend_session(keys["bob"])
+        store.queue_add(keys["topic"], MessageEvent(source=TOPIC, text="queued later"))
+        dead = store.queue_add(keys["alice"], MessageEvent(source=ALICE, text="poison"))
+        for _ in range(store.config.gateway.max_dispatch_attempts):
+            store.queue_fail(dead, "agent exploded")
+        alice = store.lookup_by_session_key(keys["alice"])
+        assert alice is not None
+        store.record_delivery_obligation(
+            keys["alice"], alice.session_id, "telegram", "1001", None, "a reply owed", "ref-1"
+        )
+    return keys

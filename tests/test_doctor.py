@@ -1,0 +1,128 @@
+"""``hermes-sessions doctor`` on a healthy store and on each kind of damage it knows, with and
+without ``--fix``."""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+from pathlib import Path
+
+import pytest
+from support.populate import config_for, populate
+
+from hermes_core.cli import main
+from hermes_core.store import SessionStore
+from hermes_core.store.replay import encode_message_line
+
+
+def doctor(capsys: pytest.CaptureFixture[str], home: Path, *extra: str) -> tuple[int, dict]:  # type: ignore[type-arg]
+    code = main(["doctor", "--json", "--state-dir", str(home), *extra])
+    return code, json.loads(capsys.readouterr().out)
+
+
+def statuses(report: dict) -> dict[str, str]:  # type: ignore[type-arg]
+    return {f["check"]: f["status"] for f in report["findings"] if f["status"] != "fixed"}
+
+
+@pytest.fixture
+def home(tmp_path: Path) -> Path:
+    home = tmp_path / "state"
+    populate(home)
+    return home
+
+
+def test_a_healthy_store_exits_0(home: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code, report = doctor(capsys, home)
+    assert code == 0
+    assert report["healthy"] is True
+    assert set(statuses(report).values()) <= {"ok", "warn"}
+    assert main(["doctor", "--state-dir", str(home)]) == 0
+    assert capsys.readouterr().out.endswith("verdict: healthy\n")
+
+
+def test_a_broken_fts_index_is_found_and_rebuilt(
+    home: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    raw = sqlite3.connect(home / "state.db")
+    raw.execute("UPDATE messages_fts_data SET block = x'" + "ff" * 16 + "' WHERE id > 1")
+    raw.commit()
+    raw.close()
+    code, report = doctor(capsys, home)
+    assert code == 1
+    assert statuses(report)["fts"] == "problem"
+    code, report = doctor(capsys, home, "--fix")
+    assert code == 0
+    assert "rebuilt the full-text index" in report["fixed"]
+    with SessionStore.open(config_for(home), read_only=True) as store:
+        assert len(store.search("zebra")) == 6
+
+
+def test_a_torn_sessions_json_is_rewritten(home: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    mirror = home / "sessions" / "sessions.json"
+    whole = json.loads(mirror.read_text())
+    mirror.write_bytes(mirror.read_bytes()[:120])
+    code, report = doctor(capsys, home)
+    assert code == 1
+    assert statuses(report)["mirror"] == "problem"
+    code, report = doctor(capsys, home, "--fix")
+    assert code == 0
+    assert json.loads(mirror.read_text()).keys() == whole.keys()
+
+
+def test_a_0644_database_is_tightened(home: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    os.chmod(home / "state.db", 0o644)
+    code, report = doctor(capsys, home)
+    assert code == 1
+    problem = next(f for f in report["findings"] if f["check"] == "files")
+    assert "has mode 0644, not 0600" in problem["detail"]
+    code, _ = doctor(capsys, home, "--fix")
+    assert code == 0
+    assert (home / "state.db").stat().st_mode & 0o777 == 0o600
+
+
+def test_a_degraded_mode_backlog_is_replayed(
+    home: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with SessionStore.open(config_for(home), read_only=True) as store:
+        entry = store.list_sessions()[0]
+        before = len(store.load_transcript(entry.session_id))
+    backlog = home / "sessions" / f"{entry.session_id}.jsonl"
+    fd = os.open(backlog, os.O_WRONLY | os.O_CREAT, 0o600)
+    os.write(fd, encode_message_line({"role": "user", "content": "written while degraded"}))
+    os.close(fd)
+    code, report = doctor(capsys, home)
+    assert code == 1
+    assert statuses(report)["backlog"] == "problem"
+    code, report = doctor(capsys, home, "--fix")
+    assert code == 0
+    with SessionStore.open(config_for(home), read_only=True) as store:
+        contents = [m["content"] for m in store.load_transcript(entry.session_id)]
+    assert len(contents) == before + 1
+    assert contents[-1] == "written while degraded"
+
+
+def test_fix_refuses_while_the_store_is_held(
+    home: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with SessionStore.open(config_for(home)):
+        assert main(["doctor", "--state-dir", str(home)]) == 0  # checking works beside it
+        capsys.readouterr()
+        os.chmod(home / "state.db", 0o644)
+        assert main(["doctor", "--fix", "--state-dir", str(home)]) == 2
+        assert "holds the store" in capsys.readouterr().err
+    assert (home / "state.db").stat().st_mode & 0o777 == 0o644  # nothing was changed
+
+
+def test_a_corrupt_database_gets_the_procedure_and_no_change(
+    home: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    database = home / "state.db"
+    data = bytearray(database.read_bytes())
+    data[100:4096] = b"\x00" * (4096 - 100)  # the schema page is gone
+    database.write_bytes(bytes(data))
+    code, report = doctor(capsys, home, "--fix")
+    assert code == 1
+    bad = [f for f in report["findings"] if f["status"] == "problem"]
+    assert any("state.db.corrupt-" in (f["fix"] or "") for f in bad)
+    assert database.read_bytes() == bytes(data)
