@@ -17,10 +17,22 @@ from hermes_core.errors import StoreError
 from hermes_core.store.operator import TRANSFER_TABLES, TableDigest
 from hermes_plugins.sql_store.exclusive import LOCK_SUFFIX
 from hermes_plugins.sql_store.queue import QueueRows
-from hermes_plugins.sql_store.schema import metadata, queued_events, sessions, state_meta
+from hermes_plugins.sql_store.schema import (
+    FTS_WATERMARK,
+    metadata,
+    queued_events,
+    sessions,
+    state_meta,
+)
 from hermes_plugins.sql_store.statements import Prepared
 
 _FTS_PROBE = "SELECT rowid FROM messages_fts WHERE messages_fts MATCH '\"hermesprobe\"' LIMIT 1"
+_INDEX_META = ("fts_stale", FTS_WATERMARK)
+"""``state_meta`` records of the full-text index: derived, never copied or compared."""
+_FTS_COVERAGE = (
+    "SELECT (SELECT count(*) FROM messages_fts_docsize), (SELECT count(*) FROM messages WHERE "
+    f"id <= (SELECT CAST(value AS INTEGER) FROM state_meta WHERE key = '{FTS_WATERMARK}'))"
+)
 _PG_PROBE = "SELECT id FROM messages WHERE search_tsv @@ plainto_tsquery('simple', 'hermesprobe')"
 _SEQUENCES = ("messages", "queued_events")
 _RECOUNTED = ("message_count", "last_activity_at")
@@ -73,14 +85,23 @@ class OperatorRows(QueueRows):
         problems = []
         try:
             for what, sql in (
+                # rank 0: the index's own structure (it holds the messages up to its
+                # watermark only, so it is not compared with the whole table here)
                 ("integrity-check", "INSERT INTO messages_fts(messages_fts, rank) "
-                                    "VALUES ('integrity-check', 1)"),
+                                    "VALUES ('integrity-check', 0)"),
                 ("MATCH probe", _FTS_PROBE),
+                ("watermark", _FTS_COVERAGE),
             ):  # fmt: skip
                 try:
-                    raw.execute(sql).fetchall()
+                    rows = raw.execute(sql).fetchall()
                 except sqlite3.DatabaseError as exc:
                     problems.append(f"{what}: {exc}")
+                    continue
+                if what == "watermark" and rows and rows[0][0] != rows[0][1]:
+                    problems.append(
+                        f"the index holds {rows[0][0]} messages, but {rows[0][1]} are at or "
+                        "below its watermark"
+                    )
             raw.rollback()
         finally:
             raw.close()
@@ -134,10 +155,14 @@ class OperatorRows(QueueRows):
     def table_rows(
         self, name: str, after: Sequence[Any] | None, limit: int
     ) -> list[dict[str, Any]]:
-        """Up to ``limit`` rows of a table in primary-key order, after the key ``after``."""
+        """Up to ``limit`` rows of a table in primary-key order, after the key ``after``; the
+        full-text index's own records in ``state_meta`` are not stored state (each database
+        derives them) and are left out."""
         table = _table(name)
         key = tuple(table.primary_key.columns)
         query = select(table).order_by(*key).limit(limit)
+        if table is state_meta:
+            query = query.where(state_meta.c.key.not_in(_INDEX_META))
         if after is not None:
             query = query.where(tuple_(*key) > tuple_(*after))
         with self._read(f"reading {name}") as conn:
@@ -180,15 +205,15 @@ class OperatorRows(QueueRows):
 
     def finish_transfer(self) -> None:
         """After a copy: move PostgreSQL's id sequences past the copied ids (SQLite needs
-        nothing) and drop the copied ``fts_stale`` record, the index being rebuilt next."""
+        nothing; its index is rebuilt next)."""
+        if self.name == "sqlite":
+            return
         with self._write("finishing the copy") as cursor:
-            if self.name != "sqlite":
-                for name in _SEQUENCES:
-                    cursor.execute(
-                        f"SELECT setval(pg_get_serial_sequence('{name}', 'id'), "
-                        f"coalesce((SELECT max(id) FROM {name}), 0) + 1, false)"
-                    )
-            self._execute(cursor, state_meta.delete().where(state_meta.c.key == "fts_stale"))
+            for name in _SEQUENCES:
+                cursor.execute(
+                    f"SELECT setval(pg_get_serial_sequence('{name}', 'id'), "
+                    f"coalesce((SELECT max(id) FROM {name}), 0) + 1, false)"
+                )
 
     def table_digest(self, name: str) -> TableDigest:
         """Row count and SHA-256 of a table's rows (primary-key order, canonical JSON)."""
