@@ -14,7 +14,7 @@ import logging
 import os
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
-from importlib.metadata import entry_points
+from importlib.metadata import PackageNotFoundError, entry_points, version
 from typing import Any, Literal
 
 import pluggy
@@ -37,6 +37,7 @@ from hermes_core.specs import (
     StoreSpec,
 )
 from hermes_hookspecs import PROJECT_NAME, SPEC_MODULES
+from hermes_plugins import BUILTIN_PLUGINS, ESSENTIAL_PLUGINS
 
 logger = logging.getLogger(__name__)
 
@@ -601,8 +602,6 @@ def create_plugin_manager(
     plugins are not raised: :meth:`HermesPluginManager.list_plugins` shows them, and each typed
     getter still raises for its own concern.
     """
-    from hermes_plugins import BUILTIN_PLUGINS, ESSENTIAL_PLUGINS
-
     config = config if config is not None else GatewayConfig.load()
     manager = HermesPluginManager(config, strict=strict)
     disabled = set(config.plugins.disable)
@@ -648,11 +647,13 @@ def _would_provide(config: GatewayConfig, name: str, module_path: str) -> Provid
     return alone._offers().of(name)
 
 
+@functools.cache
 def _own_version() -> str | None:
     """The installed version of hermes-sessions (None when running from an uninstalled tree)."""
-    from hermes_core import __version__
-
-    return __version__
+    try:
+        return version(DISTRIBUTION)
+    except PackageNotFoundError:
+        return None
 
 
 def default_plugin_manager(config: GatewayConfig | None = None) -> HermesPluginManager:

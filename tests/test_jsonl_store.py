@@ -21,8 +21,8 @@ from hermes_core.errors import (
 )
 from hermes_core.models import SessionEntry, SessionSource
 from hermes_core.store.backend import CounterDelta, SessionRow, StoreBackend
+from hermes_core.store.jsonl import JsonlBackend
 from hermes_core.store.mirror import read_mirror, render_mirror
-from hermes_plugins.jsonl_store import JsonlBackend
 
 T0 = datetime(2026, 3, 1, 12, 0, 0, tzinfo=timezone.utc)
 KEY = "agent:main:telegram:dm:42"
@@ -379,7 +379,7 @@ def test_torn_and_invalid_lines_are_skipped_with_one_warning(
     path.write_bytes(
         f'{good}\nnot json\n{{"role": "alien"}}\n[1]\n\n{good}\n{{"role": "assis'.encode()
     )
-    with caplog.at_level(logging.WARNING, logger="hermes_plugins.jsonl_store"):
+    with caplog.at_level(logging.WARNING, logger="hermes_core.store.jsonl"):
         assert backend.load_messages(SID) == [json.loads(good)] * 2
         assert backend.load_messages(SID) == [json.loads(good)] * 2
     assert len(caplog.records) == 1

@@ -36,6 +36,7 @@ from hermes_core.store.backend import (
     StoreBackend,
 )
 from hermes_core.store.files import ensure_private_dir
+from hermes_core.store.jsonl import JsonlBackend
 from hermes_core.store.mirror import MirrorWriter, load_mirror, read_mirror
 from hermes_core.store.replay import ReplayReport, replay_backlog, session_row_from_entry
 from hermes_core.store.writer import StoreWriter
@@ -242,8 +243,6 @@ class StoreBase:
         return v1, resolve_for_config(source, config, plugins, schema="v2").key
 
     def _degrade(self, reason: str) -> StoreBackend:
-        from hermes_plugins.jsonl_store import JsonlBackend
-
         logger.warning("%s%s", DEGRADED_WARNING, reason)
         self._degraded_reason = reason
         self._sql = None

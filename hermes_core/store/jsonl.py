@@ -1,8 +1,8 @@
-"""The degraded JSONL store backend (SPEC §3.5.4).
+"""The degraded JSONL store backend, the core's own fallback (SPEC §3.5.4).
 
-Not a plugin and not selected by a ``storage.url`` scheme: ``SessionStore`` constructs
-:class:`JsonlBackend` directly when the SQLite store cannot be used, so new messages are still
-stored and can be replayed into SQL later (:mod:`hermes_core.store.replay`).
+Not a plugin and not selected by a ``storage.url`` scheme: ``SessionStore`` opens
+:class:`JsonlBackend` itself when a local store (``StoreSpec.local``) cannot be used, so new
+messages are still stored and can be replayed into SQL later (:mod:`hermes_core.store.replay`).
 
 Routing lives in ``<sessions_dir>/sessions.json``, loaded at construction and rewritten
 atomically before every routing write returns (tier D); writes that only move ``updated_at``
