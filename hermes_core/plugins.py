@@ -506,6 +506,10 @@ class HermesPluginManager(pluggy.PluginManager):
         self._raise_for("stores")
         return {scheme: spec for _, spec in self._offers().stores for scheme in spec.schemes}
 
+    def store_plugin(self, spec: StoreSpec) -> str:
+        """The name of the plugin that registered ``spec`` (one of :meth:`stores`)."""
+        return next(name for name, offered in self._offers().stores if offered is spec)
+
     def recovery_steps(self, phase: str = "startup") -> list[RecoveryStep]:
         """Recovery steps of ``phase`` in run order (ascending order, ties by name)."""
         self._raise_for("recovery_steps")
