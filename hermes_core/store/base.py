@@ -317,8 +317,8 @@ class StoreBase:
         leave degraded mode (housekeeping calls this). True when SQL is in use afterwards."""
         if not self.degraded:
             return True
-        spec = self._spec()
         try:
+            spec = self._spec()
             bound = self._bind(spec, spec.open(self.config.storage_url, self.config))
         except StoreError as exc:
             logger.debug("the SQL store is still unavailable: %s", exc)
