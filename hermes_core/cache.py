@@ -29,7 +29,7 @@ from typing import Generic, Literal, TypeVar
 
 from hermes_core.config import AgentCacheConfig, GatewayConfig
 from hermes_core.errors import HermesError
-from hermes_core.eviction import builtin_policy, plan_evictions
+from hermes_core.eviction import LRU_POLICY, plan_evictions
 from hermes_core.memory import malloc_trim, resolve_memory_budget
 from hermes_core.memory import memory_signal as process_memory_signal
 from hermes_core.specs import EvictionCandidate, EvictionPolicy, EvictionReason, LifecycleEvent
@@ -115,7 +115,7 @@ class AgentCache(Generic[A]):
         )
         self._soft_release = soft_release
         self._full_cleanup = full_cleanup
-        self.policy = policy or builtin_policy()
+        self.policy = policy or LRU_POLICY
         self._memory_signal = memory_signal
         self._clock = clock
         self._notify = notify

@@ -563,12 +563,6 @@ class GatewayConfig(_SharedSection):
         return self.gateway.sessions_dir or self.hermes_home / "sessions"
 
     @property
-    def write_sessions_json(self) -> bool:
-        """``gateway.write_sessions_json``, default true exactly when the URL scheme is SQLite."""
-        explicit = self.gateway.write_sessions_json
-        return self.storage_url.lower().startswith("sqlite") if explicit is None else explicit
-
-    @property
     def pii_hmac_key_file(self) -> Path:
         """``privacy.pii_hmac_key_file``, default ``<hermes_home>/pii_hmac.key``."""
         return self.privacy.pii_hmac_key_file or self.hermes_home / "pii_hmac.key"

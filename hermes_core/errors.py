@@ -48,6 +48,11 @@ class PlatformConflictError(PluginConflictError):
     """Two plugins registered the same platform name."""
 
 
+class StoreContractError(PluginError):
+    """A storage backend lacks a method of the required contract or of a capability its
+    ``StoreSpec`` declares; the message names the plugin and the methods."""
+
+
 class GatewayLockedError(HermesError):
     """Another process holds the lock this one needs: a gateway's state directory, or the one
     writer's lock on a database. The message names the holder where it is known."""

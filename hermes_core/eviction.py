@@ -1,8 +1,9 @@
 """Running an eviction policy under the cache's invariants (SPEC §11.2, §13.4).
 
-The policy (a plugin's, or the built-in LRU planner of ``hermes_plugins.eviction``) only plans:
-whatever it returns, the cache releases offered candidates only, each once, at most ``limit`` of
-them. A policy that raises costs one pass its plan, not the pass: the built-in planner runs instead.
+The policy (a plugin's, or the built-in LRU planner :data:`LRU_POLICY` that the ``eviction``
+plugin offers) only plans: whatever it returns, the cache releases offered candidates only, each
+once, at most ``limit`` of them. A policy that raises costs one pass its plan, not the pass: the
+built-in planner runs instead.
 """
 
 from __future__ import annotations
@@ -12,16 +13,21 @@ from collections.abc import Sequence
 
 from hermes_core.specs import EvictionCandidate, EvictionPolicy, EvictionReason
 
-__all__ = ["builtin_policy", "plan_evictions"]
+__all__ = ["LRU_POLICY", "lru_plan", "plan_evictions"]
 
 logger = logging.getLogger(__name__)
 
 
-def builtin_policy() -> EvictionPolicy:
-    """The built-in LRU planner (imported late: the built-in plugin imports ``hermes_core``)."""
-    from hermes_plugins.eviction import LRU_POLICY
+def lru_plan(
+    candidates: Sequence[EvictionCandidate], reason: EvictionReason, limit: int
+) -> list[str]:
+    """The candidates' keys in the order given (least recently used first), cut to ``limit``."""
+    return [candidate.session_key for candidate in candidates[: max(limit, 0)]]
 
-    return LRU_POLICY
+
+LRU_POLICY = EvictionPolicy(name="lru", plan=lru_plan)
+"""The built-in policy: the agent cache uses it when no other is configured, and for a pass in
+which a replacement policy raised."""
 
 
 def plan_evictions(
@@ -43,7 +49,7 @@ def plan_evictions(
             "eviction policy %r failed on a %s pass; the built-in planner plans this pass",
             policy.name, reason,
         )  # fmt: skip
-        planned = list(builtin_policy().plan(candidates, reason, limit))
+        planned = lru_plan(candidates, reason, limit)
     offered = {candidate.session_key for candidate in candidates}
     plan: list[str] = []
     for key in planned:

@@ -25,7 +25,7 @@ from hermes_core.errors import StoreError
 from hermes_core.specs import LifecycleEvent
 
 if TYPE_CHECKING:  # the store imports this module; annotations only
-    from hermes_core.store.backend import Obligation, SqlMaintenance
+    from hermes_core.store.backend import LedgerRows, Obligation
 
 logger = logging.getLogger(__name__)
 
@@ -96,7 +96,7 @@ class DeliveryLedger:
 
     def __init__(
         self,
-        rows: SqlMaintenance,
+        rows: LedgerRows,
         settings: DeliveryLedgerConfig,
         notify: Callable[[LifecycleEvent], None] | None = None,
         *,

@@ -14,7 +14,7 @@ import logging
 import os
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
-from importlib.metadata import entry_points
+from importlib.metadata import PackageNotFoundError, entry_points, version
 from typing import Any, Literal
 
 import pluggy
@@ -37,6 +37,7 @@ from hermes_core.specs import (
     StoreSpec,
 )
 from hermes_hookspecs import PROJECT_NAME, SPEC_MODULES
+from hermes_plugins import BUILTIN_PLUGINS, ESSENTIAL_PLUGINS
 
 logger = logging.getLogger(__name__)
 
@@ -505,6 +506,10 @@ class HermesPluginManager(pluggy.PluginManager):
         self._raise_for("stores")
         return {scheme: spec for _, spec in self._offers().stores for scheme in spec.schemes}
 
+    def store_plugin(self, spec: StoreSpec) -> str:
+        """The name of the plugin that registered ``spec`` (one of :meth:`stores`)."""
+        return next(name for name, offered in self._offers().stores if offered is spec)
+
     def recovery_steps(self, phase: str = "startup") -> list[RecoveryStep]:
         """Recovery steps of ``phase`` in run order (ascending order, ties by name)."""
         self._raise_for("recovery_steps")
@@ -601,8 +606,6 @@ def create_plugin_manager(
     plugins are not raised: :meth:`HermesPluginManager.list_plugins` shows them, and each typed
     getter still raises for its own concern.
     """
-    from hermes_plugins import BUILTIN_PLUGINS, ESSENTIAL_PLUGINS
-
     config = config if config is not None else GatewayConfig.load()
     manager = HermesPluginManager(config, strict=strict)
     disabled = set(config.plugins.disable)
@@ -648,11 +651,13 @@ def _would_provide(config: GatewayConfig, name: str, module_path: str) -> Provid
     return alone._offers().of(name)
 
 
+@functools.cache
 def _own_version() -> str | None:
     """The installed version of hermes-sessions (None when running from an uninstalled tree)."""
-    from hermes_core import __version__
-
-    return __version__
+    try:
+        return version(DISTRIBUTION)
+    except PackageNotFoundError:
+        return None
 
 
 def default_plugin_manager(config: GatewayConfig | None = None) -> HermesPluginManager:

@@ -64,8 +64,27 @@ class PlatformSpec(BaseModel):
         return self.label or self.name.title()
 
 
+StoreCapability = Literal[
+    "search", "transcript_edits", "pruning", "ledger", "queue", "restart_counts", "maintenance"
+]
+"""An optional part of the storage contract (``hermes_core.store.backend`` has one protocol per
+capability): full-text search; transcript rewrites and soft deletes; pruning idle routing entries;
+the delivery ledger; durable queues with dead letters and redelivery records; restart counts kept
+in the store, tagged per instance (without it they live in ``$HERMES_HOME/restart_counts.json``);
+maintenance (``state_meta``, sessions.json and JSONL backlog imports, re-keying)."""
+
+STORE_CAPABILITIES: tuple[StoreCapability, ...] = (
+    "search", "transcript_edits", "pruning", "ledger", "queue", "restart_counts", "maintenance"
+)  # fmt: skip
+
+
 class StoreSpec(BaseModel):
-    """A storage backend serving the URL schemes it names."""
+    """A storage backend serving the URL schemes it names, and what it declares it offers.
+
+    The store checks the backend against this declaration when it opens it: a missing method of
+    the required ``StoreBackend`` protocol, or of a declared capability, is a ``PluginError``
+    naming the plugin; an undeclared capability turns its feature off (one warning each).
+    """
 
     model_config = _SPEC_CONFIG
 
@@ -78,8 +97,16 @@ class StoreSpec(BaseModel):
     open_read_only: Callable[[str, GatewayConfig], Any] | None = None
     """Opens the backend to read only: no writer lock, no schema changes, every write refused
     (``ReadOnlyStoreError``); None when the backend cannot be opened that way."""
+    capabilities: frozenset[StoreCapability] = frozenset()
+    """The optional parts of the contract the backend implements (see :data:`StoreCapability`)."""
+    atomic_batches: bool = False
+    """``transaction()`` rolls back every write inside it together, so the store's writer may
+    group several callers' steps into one commit; otherwise each step commits on its own."""
     single_instance: bool = True
     """True when the backend has no turn leases, so one gateway may use it at a time."""
+    local: bool = False
+    """The state is a file on this machine: the sessions.json mirror is written by default, and
+    when the backend cannot be opened the store falls back to the core's JSONL store."""
 
 
 @dataclass(frozen=True)

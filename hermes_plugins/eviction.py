@@ -1,26 +1,12 @@
-"""The built-in eviction policy: release the least recently used candidates first (SPEC §13.4).
+"""The built-in eviction plugin: offers the core's LRU planner (SPEC §13.4).
 
-A plugin offering its own policy through ``hermes_eviction_policy`` replaces this one; the agent
-cache also falls back to :func:`lru_plan` for a pass in which a replacement policy raised.
+A plugin offering its own policy through ``hermes_eviction_policy`` replaces this one.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
-from hermes_core import EvictionCandidate, EvictionPolicy, GatewayConfig, hookimpl
-from hermes_core.specs import EvictionReason
-
-
-def lru_plan(
-    candidates: Sequence[EvictionCandidate], reason: EvictionReason, limit: int
-) -> list[str]:
-    """The candidates' keys in the order given (least recently used first), cut to ``limit``."""
-    return [candidate.session_key for candidate in candidates[: max(limit, 0)]]
-
-
-LRU_POLICY = EvictionPolicy(name="lru", plan=lru_plan)
-"""The built-in policy, as the agent cache uses it when no other is configured."""
+from hermes_core import EvictionPolicy, GatewayConfig, hookimpl
+from hermes_core.eviction import LRU_POLICY
 
 
 @hookimpl

@@ -25,14 +25,15 @@ def hermes_register_stores(config: GatewayConfig) -> list[StoreSpec]:
     **Arguments:** ``config``, the gateway configuration.
 
     **Returns:** a list of ``StoreSpec``. A spec names the backend, the URL schemes it serves
-    (``sqlite``, ``postgresql+psycopg``, ...) and a factory that opens the backend for a URL. A
-    backend implements the whole persistence contract: routing rows with revisions and turn-marker
-    compare-and-swap, sessions and append-only transcripts with soft delete, search, the delivery
-    ledger, the durable queue, restart counters, turn leases (or ``single_instance=True``), the
-    durability tiers and an integrity check for ``doctor``. A backend with one writer per
-    database takes its writer lock in ``open`` (raising ``GatewayLockedError`` naming the holder
-    when another process has it) and may offer ``open_read_only``, which takes none and refuses
-    every write, for stores opened with ``read_only=True``.
+    (``sqlite``, ``postgresql+psycopg``, ...), a factory that opens the backend for a URL, and
+    what the backend declares: its ``capabilities`` (search, transcript edits, pruning, ledger,
+    durable queue, restart counts, maintenance), ``atomic_batches``, ``single_instance`` (no turn
+    leases) and ``local`` (a file on this machine: mirror by default, JSONL fallback). Every
+    backend implements ``hermes_core.store.StoreBackend``; each declared capability its protocol
+    in ``hermes_core.store``. A backend with one writer per database takes its writer lock in
+    ``open`` (raising ``GatewayLockedError`` naming the holder when another process has it) and
+    may offer ``open_read_only``, which takes none and refuses every write, for stores opened
+    with ``read_only=True``.
 
     **Failure policy:** a scheme claimed by two plugins is a ``PluginConflictError`` naming both and
     which to disable. Disabling the built-in ``sql_store`` while no other plugin serves the scheme
@@ -40,5 +41,7 @@ def hermes_register_stores(config: GatewayConfig) -> list[StoreSpec]:
     ``storage.url`` is a startup error naming it. An implementation that raises is logged with the
     plugin's name, its backends are unavailable and it is listed as ``failed``; with
     ``strict=True`` it is an error. A factory that raises when opening is the store's error: it is
-    never swallowed.
+    never swallowed. An opened backend lacking a method of ``StoreBackend`` or of a declared
+    capability is a ``StoreContractError`` naming the plugin; an undeclared capability turns its
+    feature off with one warning.
     """

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import sqlite3
 import subprocess
 import sys
 from pathlib import Path
@@ -198,8 +199,8 @@ def test_import_sessions_json_adds_missing_lanes(
     saved = tmp_path / "saved.json"
     saved.write_bytes(mirror.read_bytes())
     assert keys["bob"] in json.loads(saved.read_text())
-    with SessionStore.open(config_for(home)) as store:
-        store._backend.delete_routes([keys["bob"]])
+    with sqlite3.connect(home / "state.db") as conn:  # the lane's route is lost
+        conn.execute("DELETE FROM gateway_routing WHERE session_key = ?", (keys["bob"],))
     code, out, _ = run(capsys, "import-sessions-json", str(saved), "--state-dir", str(home))
     assert code == 0
     assert out == "imported 1 lane(s)\n"

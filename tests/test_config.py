@@ -120,7 +120,7 @@ def test_resolved_defaults_live_under_hermes_home(home: Path) -> None:
     assert cfg.storage_url.startswith("sqlite:////")  # an absolute SQLite path has four slashes
     assert cfg.sessions_dir == home / "sessions"
     assert cfg.pii_hmac_key_file == home / "pii_hmac.key"
-    assert cfg.write_sessions_json is True
+    assert cfg.gateway.write_sessions_json is None  # the backend decides (StoreSpec.local)
     assert cfg.agent.agent_cache.memory_budget_setting == "auto"
     assert cfg.connected_platforms() == ()
     assert cfg.source == "<dict>"
@@ -259,7 +259,7 @@ def test_file_resolved_values(full_config: GatewayConfig, tmp_path: Path) -> Non
     assert full_config.source == str(tmp_path / "config.yaml")
     assert full_config.storage_url == "postgresql+psycopg://db.example/hermes"
     assert full_config.sessions_dir == Path("/srv/sessions")
-    assert full_config.write_sessions_json is True  # explicit beats the PostgreSQL default
+    assert full_config.gateway.write_sessions_json is True
     assert full_config.pii_hmac_key_file == Path("/srv/key")
     assert full_config.connected_platforms() == ("telegram",)
     assert full_config.agent.agent_cache.memory_budget_setting == 2048.0
@@ -1234,28 +1234,6 @@ def test_storage_url_expansion(home: Path, given: str, expected: str) -> None:
     assert cfg.storage_url == want
 
 
-@pytest.mark.parametrize(
-    ("url", "explicit", "expected"),
-    [
-        (None, None, True),
-        ("sqlite:///x.db", None, True),
-        ("SQLite:///x.db", None, True),
-        ("sqlite+pysqlite:///x.db", None, True),
-        ("postgresql://db/h", None, False),
-        ("postgresql+psycopg://db/h", None, False),
-        ("postgresql://db/h", True, True),
-        ("sqlite:///x.db", False, False),
-    ],
-)
-def test_write_sessions_json_default_depends_on_scheme(
-    url: str | None, explicit: bool | None, expected: bool
-) -> None:
-    data: dict[str, Any] = {"gateway": {"write_sessions_json": explicit}}
-    if url is not None:
-        data["storage"] = {"url": url}
-    assert GatewayConfig.from_dict(data, environ={}).write_sessions_json is expected
-
-
 # --- session flags --------------------------------------------------------------------------------
 
 
@@ -1422,7 +1400,7 @@ def test_from_dict_returns_a_config_or_raises_config_error(
         return
     assert cfg.hermes_home == Path("/tmp/hermes-property")
     assert isinstance(cfg.storage_url, str)
-    assert isinstance(cfg.write_sessions_json, bool)
+    assert cfg.gateway.write_sessions_json in (None, True, False)
     budget = cfg.agent.agent_cache.memory_budget_setting
     assert budget in ("auto", None) or (isinstance(budget, float) and budget > 0)
     for name in cfg.platforms:

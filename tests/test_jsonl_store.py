@@ -21,8 +21,9 @@ from hermes_core.errors import (
 )
 from hermes_core.models import SessionEntry, SessionSource
 from hermes_core.store.backend import CounterDelta, SessionRow, StoreBackend
+from hermes_core.store.capabilities import PROTOCOLS, protocol_methods
+from hermes_core.store.jsonl import JsonlBackend
 from hermes_core.store.mirror import read_mirror, render_mirror
-from hermes_plugins.jsonl_store import JsonlBackend
 
 T0 = datetime(2026, 3, 1, 12, 0, 0, tzinfo=timezone.utc)
 KEY = "agent:main:telegram:dm:42"
@@ -74,11 +75,13 @@ def _mirror_bytes(sessions_dir: Path) -> bytes:
     return (sessions_dir / "sessions.json").read_bytes()
 
 
-def test_satisfies_the_backend_protocol(backend: JsonlBackend) -> None:
+def test_implements_the_required_protocol_and_no_capability(backend: JsonlBackend) -> None:
     typed: StoreBackend = backend
-    assert typed.name == "jsonl"
-    assert typed.durable_queue is False
-    assert typed.health() == {"backend": "jsonl", "fts": "unavailable"}
+    assert typed.health() == {}
+    assert all(callable(getattr(backend, name, None)) for name in protocol_methods(StoreBackend))
+    optional = {name for protocol in PROTOCOLS.values() for name in protocol_methods(protocol)}
+    assert [name for name in optional - set(protocol_methods(StoreBackend))
+            if hasattr(backend, name)] == []  # fmt: skip
 
 
 # -- routing ---------------------------------------------------------------------------------------
@@ -194,12 +197,6 @@ def test_begin_turn_with_failing_append_writes_no_marker(
     with pytest.raises(InvalidValueError):
         backend.begin_turn(_model(marked), None, ("../evil", {"role": "user", "content": "x"}))
     assert _mirror(sessions_dir) == {KEY: _entry()}
-
-
-def test_delete_routes_is_a_no_op(backend: JsonlBackend, sessions_dir: Path) -> None:
-    backend.put_route(_entry())
-    assert backend.delete_routes([KEY]) == 0
-    assert backend.get_route(KEY) == _entry()
 
 
 def test_failed_rewrite_raises_and_undoes_the_change(
@@ -379,7 +376,7 @@ def test_torn_and_invalid_lines_are_skipped_with_one_warning(
     path.write_bytes(
         f'{good}\nnot json\n{{"role": "alien"}}\n[1]\n\n{good}\n{{"role": "assis'.encode()
     )
-    with caplog.at_level(logging.WARNING, logger="hermes_plugins.jsonl_store"):
+    with caplog.at_level(logging.WARNING, logger="hermes_core.store.jsonl"):
         assert backend.load_messages(SID) == [json.loads(good)] * 2
         assert backend.load_messages(SID) == [json.loads(good)] * 2
     assert len(caplog.records) == 1
@@ -415,21 +412,6 @@ def test_imported_transcript_is_read_and_continued(
     assert backend.append_message(SID, {"role": "assistant", "content": "new"}) == 2
     assert not imported.exists()
     assert [m["content"] for m in backend.load_messages(SID)] == ["old", "new"]
-
-
-def test_edits_refused_and_nothing_changed(backend: JsonlBackend, sessions_dir: Path) -> None:
-    backend.append_message(SID, {"role": "user", "content": "keep"})
-    before = (sessions_dir / f"{SID}.jsonl").read_bytes()
-    with pytest.raises(TranscriptWriteError, match="not available while the SQL store"):
-        backend.rewrite_messages(SID, [{"role": "user", "content": "new"}])
-    with pytest.raises(TranscriptWriteError, match="not available while the SQL store"):
-        backend.soft_delete_messages(SID, [1])
-    assert (sessions_dir / f"{SID}.jsonl").read_bytes() == before
-
-
-def test_search_is_empty(backend: JsonlBackend) -> None:
-    backend.append_message(SID, {"role": "user", "content": "needle"})
-    assert backend.search("needle", session_id=None, session_key=None, limit=20) == []
 
 
 # -- restart ---------------------------------------------------------------------------------------

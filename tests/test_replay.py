@@ -14,6 +14,7 @@ import pytest
 
 from hermes_core.models import SessionEntry, SessionSource
 from hermes_core.store.backend import BacklogTarget, EntryDict, Message, SessionRow
+from hermes_core.store.jsonl import JsonlBackend
 from hermes_core.store.mirror import render_mirror
 from hermes_core.store.replay import (
     ParsedLines,
@@ -23,7 +24,6 @@ from hermes_core.store.replay import (
     replay_backlog,
     session_row_from_entry,
 )
-from hermes_plugins.jsonl_store import JsonlBackend
 
 T0 = datetime(2026, 3, 1, 12, 0, 0, tzinfo=timezone.utc)
 KEY = "agent:main:telegram:dm:42"

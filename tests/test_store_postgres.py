@@ -9,7 +9,8 @@ import pytest
 from conftest import POSTGRES_SKIP_REASON, POSTGRES_URL
 from hermes_core import GatewayConfig
 from hermes_core.store import SessionStore
-from hermes_core.testing import StoreContract, StoreFactory, fresh_plugin_manager
+from hermes_core.testing import fresh_plugin_manager
+from hermes_core.testing.store_contract import StoreContract, StoreFactory
 
 pytestmark = pytest.mark.skipif(not POSTGRES_URL, reason=POSTGRES_SKIP_REASON)
 

@@ -8,7 +8,8 @@ import pytest
 
 from hermes_core import GatewayConfig
 from hermes_core.store import SessionStore
-from hermes_core.testing import StoreContract, StoreFactory, fresh_plugin_manager
+from hermes_core.testing import fresh_plugin_manager
+from hermes_core.testing.store_contract import StoreContract, StoreFactory
 
 
 def open_sqlite_store(home: Path) -> SessionStore:

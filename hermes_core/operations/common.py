@@ -18,6 +18,7 @@ from hermes_core.config import GatewayConfig
 from hermes_core.errors import HermesError, InvalidValueError, StoreUnavailableError
 from hermes_core.models import SessionEntry
 from hermes_core.plugins import HermesPluginManager, create_plugin_manager
+from hermes_core.specs import StoreSpec
 from hermes_core.store import SessionStore
 from hermes_core.store.operator import OperatorBackend
 
@@ -109,21 +110,26 @@ def open_store(config: GatewayConfig, *, write: bool) -> SessionStore:
     return store
 
 
-def open_operator(
-    config: GatewayConfig, *, write: bool, plugins: HermesPluginManager | None = None
-) -> OperatorBackend:
-    """The SQL backend of ``config`` with its operator interface, opened directly (no routing
-    import, no key-schema check): for ``doctor`` and ``migrate``."""
-    plugins = plugins or create_plugin_manager(config)
+def store_spec(config: GatewayConfig, plugins: HermesPluginManager | None = None) -> StoreSpec:
+    """The storage backend that ``storage.url`` names."""
     url = config.storage_url
-    spec = plugins.stores().get(url.split("://", 1)[0])
+    spec = (plugins or create_plugin_manager(config)).stores().get(url.split("://", 1)[0])
     if spec is None:
         raise StoreUnavailableError(
             f"storage.url uses the scheme of {url!r}, which no loaded plugin provides; fix the "
             "URL or install the plugin for it."
         )
+    return spec
+
+
+def open_operator(
+    config: GatewayConfig, *, write: bool, plugins: HermesPluginManager | None = None
+) -> OperatorBackend:
+    """The SQL backend of ``config`` with its operator interface, opened directly (no routing
+    import, no key-schema check): for ``doctor`` and ``migrate``."""
+    spec = store_spec(config, plugins)
     opener = spec.open if write or spec.open_read_only is None else spec.open_read_only
-    backend = opener(url, config)
+    backend = opener(config.storage_url, config)
     if not hasattr(backend, "table_rows"):
         backend.close()
         raise StoreUnavailableError(

@@ -32,9 +32,9 @@ from hermes_core.instance import (
     RESTART_COUNTS_FILE,
     lock_holder,
 )
-from hermes_core.operations.common import open_operator, open_store, print_json
+from hermes_core.operations.common import open_operator, open_store, print_json, store_spec
 from hermes_core.redaction import load_hmac_key
-from hermes_core.store.mirror import load_mirror
+from hermes_core.store.mirror import load_mirror, writes_mirror
 from hermes_core.store.operator import OperatorBackend
 
 PROCEDURE = (
@@ -156,7 +156,7 @@ def _database_findings(backend: OperatorBackend) -> list[Finding]:
 
 def _mirror_finding(config: GatewayConfig, routes: dict[str, str], running: bool) -> Finding:
     path = config.sessions_dir / "sessions.json"
-    if not config.write_sessions_json:
+    if not writes_mirror(config, store_spec(config)):
         return Finding("mirror", "ok", "not written (gateway.write_sessions_json is off)")
     if not path.exists():
         if not routes:

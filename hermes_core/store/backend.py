@@ -232,15 +232,9 @@ class SearchHit:
 
 
 class StoreBackend(Protocol):
-    """What a storage backend provides. Errors are :class:`~hermes_core.store.StoreError`s."""
-
-    name: str
-    """``sqlite``, ``postgresql`` or ``jsonl``."""
-    durable_queue: bool
-    """Whether queued events persist (False for the degraded JSONL backend)."""
-    atomic_batches: bool
-    """Whether ``transaction()`` can roll back the writes inside it (else the store's writer
-    runs every step on its own)."""
+    """The required part of the storage contract: every backend implements all of it. Errors are
+    ``StoreError`` subclasses. What a backend offers beyond it is declared on its
+    ``StoreSpec.capabilities`` and implemented by the capability protocols below."""
 
     def close(self) -> None:
         """Flush and release connections and files."""
@@ -251,11 +245,13 @@ class StoreBackend(Protocol):
 
     def transaction(self) -> AbstractContextManager[object]:
         """One transaction around several write methods (the store's group commit): their
-        writes join it and commit together when it exits, or none of them if it raises
-        (with ``atomic_batches``; otherwise a null context)."""
+        writes join it and commit together when it exits, or none of them if it raises (with
+        ``StoreSpec.atomic_batches``; otherwise a null context)."""
 
     def health(self) -> dict[str, Any]:
-        """``backend``, ``fts`` (``ok``/``stale``/``unavailable``) and backend-specific details."""
+        """Backend-specific details for ``SessionStore.health()``: ``fts`` (``ok``/``stale``/
+        ``unavailable``) with the search capability; ``available`` and ``unavailable_reason``
+        when the backend can lose its connection."""
 
     # -- routing index ------------------------------------------------------------------------
 
@@ -288,9 +284,6 @@ class StoreBackend(Protocol):
         written), delete the queued event, append ``(session_id, message)``. False, with
         nothing written, when ``seen`` was recorded before (a redelivery); backends without a
         durable redelivery record always write."""
-
-    def delete_routes(self, session_keys: Sequence[str]) -> int:
-        """Remove routing rows (pruning); sessions and messages stay. Returns the count."""
 
     def routes_with_markers(self) -> list[EntryDict]:
         """Every entry whose turn marker is set."""
@@ -329,71 +322,41 @@ class StoreBackend(Protocol):
     def load_messages(self, session_id: str) -> list[dict[str, Any]]:
         """Active messages in insertion order (``[]`` for an unknown session)."""
 
-    def rewrite_messages(self, session_id: str, messages: Sequence[Message]) -> int:
-        """One transaction: deactivate the active messages, append ``messages``."""
 
-    def soft_delete_messages(self, session_id: str, message_ids: Sequence[int]) -> int:
-        """Set ``active=0`` on the given messages of the session; returns the count."""
+class SearchCapable(Protocol):
+    """Capability ``search``: full-text search over active messages (SPEC §3.5.5)."""
 
     def search(
         self, query: str, *, session_id: str | None, session_key: str | None, limit: int
     ) -> list[SearchHit]:
         """Full-text search over active messages, best rank first."""
 
-
-class BacklogTarget(Protocol):
-    """What the JSONL backlog replay needs from a SQL backend (SPEC §3.5.4)."""
-
-    def get_meta(self, name: str) -> str | None:
-        """A ``state_meta`` value, or None."""
-
-    def get_route(self, session_key: str) -> EntryDict | None:
-        """The stored entry of a key, or None."""
-
-    def put_route(self, entry: EntryDict, *, touch: bool = False) -> None:
-        """Insert or replace one routing row."""
-
-    def get_session(self, session_id: str) -> SessionRow | None:
-        """One session row, or None."""
-
-    def import_backlog(
-        self,
-        session_id: str,
-        messages: Sequence[Message],
-        offset: tuple[str, str],
-        create_row: SessionRow | None,
-    ) -> None:
-        """One transaction: insert ``create_row`` if given, append ``messages`` in order and set
-        ``state_meta[offset[0]] = offset[1]`` (the byte offset imported so far)."""
+    def rebuild_fts(self) -> bool:
+        """Rebuild the derived full-text index; False when full-text search is unavailable."""
 
 
-class SqlMaintenance(BacklogTarget, Protocol):
-    """Operations only the canonical SQL backend offers (the store skips them while degraded)."""
+class TranscriptEditing(Protocol):
+    """Capability ``transcript_edits``: transcript rewrites and soft deletes (never deletes)."""
 
-    def set_meta(self, name: str, value: str) -> None:
-        """Set one ``state_meta`` value (one transaction)."""
+    def rewrite_messages(self, session_id: str, messages: Sequence[Message]) -> int:
+        """One transaction: deactivate the active messages, append ``messages``."""
 
-    def stored_keys(self) -> StoredKeys:
-        """Every stored session key and what it belongs to, from one read (for re-keying)."""
+    def soft_delete_messages(self, session_id: str, message_ids: Sequence[int]) -> int:
+        """Set ``active=0`` on the given messages of the session; returns the count."""
 
-    def move_keys(self, moves: KeyMoves) -> None:
-        """One transaction: apply one batch of a re-key (see :class:`KeyMoves`)."""
 
-    def has_routes(self) -> bool:
-        """Whether the routing table has any row (cheap: reads at most one)."""
-
-    def import_routes(
-        self, entries: Sequence[tuple[EntryDict, SessionRow]], marker: tuple[str, str]
-    ) -> int:
-        """One transaction: insert the entries whose key is missing, each with its session row
-        unless a row of that id exists (a parent that does not exist is left out), and set
-        ``state_meta[marker]``. Returns the number of entries inserted."""
+class Pruning(Protocol):
+    """Capability ``pruning``: removing idle routing entries (SPEC §3.4)."""
 
     def prune_candidates(self, cutoff: float) -> list[str]:
         """Keys idle since before ``cutoff`` (epoch seconds), not suspended, without a marker."""
 
-    def rebuild_fts(self) -> bool:
-        """Rebuild the derived full-text index; False when full-text search is unavailable."""
+    def delete_routes(self, session_keys: Sequence[str]) -> int:
+        """Remove routing rows (pruning); sessions and messages stay. Returns the count."""
+
+
+class LedgerRows(Protocol):
+    """Capability ``ledger``: the delivery ledger's rows (SPEC §7.5)."""
 
     def add_obligation(
         self,
@@ -420,6 +383,15 @@ class SqlMaintenance(BacklogTarget, Protocol):
     def delete_obligation(self, obligation_id: str) -> None:
         """Remove one ledger row (a delivered reply)."""
 
+    def prune_obligations(self, terminal_before: float, max_rows: int) -> int:
+        """Drop terminal rows last updated before ``terminal_before``, then the oldest terminal
+        rows beyond ``max_rows``; returns how many went."""
+
+
+class DurableQueue(Protocol):
+    """Capability ``queue``: durable per-lane queues of events, dead letters and redelivery
+    records (SPEC §8.7)."""
+
     def add_queued(
         self, session_key: str, internal: bool, bound: str | None, event: str,
         seen: str | None = None,
@@ -445,6 +417,11 @@ class SqlMaintenance(BacklogTarget, Protocol):
         """Every queued event (dead letters excluded) as (id, session key, event JSON), in queue
         order."""
 
+
+class RestartCountRows(Protocol):
+    """Capability ``restart_counts``: stuck-loop counts kept in the store, tagged with the
+    instance that struck the lane, so instances sharing the store keep their own (SPEC §7.7)."""
+
     def restart_counts(self, owner: str) -> dict[str, int]:
         """The stuck-loop counts of the lanes instance ``owner`` struck last."""
 
@@ -454,6 +431,52 @@ class SqlMaintenance(BacklogTarget, Protocol):
     def remove_restart_count(self, session_key: str) -> None:
         """Forget a lane's count (a successful turn, a reset, a suspension replacement)."""
 
-    def prune_obligations(self, terminal_before: float, max_rows: int) -> int:
-        """Drop terminal rows last updated before ``terminal_before``, then the oldest terminal
-        rows beyond ``max_rows``; returns how many went."""
+
+class BacklogTarget(Protocol):
+    """What the JSONL backlog replay needs from the canonical store (SPEC §3.5.4)."""
+
+    def get_meta(self, name: str) -> str | None:
+        """A ``state_meta`` value, or None."""
+
+    def get_route(self, session_key: str) -> EntryDict | None:
+        """The stored entry of a key, or None."""
+
+    def put_route(self, entry: EntryDict, *, touch: bool = False) -> None:
+        """Insert or replace one routing row."""
+
+    def get_session(self, session_id: str) -> SessionRow | None:
+        """One session row, or None."""
+
+    def import_backlog(
+        self,
+        session_id: str,
+        messages: Sequence[Message],
+        offset: tuple[str, str],
+        create_row: SessionRow | None,
+    ) -> None:
+        """One transaction: insert ``create_row`` if given, append ``messages`` in order and set
+        ``state_meta[offset[0]] = offset[1]`` (the byte offset imported so far)."""
+
+
+class Maintenance(BacklogTarget, Protocol):
+    """Capability ``maintenance``: ``state_meta`` values, the sessions.json and JSONL backlog
+    imports and re-keying (the key schema is recorded only in a store that offers it)."""
+
+    def set_meta(self, name: str, value: str) -> None:
+        """Set one ``state_meta`` value (one transaction)."""
+
+    def stored_keys(self) -> StoredKeys:
+        """Every stored session key and what it belongs to, from one read (for re-keying)."""
+
+    def move_keys(self, moves: KeyMoves) -> None:
+        """One transaction: apply one batch of a re-key (see :class:`KeyMoves`)."""
+
+    def has_routes(self) -> bool:
+        """Whether the routing table has any row (cheap: reads at most one)."""
+
+    def import_routes(
+        self, entries: Sequence[tuple[EntryDict, SessionRow]], marker: tuple[str, str]
+    ) -> int:
+        """One transaction: insert the entries whose key is missing, each with its session row
+        unless a row of that id exists (a parent that does not exist is left out), and set
+        ``state_meta[marker]``. Returns the number of entries inserted."""

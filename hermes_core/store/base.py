@@ -30,13 +30,12 @@ from hermes_core.errors import (
 from hermes_core.keys import KeySchema, resolve_for_config
 from hermes_core.models import SessionEntry, SessionSource
 from hermes_core.plugins import HermesPluginManager, default_plugin_manager
-from hermes_core.specs import LifecycleEvent, LifecycleKind
-from hermes_core.store.backend import (
-    SqlMaintenance,
-    StoreBackend,
-)
+from hermes_core.specs import LifecycleEvent, LifecycleKind, StoreCapability, StoreSpec
+from hermes_core.store.backend import Maintenance, StoreBackend
+from hermes_core.store.capabilities import WITHOUT, BoundBackend, bind_backend
 from hermes_core.store.files import ensure_private_dir
-from hermes_core.store.mirror import MirrorWriter, load_mirror, read_mirror
+from hermes_core.store.jsonl import JsonlBackend
+from hermes_core.store.mirror import MirrorWriter, load_mirror, read_mirror, writes_mirror
 from hermes_core.store.replay import ReplayReport, replay_backlog, session_row_from_entry
 from hermes_core.store.writer import StoreWriter
 from hermes_core.text import clean_text
@@ -118,23 +117,24 @@ class StoreBase:
         self._unloadable_warned: set[str] = set()
         self._degraded_reason: str | None = None
         self._closed = False
-        self._sql: SqlMaintenance | None = None
-        self._backend: StoreBackend = self._open_backend()
+        self._bound: BoundBackend = self._open_backend()
+        self._backend: StoreBackend = self._bound.backend
         self.key_schema: KeySchema = config.keys.key_schema
         """The schema of this store's session keys (``keys.schema``, checked against the
-        store's record while SQL is in use)."""
-        if self._sql is not None:
+        store's record where the backend keeps one: the ``maintenance`` capability)."""
+        meta = self._bound.maintenance
+        if meta is not None:
             try:
-                self.key_schema = self._key_schema_of(self._backend, rekeying=rekeying)
+                self.key_schema = self._key_schema_of(self._backend, meta, rekeying=rekeying)
             except BaseException:
                 self._backend.close()
                 raise
         self._writer = StoreWriter(
-            self._transaction, self._drop_cache, atomic=lambda: self._backend.atomic_batches,
+            self._transaction, self._drop_cache, atomic=lambda: self._bound.spec.atomic_batches,
             read_only=read_only,
         )  # fmt: skip
-        if self._sql is not None and not read_only:
-            self._import_mirror_once(self._sql)
+        if meta is not None and not read_only:
+            self._import_mirror_once(meta)
 
     def _transaction(self) -> AbstractContextManager[object]:
         return self._backend.transaction()
@@ -146,13 +146,9 @@ class StoreBase:
 
     # -- backend selection and degraded mode -------------------------------------------------------
 
-    def _open_backend(self) -> StoreBackend:
-        """The backend for ``storage.url``; SQLite that cannot be used falls back to JSONL
-        (unless read-only: there is nothing to fall back for). A database whose writer lock
-        another process holds is never a reason to fall back: that raises
-        ``GatewayLockedError``."""
-        url = self.config.storage_url
-        scheme = url.split("://", 1)[0]
+    def _spec(self) -> StoreSpec:
+        """The storage backend registered for the scheme of ``storage.url``."""
+        scheme = self.config.storage_url.split("://", 1)[0]
         stores = self.plugins.stores()
         spec = stores.get(scheme)
         if spec is None:
@@ -161,6 +157,23 @@ class StoreBase:
                 f"storage.url uses the scheme {scheme!r}, which no loaded plugin provides "
                 f"(known: {known}); fix storage.url or install the plugin for it."
             )
+        return spec
+
+    def _bind(self, spec: StoreSpec, backend: object) -> BoundBackend:
+        """``backend`` checked against ``spec`` (closed if it fails the check)."""
+        try:
+            return bind_backend(spec, backend, self.plugins.store_plugin(spec))
+        except BaseException:
+            getattr(backend, "close", lambda: None)()
+            raise
+
+    def _open_backend(self) -> BoundBackend:
+        """The backend for ``storage.url``; a local store (``StoreSpec.local``) that cannot be
+        used falls back to JSONL (unless read-only: there is nothing to fall back for). A
+        database whose writer lock another process holds is never a reason to fall back: that
+        raises ``GatewayLockedError``."""
+        url = self.config.storage_url
+        spec = self._spec()
         opener = spec.open
         if self.read_only:
             if spec.open_read_only is None:
@@ -169,21 +182,21 @@ class StoreBase:
                 )
             opener = spec.open_read_only
         try:
-            backend: StoreBackend = opener(url, self.config)
+            backend = opener(url, self.config)
         except SchemaVersionError:
             raise
         except StoreError as exc:
-            if self.read_only or not scheme.startswith("sqlite"):
-                raise  # a PostgreSQL store never falls back to local files
+            if self.read_only or not spec.local:
+                raise  # a shared store (PostgreSQL) never falls back to local files
             return self._degrade(str(exc))
-        self._sql = backend  # type: ignore[assignment]  # SQL backends provide maintenance too
-        return backend
+        return self._bind(spec, backend)
 
-    def _key_schema_of(self, backend: StoreBackend, *, rekeying: bool) -> KeySchema:
-        """The key schema recorded in ``backend``, recorded first for a store that has none
-        (see :meth:`_unrecorded_schema`). Unless ``rekeying``, it must be ``keys.schema``:
-        :class:`KeySchemaError` otherwise."""
-        sql: SqlMaintenance = backend  # type: ignore[assignment]  # the SQL backend
+    def _key_schema_of(
+        self, backend: StoreBackend, sql: Maintenance, *, rekeying: bool
+    ) -> KeySchema:
+        """The key schema recorded in ``backend`` (``sql`` is its maintenance capability),
+        recorded first for a store that has none (see :meth:`_unrecorded_schema`). Unless
+        ``rekeying``, it must be ``keys.schema``: :class:`KeySchemaError` otherwise."""
         wanted = self.config.keys.key_schema
         recorded = sql.get_meta(KEY_SCHEMA_META)
         if recorded is None:
@@ -215,7 +228,7 @@ class StoreBase:
             )
         return wanted
 
-    def _unrecorded_schema(self, backend: StoreBackend, sql: SqlMaintenance) -> KeySchema:
+    def _unrecorded_schema(self, backend: StoreBackend, sql: Maintenance) -> KeySchema:
         """The schema of a store written before schemas were recorded: the one its routing
         entries (or the sessions.json it is about to import) are keyed in, told by comparing
         each key with its origin's keys; v1 when only session rows exist (they predate v2);
@@ -241,12 +254,17 @@ class StoreBase:
         v1 = resolve_for_config(source, config, plugins, schema="v1").key
         return v1, resolve_for_config(source, config, plugins, schema="v2").key
 
-    def _degrade(self, reason: str) -> StoreBackend:
-        from hermes_plugins.jsonl_store import JsonlBackend
-
+    def _degrade(self, reason: str) -> BoundBackend:
+        """The core's JSONL fallback (one warning, which covers what it does not offer)."""
         logger.warning("%s%s", DEGRADED_WARNING, reason)
         self._degraded_reason = reason
-        self._sql = None
+        spec = StoreSpec(
+            name="jsonl", schemes=("jsonl",), open=self._open_jsonl,
+            local=True,
+        )  # fmt: skip
+        return bind_backend(spec, spec.open("", self.config), "hermes_core", warn=False)
+
+    def _open_jsonl(self, url: str, config: GatewayConfig) -> JsonlBackend:
         return JsonlBackend(self.sessions_dir, self.plugins)
 
     def _enter_degraded(self, error: CorruptDatabaseError) -> None:
@@ -263,7 +281,10 @@ class StoreBase:
             self._backend.close()
         except StoreError:
             logger.debug("closing the corrupt store failed", exc_info=True)
-        self._backend = self._degrade(str(error))
+        self._use(self._degrade(str(error)))
+
+    def _use(self, bound: BoundBackend) -> None:
+        self._bound, self._backend = bound, bound.backend
 
     @contextmanager
     def _canonical(self) -> Iterator[None]:
@@ -271,7 +292,7 @@ class StoreBase:
         try:
             yield
         except CorruptDatabaseError as exc:
-            if self._sql is not None:
+            if not self.degraded and self._bound.spec.local:
                 self._enter_degraded(exc)
             raise
 
@@ -279,10 +300,11 @@ class StoreBase:
     def replay_backlog(self) -> ReplayReport | None:
         """Import the JSONL backlog into SQL exactly once (step ``jsonl_backlog_replay``);
         None while degraded (nothing to import into)."""
-        if self._sql is None:
+        meta = self._bound.maintenance
+        if meta is None:
             return None
         with self._canonical():
-            report = replay_backlog(self.sessions_dir, self._sql, self.plugins)
+            report = replay_backlog(self.sessions_dir, meta, self.plugins)
         if report.routes_inserted or report.routes_updated:
             with self._map_lock:
                 self._entries.clear()  # replayed routes replace what the cache knew
@@ -293,37 +315,50 @@ class StoreBase:
     def try_leave_degraded(self) -> bool:
         """While degraded, try the SQL store again; on success replay the backlog into it and
         leave degraded mode (housekeeping calls this). True when SQL is in use afterwards."""
-        if self._sql is not None:
+        if not self.degraded:
             return True
-        spec = self.plugins.stores().get(self.config.storage_url.split("://", 1)[0])
-        if spec is None:
-            return False
         try:
-            backend: StoreBackend = spec.open(self.config.storage_url, self.config)
+            spec = self._spec()
+            bound = self._bind(spec, spec.open(self.config.storage_url, self.config))
         except StoreError as exc:
             logger.debug("the SQL store is still unavailable: %s", exc)
             return False
         try:
-            self._key_schema_of(backend, rekeying=False)
+            if bound.maintenance is not None:
+                self._key_schema_of(bound.backend, bound.maintenance, rekeying=False)
         except StoreError as exc:
-            backend.close()
+            bound.backend.close()
             logger.error("the SQL store is available again but cannot be used: %s", exc)
             return False
-        self._writer.run(self._switch_to, backend)  # no lane operation runs during the switch
+        self._writer.run(self._switch_to, bound)  # no lane operation runs during the switch
         logger.warning("the SQL session store is available again; replaying the JSONL backlog")
         self.replay_backlog()
         return True
 
-    def _switch_to(self, backend: StoreBackend) -> None:
+    def _switch_to(self, bound: BoundBackend) -> None:
         self._backend.close()
-        self._backend, self._sql = backend, backend  # type: ignore[assignment]
+        self._use(bound)
         self._degraded_reason = None
         self._drop_cache()
 
     @property
     def degraded(self) -> bool:
         """True while the store runs on the JSONL fallback."""
-        return self._sql is None
+        return self._degraded_reason is not None
+
+    def _without(self, capability: StoreCapability, what: str) -> str:
+        """The sentence saying that ``what`` needs ``capability`` and what to do about it."""
+        if self.degraded:
+            return (
+                f"{what} is not available while the SQL store is unavailable (degraded JSONL "
+                "mode); nothing was changed. Repair or restore the database (see "
+                "'hermes-sessions doctor') and retry."
+            )
+        return (
+            f"{what} needs a storage backend offering {capability!r}, and "
+            f"{self._bound.spec.name!r} does not ({WITHOUT[capability]}); nothing was changed. "
+            "Choose a storage.url whose backend offers it."
+        )
 
     # -- entry cache -------------------------------------------------------------------------------
 
@@ -418,7 +453,7 @@ class StoreBase:
 
     # -- sessions.json mirror (SPEC §3.5.3) --------------------------------------------------------
 
-    def _import_mirror_once(self, sql: SqlMaintenance) -> None:
+    def _import_mirror_once(self, sql: Maintenance) -> None:
         """Import an existing gateway's sessions.json into an empty routing table, once."""
         with self._canonical():
             if sql.get_meta(MIRROR_IMPORTED) is not None or sql.has_routes():
@@ -429,10 +464,9 @@ class StoreBase:
     @exclusive
     def import_sessions_json(self, path: str | Path) -> int:
         """Import the entries of a sessions.json whose keys the routing table lacks."""
-        if self._sql is None:
-            raise StoreUnavailableError(
-                "sessions.json can only be imported into the SQL store; it is unavailable now."
-            )
+        meta = self._bound.maintenance
+        if meta is None:
+            raise StoreUnavailableError(self._without("maintenance", "Importing sessions.json"))
         entries = [
             (
                 entry.to_dict(),
@@ -441,7 +475,7 @@ class StoreBase:
             for entry in read_mirror(Path(path), self.plugins).values()
         ]
         with self._canonical():
-            imported = self._sql.import_routes(entries, (MIRROR_IMPORTED, str(time.time())))
+            imported = meta.import_routes(entries, (MIRROR_IMPORTED, str(time.time())))
         if imported:
             self._routing_changed()
             self.flush_mirror(force=True)
@@ -452,7 +486,7 @@ class StoreBase:
 
         Never on the per-message path: housekeeping, ``close`` and bulk changes call it.
         """
-        if self._sql is None or not self.config.write_sessions_json or self.read_only:
+        if self.degraded or not writes_mirror(self.config, self._bound.spec) or self.read_only:
             return False
         with self._map_lock:
             revision = self._routing_revision
@@ -483,19 +517,21 @@ class StoreBase:
     def health(self) -> dict[str, Any]:
         """Backend, whether writes can be stored now (``available``, false while the database
         connection is lost, with ``unavailable_reason``), read-only mode, degraded state, search
-        index, ledger and queue persistence."""
+        index, ledger and queue persistence, and which capabilities the backend offers."""
         backend = self._backend.health()
-        ledger_on = self.config.gateway.delivery_ledger.enabled
+        ledger = "enabled" if self.config.gateway.delivery_ledger.enabled else "disabled"
+        bound = self._bound
         return {
-            "backend": backend["backend"],
+            "backend": bound.spec.name,
             "available": backend.get("available", True),
             "unavailable_reason": backend.get("unavailable_reason"),
             "read_only": self.read_only,
             "degraded": self.degraded,
             "degraded_reason": self._degraded_reason,
-            "fts": backend["fts"],
-            "ledger": "unavailable" if self.degraded else ("enabled" if ledger_on else "disabled"),
-            "queue_persistent": self._backend.durable_queue,
+            "fts": backend.get("fts", "unavailable") if bound.search else "unavailable",
+            "ledger": "unavailable" if bound.ledger is None else ledger,
+            "queue_persistent": bound.queue is not None,
+            "capabilities": bound.offers(),
         }
 
     def run(self, function: Callable[..., _T], *args: Any) -> _T:
@@ -533,7 +569,6 @@ class StoreBase:
         self._closed = True
         try:
             self._writer.close()
-            if self._sql is not None:
-                self.flush_mirror(force=True)
+            self.flush_mirror(force=True)
         finally:
             self._backend.close()

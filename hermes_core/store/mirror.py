@@ -16,8 +16,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from hermes_core.config import GatewayConfig
 from hermes_core.errors import InvalidValueError, StoreError, UnknownPlatformError
 from hermes_core.models import SessionEntry
+from hermes_core.specs import StoreSpec
 from hermes_core.store.files import atomic_write
 
 if TYPE_CHECKING:
@@ -178,3 +180,10 @@ def load_mirror(path: Path, plugins: HermesPluginManager | None = None) -> Mirro
 def read_mirror(path: Path, plugins: HermesPluginManager | None = None) -> dict[str, SessionEntry]:
     """The loadable entries of a mirror file by session key (see :func:`load_mirror`)."""
     return load_mirror(path, plugins).entries
+
+
+def writes_mirror(config: GatewayConfig, spec: StoreSpec) -> bool:
+    """Whether ``sessions.json`` is kept: ``gateway.write_sessions_json``, by default for a
+    local store (``StoreSpec.local``) only."""
+    explicit = config.gateway.write_sessions_json
+    return spec.local if explicit is None else explicit

@@ -262,12 +262,9 @@ class RekeyStore(TurnRecoveryStore):
         return self._rekey(False, batch_size)
 
     def _rekey(self, dry_run: bool, batch_size: int) -> RekeyReport:
-        sql = self._sql
+        sql = self._bound.maintenance
         if sql is None:
-            raise StoreUnavailableError(
-                "re-keying needs the SQL store, which is unavailable now (degraded JSONL mode); "
-                "repair it first (see 'hermes-sessions doctor')."
-            )
+            raise StoreUnavailableError(self._without("maintenance", "Re-keying"))
         before = sql.get_meta(KEY_SCHEMA_META) or self.key_schema
         if before == "v2":
             return RekeyReport(dry_run=dry_run, schema_before=before)

@@ -10,7 +10,7 @@ lacks is inserted, otherwise the newer entry by ``(created_at, updated_at)`` win
 ties. Without a backlog the mirror is only a copy of SQL and is never read back (a hand edit or
 an old mirror must not bring back pruned lanes or overwrite newer routes).
 
-This module also owns the transcript line format, shared with ``hermes_plugins.jsonl_store``.
+This module also owns the transcript line format, shared with :mod:`hermes_core.store.jsonl`.
 """
 
 from __future__ import annotations

@@ -519,14 +519,15 @@ class SessionStore(RekeyStore, TranscriptStore):
     @exclusive
     def prune_old_entries(self, max_age_days: float | None) -> int:
         """Remove routing entries idle for ``max_age_days`` (sessions and messages stay)."""
-        if max_age_days is None or max_age_days <= 0 or self._sql is None:
+        pruning = self._bound.pruning
+        if max_age_days is None or max_age_days <= 0 or pruning is None:
             return 0
         cutoff = time.time() - max_age_days * 86_400
         with self._canonical():
-            candidates = self._sql.prune_candidates(cutoff)
+            candidates = pruning.prune_candidates(cutoff)
         keys = [key for key in candidates if not self._has_active_process(key)]
         with self._canonical():
-            removed = self._backend.delete_routes(keys)
+            removed = pruning.delete_routes(keys)
         for key in keys:
             self._forget(key)
         if removed:

@@ -78,9 +78,12 @@ class TranscriptStore(StoreBase):
                 f"a turn is running on {owner.session_key}; rewrite the transcript after it "
                 "ends, or pass force=True"
             )
+        edits = self._bound.edits
+        if edits is None:
+            raise TranscriptWriteError(self._without("transcript_edits", "Rewriting a transcript"))
         try:
             with self._canonical():
-                return self._backend.rewrite_messages(session_id, messages)
+                return edits.rewrite_messages(session_id, messages)
         except TranscriptWriteError:
             raise
         except StoreError as exc:
@@ -90,8 +93,13 @@ class TranscriptStore(StoreBase):
     def soft_delete_messages(self, session_id: str, message_ids: list[int]) -> int:
         """Deactivate messages (``active=0``); never deletes rows."""
         self._check_session_id(session_id)
+        edits = self._bound.edits
+        if edits is None:
+            raise TranscriptWriteError(
+                self._without("transcript_edits", "Deleting transcript messages")
+            )
         with self._canonical():
-            return self._backend.soft_delete_messages(session_id, message_ids)
+            return edits.soft_delete_messages(session_id, message_ids)
 
     def search(
         self,
@@ -109,10 +117,11 @@ class TranscriptStore(StoreBase):
             raise InvalidValueError("query", "the search query must be a string.")
         if isinstance(limit, bool) or not isinstance(limit, int):
             raise InvalidValueError("limit", f"limit must be an integer, got {limit!r}.")
-        if session_id is not None and session_id_problem(session_id) is not None:
+        search = self._bound.search
+        if search is None or (session_id is not None and session_id_problem(session_id)):
             return []
         with self._canonical():
-            return self._backend.search(
+            return search.search(
                 clean_text(query),
                 session_id=session_id,
                 session_key=None if session_key is None else clean_text(session_key),
@@ -122,7 +131,8 @@ class TranscriptStore(StoreBase):
     @exclusive
     def rebuild_search_index(self) -> bool:
         """Rebuild the derived full-text index (step ``fts_rebuild_if_stale``)."""
-        if self._sql is None:
+        search = self._bound.search
+        if search is None:
             return False
         with self._canonical():
-            return self._sql.rebuild_fts()
+            return search.rebuild_fts()

@@ -23,7 +23,7 @@ from hermes_core.store.backend import (
     DeadLetter,
     Message,
     Obligation,
-    SqlMaintenance,
+    RestartCountRows,
     new_obligation,
 )
 from hermes_core.store.base import StoreBase, serialised
@@ -36,10 +36,10 @@ AUTO_RESUME_REASONS = frozenset({"restart_timeout", "shutdown_timeout", "restart
 _CLEARED_MARKER = {"active_turn_token": None, "active_turn_started_at": None}
 
 
-class SqlRestartCounts:
-    """Stuck-loop counts in the shared SQL store, tagged with this instance (SPEC §7.7)."""
+class StoredRestartCounts:
+    """Stuck-loop counts kept in the store, tagged with this instance (SPEC §7.7)."""
 
-    def __init__(self, rows: SqlMaintenance, owner: str) -> None:
+    def __init__(self, rows: RestartCountRows, owner: str) -> None:
         self.rows = rows
         self.owner = owner
         self._counts: dict[str, int] | None = None
@@ -156,11 +156,13 @@ class TurnRecoveryStore(StoreBase):
         return len(self.recover_turn_markers(max_age_seconds).armed)
 
     def restart_counts(self) -> RestartCounter:
-        """Where this store keeps stuck-loop counts: a table tagged with the instance on
-        PostgreSQL (instances share it), else ``$HERMES_HOME/restart_counts.json``."""
-        if self._sql is not None and self._backend.name == "postgresql":
+        """Where this store keeps stuck-loop counts: in the store, tagged with the instance, when
+        the backend offers ``restart_counts`` (instances may share it), else
+        ``$HERMES_HOME/restart_counts.json``."""
+        rows = self._bound.counts
+        if rows is not None:
             owner = instance_id(self.config.hermes_home, self.config.gateway.instance_id)
-            return SqlRestartCounts(self._sql, owner)
+            return StoredRestartCounts(rows, owner)
         return RestartCounts(self.config.hermes_home)
 
     @property
@@ -174,13 +176,15 @@ class TurnRecoveryStore(StoreBase):
 
     @property
     def ledger(self) -> DeliveryLedger | None:
-        """The delivery ledger, or None when disabled or unavailable (degraded mode)."""
+        """The delivery ledger, or None when disabled or unavailable (a backend without the
+        ``ledger`` capability, degraded mode included)."""
         settings = self.config.gateway.delivery_ledger
-        if self._sql is None or not settings.enabled:
+        rows = self._bound.ledger
+        if rows is None or not settings.enabled:
             return None
-        if self._ledger is None or self._ledger.rows is not self._sql:
+        if self._ledger is None or self._ledger.rows is not rows:
             notify = self.plugins.notify if self.plugins.observing else None
-            self._ledger = DeliveryLedger(self._sql, settings, notify)
+            self._ledger = DeliveryLedger(rows, settings, notify)
         return self._ledger
 
     @serialised
@@ -207,8 +211,8 @@ class TurnRecoveryStore(StoreBase):
         when the ledger is off or failed (logged: a ledger failure never blocks a send; the
         caller then stores ``reply`` itself). ``content`` is stored (and to be sent) as
         :func:`~hermes_core.text.clean_text` has it."""
-        ledger, rows = self.ledger, self._sql
-        if ledger is None or rows is None:
+        ledger = self.ledger
+        if ledger is None:
             return None
         content = clean_text(content)  # what is sent is what is stored
         record = new_obligation(
@@ -226,7 +230,7 @@ class TurnRecoveryStore(StoreBase):
         stored = (session_id, reply) if reply is not None and session_id is not None else None
         try:
             with self._canonical():
-                _added, marker_cleared = rows.add_obligation(record, marker, stored)
+                _added, marker_cleared = ledger.rows.add_obligation(record, marker, stored)
         except StoreError as exc:
             logger.error("delivery ledger: could not record a reply: %s", exc)
             return None
@@ -241,13 +245,15 @@ class TurnRecoveryStore(StoreBase):
     @serialised
     def queue_add(self, session_key: str, event: MessageEvent) -> int | None:
         """Persist a queued event (and, for a human one, its platform message id as seen, in
-        the same commit); its id, or None while degraded (queues are memory-only). Raises
-        :class:`MessageRedeliveredError` (nothing written) for a message seen before."""
-        if self._sql is None:
+        the same commit); its id, or None without the ``queue`` capability (queues are then
+        memory-only). Raises :class:`MessageRedeliveredError` (nothing written) for a message
+        seen before."""
+        queue = self._bound.queue
+        if queue is None:
             return None
         payload = json.dumps(event.to_dict(), ensure_ascii=False)
         with self._canonical():
-            event_id = self._sql.add_queued(
+            event_id = queue.add_queued(
                 session_key, event.internal, event.bound_session_id, payload, _seen_id(event)
             )
         if event_id is None:
@@ -258,44 +264,49 @@ class TurnRecoveryStore(StoreBase):
     def queue_fail(self, event_id: int | None, error: str) -> bool:
         """Count a failed start of a queued event's turn; True when it has now used its
         ``gateway.max_dispatch_attempts`` and is set aside as a dead letter."""
-        if self._sql is None or event_id is None:
+        queue = self._bound.queue
+        if queue is None or event_id is None:
             return False
         with self._canonical():
-            return self._sql.fail_queued(event_id, error, self.config.gateway.max_dispatch_attempts)
+            return queue.fail_queued(event_id, error, self.config.gateway.max_dispatch_attempts)
 
     def dead_letters(self) -> list[DeadLetter]:
-        """Queued events set aside after failing to start, oldest first (``[]`` while
-        degraded)."""
-        if self._sql is None:
+        """Queued events set aside after failing to start, oldest first (``[]`` without the
+        ``queue`` capability)."""
+        queue = self._bound.queue
+        if queue is None:
             return []
         with self._canonical():
-            return self._sql.dead_letters()
+            return queue.dead_letters()
 
     @serialised
     def prune_seen_messages(self) -> int:
         """Forget platform message ids seen longer ago than ``gateway.redelivery_window_days``
         (housekeeping); the count."""
-        if self._sql is None:
+        queue = self._bound.queue
+        if queue is None:
             return 0
         before = time.time() - self.config.gateway.redelivery_window_days * 86_400
         with self._canonical():
-            return self._sql.prune_seen(before)
+            return queue.prune_seen(before)
 
     @serialised
     def queue_remove(self, event_ids: list[int]) -> int:
         """Delete discarded queued events."""
-        if self._sql is None or not event_ids:
+        queue = self._bound.queue
+        if queue is None or not event_ids:
             return 0
         with self._canonical():
-            return self._sql.remove_queued(event_ids)
+            return queue.remove_queued(event_ids)
 
     def queue_restore(self) -> list[tuple[int, str, MessageEvent]]:
         """Every persisted queued event (id, key, event), oldest first; unreadable ones are
         skipped with a warning and left in place."""
-        if self._sql is None:
+        queue = self._bound.queue
+        if queue is None:
             return []
         with self._canonical():
-            stored = self._sql.queued()
+            stored = queue.queued()
         restored = []
         for event_id, key, payload in stored:
             try:

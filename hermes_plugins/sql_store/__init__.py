@@ -8,6 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 from hermes_core import GatewayConfig, StoreSpec, hookimpl
+from hermes_core.specs import StoreCapability
 
 
 def open_sql_backend(url: str, config: GatewayConfig) -> Any:
@@ -25,18 +26,28 @@ def open_sql_backend_read_only(url: str, config: GatewayConfig) -> Any:
     return SqlBackend(url, config, read_only=True)
 
 
+_LOCAL: frozenset[StoreCapability] = frozenset(
+    {"search", "transcript_edits", "pruning", "ledger", "queue", "maintenance"}
+)
+"""What SQLite offers: everything but restart counts, which stay in the instance's own file."""
+
+
 @hookimpl
 def hermes_register_stores(config: GatewayConfig) -> list[StoreSpec]:
-    """``sqlite`` and ``postgresql`` (psycopg 3); one writer per database for both."""
+    """``sqlite`` (a local file: JSONL fallback, sessions.json mirror) and ``postgresql``
+    (psycopg 3; restart counts in the database, tagged per instance); one writer per database
+    for both, every write batch atomic."""
+    common: dict[str, Any] = {
+        "open": open_sql_backend, "open_read_only": open_sql_backend_read_only,
+        "atomic_batches": True, "single_instance": True,
+    }  # fmt: skip
     return [
         StoreSpec(
-            name=name,
-            schemes=schemes,
-            open=open_sql_backend,
-            open_read_only=open_sql_backend_read_only,
-        )
-        for name, schemes in (
-            ("sqlite", ("sqlite", "sqlite+pysqlite")),
-            ("postgresql", ("postgresql", "postgresql+psycopg")),
-        )
-    ]
+            name="sqlite", schemes=("sqlite", "sqlite+pysqlite"), capabilities=_LOCAL,
+            local=True, **common,
+        ),
+        StoreSpec(
+            name="postgresql", schemes=("postgresql", "postgresql+psycopg"),
+            capabilities=_LOCAL | {"restart_counts"}, **common,
+        ),
+    ]  # fmt: skip

@@ -56,10 +56,8 @@ logger = logging.getLogger(__name__)
 
 
 class SqlBackend(RekeyRows, OperatorRows):
-    """The canonical store over SQLite or PostgreSQL."""
-
-    durable_queue = True
-    atomic_batches = True
+    """The canonical store over SQLite or PostgreSQL: the required contract and every
+    capability (which ones a dialect offers is declared by its ``StoreSpec``)."""
 
     # -- routing index --------------------------------------------------------------------------
 

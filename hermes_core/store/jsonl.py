@@ -1,15 +1,15 @@
-"""The degraded JSONL store backend (SPEC §3.5.4).
+"""The degraded JSONL store backend, the core's own fallback (SPEC §3.5.4).
 
-Not a plugin and not selected by a ``storage.url`` scheme: ``SessionStore`` constructs
-:class:`JsonlBackend` directly when the SQLite store cannot be used, so new messages are still
-stored and can be replayed into SQL later (:mod:`hermes_core.store.replay`).
+Not a plugin and not selected by a ``storage.url`` scheme: ``SessionStore`` opens
+:class:`JsonlBackend` itself when a local store (``StoreSpec.local``) cannot be used, so new
+messages are still stored and can be replayed into SQL later (:mod:`hermes_core.store.replay`).
 
 Routing lives in ``<sessions_dir>/sessions.json``, loaded at construction and rewritten
 atomically before every routing write returns (tier D); writes that only move ``updated_at``
 (touches) are coalesced. Transcripts are append-only ``<sessions_dir>/<session_id>.jsonl``
 files, one fsynced JSON line per message. There are no session rows: rows are synthesised from
-the current routing entry. Transcript edits, search, pruning, the ledger and durable queues are
-unavailable while degraded.
+the current routing entry. It implements only the required ``StoreBackend`` protocol: transcript
+edits, search, pruning, the ledger and durable queues are unavailable while degraded.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ from hermes_core.errors import (
     TranscriptWriteError,
 )
 from hermes_core.models import SessionEntry, session_id_problem
-from hermes_core.store.backend import CounterDelta, EntryDict, Message, SearchHit, SessionRow
+from hermes_core.store.backend import CounterDelta, EntryDict, Message, SessionRow
 from hermes_core.store.files import (
     append_line_durably,
     child_path,
@@ -55,10 +55,6 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-_UNAVAILABLE = (
-    "{what} is not available while the SQL store is unavailable (degraded JSONL mode); nothing "
-    "was changed. Repair or restore the database (see 'hermes-sessions doctor') and retry."
-)
 # Row fields that follow the routing entry; the rest come from the row given to create_session.
 _ENTRY_OWNED_ROW_FIELDS = (
     "last_activity_at", "input_tokens", "output_tokens", "cache_read_tokens",
@@ -84,10 +80,6 @@ class JsonlBackend:
     ``touch_flush_interval`` is how long coalesced touches may wait for :meth:`flush_touches`
     (SPEC: at least every 60 s). The caller creates ``sessions_dir`` (0700) beforehand.
     """
-
-    name = "jsonl"
-    durable_queue = False
-    atomic_batches = False
 
     def __init__(
         self,
@@ -135,7 +127,8 @@ class JsonlBackend:
             self._persist()
 
     def health(self) -> dict[str, Any]:
-        return {"backend": "jsonl", "fts": "unavailable"}
+        """Nothing to add: no search index, no connection to lose."""
+        return {}
 
     def flush_touches(self) -> bool:
         """Write coalesced touches if the last write is older than the interval (housekeeping).
@@ -282,10 +275,6 @@ class JsonlBackend:
                     self._set_entry(key, old)
             raise
 
-    def delete_routes(self, session_keys: Sequence[str]) -> int:
-        """Pruning is unavailable while degraded (SPEC §3.5.4): nothing is removed."""
-        return 0
-
     # -- sessions -------------------------------------------------------------------------------
 
     def _row(self, entry: dict[str, Any], remembered: SessionRow | None) -> SessionRow:
@@ -420,18 +409,6 @@ class JsonlBackend:
                 " and an incomplete last line" if parsed.torn else "",
             )
         return parsed.messages
-
-    def rewrite_messages(self, session_id: str, messages: Sequence[Message]) -> int:
-        raise TranscriptWriteError(_UNAVAILABLE.format(what="Rewriting a transcript"))
-
-    def soft_delete_messages(self, session_id: str, message_ids: Sequence[int]) -> int:
-        raise TranscriptWriteError(_UNAVAILABLE.format(what="Deleting transcript messages"))
-
-    def search(
-        self, query: str, *, session_id: str | None, session_key: str | None, limit: int
-    ) -> list[SearchHit]:
-        """Search is unavailable while degraded."""
-        return []
 
 
 def _set_aside(path: Path) -> None:

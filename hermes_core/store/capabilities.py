@@ -1,0 +1,126 @@
+"""What the store may ask of its backend: the backend checked against its ``StoreSpec``.
+
+:func:`bind_backend` runs once per opened backend. A method missing from the required
+:class:`~hermes_core.store.backend.StoreBackend` protocol, or from a capability the spec declares,
+is a :class:`~hermes_core.errors.StoreContractError` naming the plugin; a capability the spec does
+not declare turns its feature off, with one warning each (none for the core's own JSONL
+fallback, whose one degraded-mode warning says it all).
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+from dataclasses import dataclass
+from typing import Any, cast
+
+from hermes_core.errors import StoreContractError
+from hermes_core.specs import STORE_CAPABILITIES, StoreCapability, StoreSpec
+from hermes_core.store.backend import (
+    DurableQueue,
+    LedgerRows,
+    Maintenance,
+    Pruning,
+    RestartCountRows,
+    SearchCapable,
+    StoreBackend,
+    TranscriptEditing,
+)
+
+logger = logging.getLogger(__name__)
+
+PROTOCOLS: dict[StoreCapability, type] = {
+    "search": SearchCapable,
+    "transcript_edits": TranscriptEditing,
+    "pruning": Pruning,
+    "ledger": LedgerRows,
+    "queue": DurableQueue,
+    "restart_counts": RestartCountRows,
+    "maintenance": Maintenance,
+}
+"""The protocol a backend implements for each capability it declares."""
+
+WITHOUT: dict[StoreCapability, str] = {
+    "search": "search() returns no hits",
+    "transcript_edits": "rewrite_transcript() and soft_delete_messages() raise "
+    "TranscriptWriteError",
+    "pruning": "prune_old_entries() removes nothing",
+    "ledger": "replies are sent without the delivery ledger",
+    "queue": "queued events are kept in memory only",
+    "restart_counts": "restart counts are kept in this instance's restart_counts.json",
+    "maintenance": "the key schema is not recorded; sessions.json imports, the JSONL backlog "
+    "replay and re-keying are unavailable",
+}
+"""What the store does without each capability (the warning's text)."""
+
+
+def protocol_methods(protocol: type) -> list[str]:
+    """The methods ``protocol`` (with the protocols it extends) declares, sorted."""
+    names = {
+        name
+        for klass in protocol.__mro__
+        if getattr(klass, "_is_protocol", False) and klass.__module__ != "typing"
+        for name, value in vars(klass).items()
+        if inspect.isfunction(value) and not name.startswith("_")
+    }
+    return sorted(names)
+
+
+@dataclass(frozen=True)
+class BoundBackend:
+    """An opened backend and the capabilities it was checked to offer (None: not offered)."""
+
+    spec: StoreSpec
+    backend: StoreBackend
+    search: SearchCapable | None = None
+    edits: TranscriptEditing | None = None
+    pruning: Pruning | None = None
+    ledger: LedgerRows | None = None
+    queue: DurableQueue | None = None
+    counts: RestartCountRows | None = None
+    maintenance: Maintenance | None = None
+
+    def offers(self) -> dict[str, bool]:
+        """Each capability, and whether this backend offers it."""
+        return {name: name in self.spec.capabilities for name in STORE_CAPABILITIES}
+
+
+def bind_backend(spec: StoreSpec, backend: Any, plugin: str, *, warn: bool = True) -> BoundBackend:
+    """Check ``backend`` (opened by ``spec`` of ``plugin``) against what the spec declares."""
+    missing = [name for name in protocol_methods(StoreBackend) if not _has(backend, name)]
+    for capability in sorted(spec.capabilities):
+        missing += [
+            f"{name} ({capability})"
+            for name in protocol_methods(PROTOCOLS[capability])
+            if not _has(backend, name) and name not in protocol_methods(StoreBackend)
+        ]
+    if missing:
+        raise StoreContractError(
+            f"storage plugin {plugin!r} opened a {spec.name!r} backend that lacks "
+            f"{', '.join(missing)}: implement them in the backend (or remove the capability from "
+            f"its StoreSpec.capabilities), or disable the plugin and choose another storage.url."
+        )
+    if warn:
+        for capability in STORE_CAPABILITIES:
+            quiet = capability == "restart_counts" and spec.single_instance
+            if capability not in spec.capabilities and not quiet:
+                logger.warning(
+                    "storage backend %r (plugin %r) does not offer %s: %s",
+                    spec.name, plugin, capability, WITHOUT[capability],
+                )  # fmt: skip
+    offered = spec.capabilities
+    return BoundBackend(
+        spec=spec,
+        backend=cast(StoreBackend, backend),
+        search=cast(SearchCapable, backend) if "search" in offered else None,
+        edits=cast(TranscriptEditing, backend) if "transcript_edits" in offered else None,
+        pruning=cast(Pruning, backend) if "pruning" in offered else None,
+        ledger=cast(LedgerRows, backend) if "ledger" in offered else None,
+        queue=cast(DurableQueue, backend) if "queue" in offered else None,
+        counts=cast(RestartCountRows, backend) if "restart_counts" in offered else None,
+        maintenance=cast(Maintenance, backend) if "maintenance" in offered else None,
+    )
+
+
+def _has(backend: object, name: str) -> bool:
+    return callable(getattr(backend, name, None))
