@@ -20,7 +20,9 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+import signal
 from collections.abc import Callable, Sequence
+from types import TracebackType
 from typing import Any, NoReturn
 
 from cachetools import LRUCache, TTLCache
@@ -148,6 +150,52 @@ class Gateway:
         self._prompts: LRUCache[tuple[str, SessionSource], tuple[str, SessionContext]] = LRUCache(
             maxsize=PROMPT_CACHE_SIZE
         )
+        self._unadapted: set[str] = set()
+        """Platforms without an adapter whose events were already warned about."""
+        self._stop_task: asyncio.Task[bool] | None = None
+        self._cut_drain = asyncio.Event()
+        """Set to end a running drain at once, as if its time had run out."""
+
+    async def __aenter__(self) -> Gateway:
+        """``async with Gateway(...) as gateway:`` starts it and stops it (with a drain)."""
+        await self.start()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        await self.stop()
+
+    async def serve(self) -> bool:
+        """Run until SIGINT or SIGTERM (Unix), then stop with a drain; returns what ``stop``
+        returns. Starts the gateway unless it is started already. A second signal during the
+        drain interrupts the turns still running at once (they resume after the next start)."""
+        loop = asyncio.get_running_loop()
+        signalled = asyncio.Event()
+
+        def on_signal(signum: signal.Signals) -> None:
+            if signalled.is_set():
+                logger.warning("%s again: interrupting the running turns", signum.name)
+                self._cut_drain.set()
+                return
+            logger.info("%s: stopping after the running turns (send it again to hurry)",
+                        signum.name)  # fmt: skip
+            signalled.set()
+
+        handled = (signal.SIGINT, signal.SIGTERM)
+        for signum in handled:
+            loop.add_signal_handler(signum, on_signal, signum)
+        try:
+            if self._loop is None:
+                await self.start()
+            await signalled.wait()
+            return await self.stop()
+        finally:
+            for signum in handled:
+                loop.remove_signal_handler(signum)
 
     # -- start ---------------------------------------------------------------------------------
 
@@ -261,6 +309,13 @@ class Gateway:
             if self._loop is None:
                 raise HermesError("the gateway is not started; await gateway.start() first")
             await self._ready.wait()  # start-up has not restored the queue yet
+        platform = event.source.platform
+        if platform not in self.adapters and platform not in self._unadapted:
+            self._unadapted.add(platform)
+            logger.warning(
+                "no adapter for platform %r: its messages are stored and queued but not answered "
+                "until the gateway is built with an adapter for it", platform,
+            )  # fmt: skip
         key = self.store.session_key_for(event.source)
         if self._seen.seen_before(key, event):
             logger.info("ignored a message delivered again")
@@ -884,9 +939,14 @@ class Gateway:
     # -- stop --------------------------------------------------------------------------------------
 
     async def stop(self, restart: bool = False) -> bool:
-        """SPEC §7.8: stop dispatching, mark running turns, drain (bounded), interrupt what is
-        left, clean up agents, close the store; True when the drain finished in time and every
-        mark was stored."""
+        """Stop dispatching, mark running turns, drain (bounded), interrupt what is left, clean
+        up agents, close the store; True when the drain finished in time and every mark was
+        stored. Stopping again returns the first stop's result."""
+        if self._stop_task is None:
+            self._stop_task = asyncio.create_task(self._stop(restart))
+        return await self._stop_task
+
+    async def _stop(self, restart: bool) -> bool:
         mode = "restart" if restart else "shutdown"
         self._stopping = mode
         if self._housekeeping is not None:
@@ -903,9 +963,8 @@ class Gateway:
         tasks += [*self._commands.values(), *self._background]  # queued commands, retries
         pending: set[asyncio.Future[Any]] = set()
         if tasks:
-            _done, pending = await asyncio.wait(
-                tasks, timeout=self.config.agent.restart_drain_timeout
-            )
+            await self._drain(tasks)
+            pending = {task for task in tasks if not task.done()}
         if pending:
             marked = await self._mark_running(mode) and marked
             for lane in list(self._lanes.values()):
@@ -916,6 +975,18 @@ class Gateway:
             crash_point("drain_timed_out")
         await asyncio.to_thread(self.cache.close)
         return await asyncio.to_thread(self.state.stop, drained=not pending and marked)
+
+    async def _drain(self, tasks: list[asyncio.Future[Any]]) -> None:
+        """Wait until ``tasks`` are done, ``agent.restart_drain_timeout`` passes or the drain
+        is cut short."""
+        done = asyncio.ensure_future(asyncio.wait(tasks))
+        cut = asyncio.ensure_future(self._cut_drain.wait())
+        await asyncio.wait(
+            (done, cut), timeout=self.config.agent.restart_drain_timeout,
+            return_when=asyncio.FIRST_COMPLETED,
+        )  # fmt: skip
+        done.cancel()
+        cut.cancel()
 
     async def _mark_running(self, mode: str) -> bool:
         """Flag the lanes whose turn is still running (their marker still set when the flag is
