@@ -1,4 +1,4 @@
-"""Running an eviction policy under the cache's invariants (SPEC §11.2, §13.4).
+"""Running an eviction policy under the cache's invariants.
 
 The policy (a plugin's, or the built-in LRU planner of ``hermes_plugins.eviction``) only plans:
 whatever it returns, the cache releases offered candidates only, each once, at most ``limit`` of

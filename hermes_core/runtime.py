@@ -1,4 +1,4 @@
-"""The asyncio runtime (SPEC §7.2, §7.8, §7.9, §8, §10, §11): one ``Gateway`` per process.
+"""The asyncio runtime: one ``Gateway`` per process.
 
 Turns of one session key never overlap; turns of different keys run concurrently. Every store
 write runs on the store's writer thread (``store.arun``), where concurrent lanes' steps share a
@@ -77,7 +77,7 @@ AgentFactory = Callable[[SessionEntry], Agent]
 
 
 def _delivered() -> None:
-    """After a delivery's settle commit (SPEC §7.12): the row is gone, the turn closed."""
+    """After a delivery's settle commit: the row is gone, the turn closed."""
     crash_point("delivered")
     crash_point("marker_cleared")
 
@@ -222,7 +222,7 @@ class Gateway:
         return self.plugins.notify if self.plugins.observing else None
 
     async def start(self) -> None:
-        """SPEC §7.2: lock, store, recovery steps under the gate; ledger sweep; auto-resume;
+        """Lock, store, recovery steps under the gate; ledger sweep; auto-resume;
         lower the gate when the resumed turns end (or the wait expires); housekeeping."""
         self._loop = asyncio.get_running_loop()
         try:
@@ -255,7 +255,7 @@ class Gateway:
             await asyncio.wait(settling, timeout=deadline - loop.time())
 
     async def _resume(self, platform: str | None) -> int:
-        """Start one internal resume turn per eligible lane (SPEC §7.8)."""
+        """Start one internal resume turn per eligible lane."""
         entries = await asyncio.to_thread(
             functools.partial(
                 resume_candidates, self.store, self.config.agent.gateway_auto_continue_freshness,
@@ -298,7 +298,7 @@ class Gateway:
         return key in self._lanes or key in self._commands
 
     async def handle_message(self, event: MessageEvent) -> None:
-        """Store an inbound event durably, then run or queue its turn (SPEC §7.9, §8.4).
+        """Store an inbound event durably, then run or queue its turn.
 
         Returns once the event is stored: the adapter may acknowledge it then. A message the
         lane already has (the platform delivering it again) is ignored. Raises
@@ -478,7 +478,7 @@ class Gateway:
             return False
 
     async def _reset(self, key: str, event: MessageEvent, rest: str) -> None:
-        """SPEC §6.2: interrupt, discard human items, clean up the agent, new session, reply."""
+        """Interrupt, discard human items, clean up the agent, new session, reply."""
         await self._halt(key, "user")
         await self._interrupt_background(key)
         await self.store.arun(self._queue.discard_humans, key)
@@ -497,7 +497,7 @@ class Gateway:
         store.counts.remove(key)
 
     async def _stop_lane(self, key: str, event: MessageEvent) -> None:
-        """SPEC §8.5 ``/stop``: interrupt the turn and background work, drop the slot's human
+        """``/stop``: interrupt the turn and background work, drop the slot's human
         follow-up, keep the overflow (``/queue`` items and internal wakes), say what happened."""
         stopped = await self._halt(key, "user")
         stopped = await self._interrupt_background(key) or stopped
@@ -513,7 +513,7 @@ class Gateway:
         self._dispatch_next(key)
 
     async def _queue_command(self, key: str, event: MessageEvent, prompt: str) -> None:
-        """SPEC §8.5 ``/queue <prompt>``: one complete turn, in order, never merged."""
+        """``/queue <prompt>``: one complete turn, in order, never merged."""
         if not prompt.strip() and not event.media_urls:
             await self._reply(event.source, QUEUE_USAGE)
             return
@@ -650,7 +650,7 @@ class Gateway:
 
     async def _wake_current(self, key: str, event: MessageEvent) -> bool:
         """Whether an event may run now: a wake bound to an older session only if the host's
-        resolver allows it (SPEC §8.6)."""
+        resolver allows it."""
         bound = event.bound_session_id
         if not (event.internal and bound):
             return True

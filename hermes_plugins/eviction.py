@@ -1,4 +1,4 @@
-"""The built-in eviction policy: release the least recently used candidates first (SPEC §13.4).
+"""The built-in eviction policy: release the least recently used candidates first.
 
 A plugin offering its own policy through ``hermes_eviction_policy`` replaces this one; the agent
 cache also falls back to :func:`lru_plan` for a pass in which a replacement policy raised.

@@ -1,4 +1,4 @@
-"""The degraded JSONL store backend (SPEC §3.5.4).
+"""The degraded JSONL store backend.
 
 Not a plugin and not selected by a ``storage.url`` scheme: ``SessionStore`` constructs
 :class:`JsonlBackend` directly when the SQLite store cannot be used, so new messages are still
@@ -82,7 +82,7 @@ class JsonlBackend:
     """:class:`~hermes_core.store.backend.StoreBackend` over ``sessions.json`` and JSONL files.
 
     ``touch_flush_interval`` is how long coalesced touches may wait for :meth:`flush_touches`
-    (SPEC: at least every 60 s). The caller creates ``sessions_dir`` (0700) beforehand.
+    (at most 60 s). The caller creates ``sessions_dir`` (0700) beforehand.
     """
 
     name = "jsonl"
@@ -283,7 +283,7 @@ class JsonlBackend:
             raise
 
     def delete_routes(self, session_keys: Sequence[str]) -> int:
-        """Pruning is unavailable while degraded (SPEC §3.5.4): nothing is removed."""
+        """Pruning is unavailable while degraded: nothing is removed."""
         return 0
 
     # -- sessions -------------------------------------------------------------------------------
