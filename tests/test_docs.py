@@ -3,7 +3,8 @@
 Blocks run in a fresh ``$HERMES_HOME`` holding an empty store (as on a machine where a gateway
 has run), with ``$HOME`` pointed at an empty directory that must stay empty:
 
-- ``python``: run by this interpreter in a child process;
+- ``python``: run by this interpreter in a child process, and (all of them, those not run too)
+  checked by ``mypy --strict`` with the project's settings when mypy is installed;
 - ``bash``/``shell``/``sh``: every command must be ``hermes-sessions ...`` (or
   ``.venv/bin/hermes-sessions ...``); it runs through the installed console script and must exit 0;
 - ``yaml``: a ``config.yaml`` fragment, which must load as a valid configuration;
@@ -42,6 +43,7 @@ NOT_RUN = {
     ("README.md", "installs the package into .venv; CI installs it the same way"),
     ("README.md", "runs this test suite"),
     ("README.md", "installs the development tools and runs the checks; CI does the same"),
+    ("docs/runtime.md", "serves until SIGINT or SIGTERM"),
 }
 """(document, reason) of every block marked ``<!-- not run: reason -->``."""
 
@@ -139,6 +141,22 @@ def test_code_block_runs(block: Block, environment: dict[str, str], tmp_path: Pa
 def test_blocks_that_do_not_run_are_listed() -> None:
     marked = {(block.document, block.not_run) for block in BLOCKS if block.not_run is not None}
     assert marked == NOT_RUN
+
+
+def test_python_blocks_pass_mypy_strict(tmp_path: Path) -> None:
+    """Hosts copy these into strictly typed code; blocks that do not run are checked too."""
+    pytest.importorskip("mypy", reason="mypy comes with the dev extra")
+    files = []
+    for number, block in enumerate(b for b in BLOCKS if b.language == "python"):
+        path = tmp_path / f"block_{number}.py"
+        path.write_text(f"# {block}\n{block.code}", encoding="utf-8")
+        files.append(str(path))
+    done = subprocess.run(
+        [sys.executable, "-m", "mypy", "--no-incremental", "--config-file",
+         str(ROOT / "pyproject.toml"), *files],
+        cwd=ROOT, capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
 
 
 def test_the_package_description_links_absolutely() -> None:
