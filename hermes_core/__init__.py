@@ -1,13 +1,16 @@
 """hermes-sessions: session lifecycle for chat-agent gateways.
 
-The public API is :data:`__all__`; plugins implement hooks with :data:`hookimpl`.
+The public API is :data:`__all__`; plugins implement hooks with :data:`hookimpl`. The names a
+host needs to run a gateway (``Gateway``, ``SessionStore``, ``Agent``, ``SendResult``, ...) are
+imported on first use, so a platform plugin importing ``hermes_core`` does not load the runtime.
 """
 
 from __future__ import annotations
 
+import importlib
 from importlib.metadata import PackageNotFoundError, version
+from typing import TYPE_CHECKING, Any
 
-from hermes_core.agents import Adapter, Agent, EchoAgent, InMemoryAdapter, TurnRequest
 from hermes_core.config import GatewayConfig
 from hermes_core.context import (
     build_session_context,
@@ -16,15 +19,17 @@ from hermes_core.context import (
 )
 from hermes_core.errors import (
     ConfigError,
+    GatewayLockedError,
     HermesError,
     InvalidValueError,
+    MessageNotStoredError,
     PlatformConflictError,
     PluginConflictError,
     PluginError,
     RedactionError,
+    StoreError,
     UnknownPlatformError,
 )
-from hermes_core.gateway_texts import HostCallbacks
 from hermes_core.keys import (
     KeyResolution,
     SessionKeyParts,
@@ -49,7 +54,6 @@ from hermes_core.plugins import (
     default_plugin_manager,
     hookimpl,
 )
-from hermes_core.runtime import Gateway
 from hermes_core.specs import (
     EvictionCandidate,
     EvictionPolicy,
@@ -60,7 +64,37 @@ from hermes_core.specs import (
     RecoveryStep,
     StoreSpec,
 )
-from hermes_core.store import SessionStore
+
+if TYPE_CHECKING:
+    from hermes_core.agents import Adapter, Agent, EchoAgent, InMemoryAdapter, TurnRequest
+    from hermes_core.gateway_texts import HostCallbacks
+    from hermes_core.ledger import SendResult
+    from hermes_core.runtime import Gateway
+    from hermes_core.store import SearchHit, SessionStore
+
+_LAZY = {
+    "Adapter": "hermes_core.agents",
+    "Agent": "hermes_core.agents",
+    "EchoAgent": "hermes_core.agents",
+    "InMemoryAdapter": "hermes_core.agents",
+    "TurnRequest": "hermes_core.agents",
+    "HostCallbacks": "hermes_core.gateway_texts",
+    "SendResult": "hermes_core.ledger",
+    "Gateway": "hermes_core.runtime",
+    "SearchHit": "hermes_core.store",
+    "SessionStore": "hermes_core.store",
+}
+"""Public names imported on first use (module attribute access)."""
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'hermes_core' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
 
 try:
     __version__: str | None = version("hermes-sessions")
@@ -76,6 +110,7 @@ __all__ = [
     "EvictionPolicy",
     "Gateway",
     "GatewayConfig",
+    "GatewayLockedError",
     "HermesError",
     "HermesPluginManager",
     "HomeChannel",
@@ -85,6 +120,7 @@ __all__ = [
     "KeyResolution",
     "LifecycleEvent",
     "MessageEvent",
+    "MessageNotStoredError",
     "MessageType",
     "PlatformConflictError",
     "PlatformRegistry",
@@ -96,11 +132,14 @@ __all__ = [
     "RecoveryReport",
     "RecoveryStep",
     "RedactionError",
+    "SearchHit",
+    "SendResult",
     "SessionContext",
     "SessionEntry",
     "SessionKeyParts",
     "SessionSource",
     "SessionStore",
+    "StoreError",
     "StoreSpec",
     "TurnRequest",
     "UnknownPlatformError",

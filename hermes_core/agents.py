@@ -1,9 +1,10 @@
-"""What the runtime drives: the ``Agent`` and ``Adapter`` protocols (SPEC §8.9), with the
-``EchoAgent`` and the in-memory adapter that ship for demos and tests."""
+"""What the runtime drives: the ``Agent`` and ``Adapter`` protocols, with the ``EchoAgent`` and
+the in-memory adapter that ship for demos and tests."""
 
 from __future__ import annotations
 
 import asyncio
+from abc import abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
@@ -36,23 +37,28 @@ class TurnRequest:
 
 @runtime_checkable
 class Agent(Protocol):
-    """The embedder's agent for one session (cached per session key)."""
+    """The embedder's agent for one session (cached per session key).
 
+    Any object with these four methods is an agent. Subclassing ``Agent`` gives the defaults
+    of the last three, so only ``run_turn`` is left to write: the turn cannot be interrupted,
+    and releasing or cleaning up does nothing.
+    """
+
+    @abstractmethod
     async def run_turn(self, request: TurnRequest) -> str | None:
         """Run one turn; the final reply, or None when nothing is owed."""
-        ...
 
     async def interrupt(self) -> bool:
         """Ask the running turn to stop early; False when it cannot be interrupted safely."""
-        ...
+        return False
 
     def soft_release(self) -> None:
         """Drop what is held in memory (eviction); the next turn rebuilds from the store."""
-        ...
+        return  # a body, so that type checkers do not take the default for abstract
 
     def cleanup(self) -> None:
         """Shut down for good (a session boundary or the gateway's stop)."""
-        ...
+        return
 
 
 @runtime_checkable

@@ -1,16 +1,17 @@
-"""AgentCache: host-built agents cached per session key to keep prompt caches warm (SPEC §11).
+"""AgentCache: host-built agents cached per session key to keep prompt caches warm.
 
 Entries live in an ``OrderedDict`` in recency order (least recently used first) under one
 ``threading.Lock``. ``cachetools.LRUCache`` is deliberately not used: it evicts by itself inside
-``__setitem__`` (it must pop *something* or loop), so it can neither skip the never-evicted classes
-of §11.2 nor stay over its cap when only in-flight agents are left, and its recency order is
-private, so the protected-aware LRU walk every pass needs is impossible through its API. The
-``OrderedDict`` is what ``LRUCache`` keeps inside; here the cache picks its victims itself.
+``__setitem__`` (it must pop *something* or loop), so it can neither skip the never-evicted
+classes (in flight, recently used under pressure, not fully persisted) nor stay over its cap when
+only in-flight agents are left, and its recency order is private, so the protected-aware LRU walk
+every pass needs is impossible through its API. The ``OrderedDict`` is what ``LRUCache`` keeps
+inside; here the cache picks its victims itself.
 
 Every pass (capacity on insert, idle, pressure) selects candidates under the lock, lets the eviction
 policy plan outside it, pops the planned entries under the lock (checking each again), then runs
 the host's releases in plan order with the lock released, so a release may call back into the
-cache. Releases are host callbacks; the cache never ends a session or touches the store (§6.4).
+cache. Releases are host callbacks; the cache never ends a session or touches the store.
 
 ``get_or_create`` (factory, releases), ``sweep_*``, ``discard`` and ``close`` block: an asyncio
 host runs them in a worker thread. Logs never name session keys (they carry chat and user ids).
@@ -79,7 +80,7 @@ class _Selection(Generic[A]):
 
 
 class AgentCache(Generic[A]):
-    """LRU cache of agents with idle expiry and memory-pressure release (SPEC §11).
+    """LRU cache of agents with idle expiry and memory-pressure release.
 
     ``soft_release(agent)`` commits and drops what the agent holds in memory (capacity, idle,
     pressure, fingerprint change); ``full_cleanup(agent)`` shuts it down (boundaries, shutdown);
@@ -146,7 +147,7 @@ class AgentCache(Generic[A]):
         A hit moves the entry to the most recently used end. A new ``fingerprint`` soft-releases
         the old agent (:class:`AgentBusyError` during its turn) and builds anew, outside the lock,
         one build per key at a time (the factory must not ask for its own key); an insert above
-        ``max_size`` releases LRU entries (§11.3). ``begin_turn`` marks a turn in flight in the
+        ``max_size`` releases LRU entries. ``begin_turn`` marks a turn in flight in the
         same step, so no sweep can release the agent in between.
         """
         while True:
@@ -234,7 +235,8 @@ class AgentCache(Generic[A]):
     def report_persistence(
         self, key: str, agent: A, *, persisted: int | None, in_memory: int | None
     ) -> None:
-        """Record how much of ``agent``'s live transcript is durable (class 3 of §11.2).
+        """Record how much of ``agent``'s live transcript is durable: an agent
+        holding more than is stored is never evicted.
 
         ``persisted`` messages stored, ``in_memory`` messages held; None means unknown, and an
         unknown or lagging count protects the agent from every eviction pass.
@@ -253,7 +255,7 @@ class AgentCache(Generic[A]):
     # -- full cleanup ------------------------------------------------------------------------------
 
     def discard(self, key: str) -> bool:
-        """Fully clean up the agent of ``key`` at a boundary (§6.2); False if none was cached.
+        """Fully clean up the agent of ``key`` at a boundary; False if none was cached.
 
         The host interrupts a running turn first: a turn in flight does not protect it here.
         """
@@ -276,7 +278,7 @@ class AgentCache(Generic[A]):
     # -- eviction passes ---------------------------------------------------------------------------
 
     def sweep_idle(self) -> int:
-        """Soft-release entries idle longer than ``idle_ttl_secs``; the count (§11.3).
+        """Soft-release entries idle longer than ``idle_ttl_secs``; the count.
 
         Unknown activity is kept, as are turns in flight and unpersisted transcripts.
         """
@@ -286,7 +288,7 @@ class AgentCache(Generic[A]):
         """Soft-release up to ``max_evictions_per_pass`` agents while over budget; the count.
 
         A no-op when the budget is disabled, the cache is empty, the signal is unreadable or at
-        most the budget (§11.4). Afterwards freed heap is returned to the OS (``malloc_trim``).
+        most the budget. Afterwards freed heap is returned to the OS (``malloc_trim``).
         """
         budget = self.memory_budget_bytes
         if budget is None or not len(self):

@@ -1,4 +1,4 @@
-"""GatewayConfig: the validated, frozen configuration of hermes-sessions (SPEC Appendix A).
+"""GatewayConfig: the validated, frozen configuration of hermes-sessions.
 
 Built only by :meth:`GatewayConfig.from_yaml`, :meth:`GatewayConfig.from_dict` and
 :meth:`GatewayConfig.load`; precedence is environment > file > default. An invalid file value is a
@@ -117,7 +117,7 @@ def _url(value: Any, info: ValidationInfo) -> Any:
 
 
 def _memory_budget(value: object) -> MemoryBudgetSetting:
-    """Interpret ``memory_high_mb`` (SPEC §11.4): ``"auto"``, ``None`` (off) or a positive MB."""
+    """Interpret ``memory_high_mb``: ``"auto"``, ``None`` (off) or a positive MB."""
     word = value.strip().lower() if isinstance(value, str) else None
     if value is True or word in ("auto", "true"):
         return "auto"
@@ -345,7 +345,7 @@ class StorageConfig(_Section):
 
 
 class BusyQueueConfig(_Section):
-    """``gateway.busy_queue`` (SPEC §8.2, §8.3); a zero burst window disables merging.
+    """``gateway.busy_queue``; a zero burst window disables merging.
 
     A burst stops growing at ``burst_max_parts`` messages or ``burst_max_bytes`` of text and
     media URLs (UTF-8); the next follow-up starts a new item."""
@@ -359,7 +359,7 @@ class BusyQueueConfig(_Section):
 
 
 class DeliveryLedgerConfig(_Section):
-    """``gateway.delivery_ledger`` (SPEC §7.5); a bare boolean means ``{enabled: <bool>}``."""
+    """``gateway.delivery_ledger``; a bare boolean means ``{enabled: <bool>}``."""
 
     enabled: _Flag = True
     max_attempts: _Count = 3
@@ -375,7 +375,7 @@ class DeliveryLedgerConfig(_Section):
 
 
 class HousekeepingConfig(_Section):
-    """``gateway.housekeeping`` (SPEC §10); an initial delay of 0 runs the first pass at once."""
+    """``gateway.housekeeping``; an initial delay of 0 runs the first pass at once."""
 
     initial_delay_secs: _SecsOrZero = 60.0
     interval_secs: _Secs = 300.0
@@ -421,7 +421,7 @@ class DisplayConfig(_SharedSection):
 
 
 class AgentCacheConfig(_Section):
-    """``agent.agent_cache`` (SPEC §11.1); ``memory_high_mb`` is kept as given."""
+    """``agent.agent_cache``; ``memory_high_mb`` is kept as given."""
 
     max_size: _Count = 128
     idle_ttl_secs: _Secs = 3600.0
@@ -442,7 +442,7 @@ class AgentCacheConfig(_Section):
 
 
 class AgentConfig(_SharedSection):
-    """``agent``; a freshness window <= 0 means every interrupted turn is fresh (SPEC §7.1)."""
+    """``agent``; a freshness window <= 0 means every interrupted turn is fresh."""
 
     gateway_timeout: _Secs = 1800.0
     restart_drain_timeout: _Secs = 60.0
@@ -451,7 +451,7 @@ class AgentConfig(_SharedSection):
 
 
 class PrivacyConfig(_Section):
-    """``privacy`` (SPEC §9.4); ``pii_hmac_key_file`` is ``None`` unless set."""
+    """``privacy``; ``pii_hmac_key_file`` is ``None`` unless set."""
 
     redact_pii: _Flag = False
     redact_pii_mode: Literal["hmac", "sha256"] = Field("hmac", description="one of: hmac, sha256")
@@ -459,7 +459,7 @@ class PrivacyConfig(_Section):
 
 
 class PluginsConfig(_Section):
-    """``plugins`` (SPEC §13)."""
+    """``plugins``."""
 
     disable: _Words = Field((), description="a list of plugin names (strings without spaces)")
     autoload: _Flag = True
@@ -588,7 +588,8 @@ class GatewayConfig(_SharedSection):
 
 
 def _has_legacy_settings(data: Mapping[Any, Any]) -> bool:
-    """Whether a §6.3 legacy reset setting is present (top level, ``gateway``, a platform)."""
+    """Whether a legacy (idle or daily) reset setting is present (top level, ``gateway``, a
+    platform)."""
     gateway, platforms = data.get("gateway"), data.get("platforms")
     scopes = [data, gateway if isinstance(gateway, Mapping) else {}]
     if any(key in scope for scope in scopes for key in _LEGACY_KEYS):

@@ -1,4 +1,4 @@
-"""Session context for the system prompt (SPEC §5, §9).
+"""Session context for the system prompt.
 
 :func:`build_session_context` gathers what the agent is told about where a message comes from;
 :func:`build_session_context_prompt` renders it as the ``## Current Session Context`` section;
@@ -54,7 +54,7 @@ _T = TypeVar("_T")
 
 
 def session_type_line(*, thread: bool) -> str:
-    """The prompt line of a shared session (SPEC §5); it names no user, so the prompt stays
+    """The prompt line of a shared session; it names no user, so the prompt stays
     identical across turns (prompt caching). ``thread``: the key has an effective thread."""
     return _SESSION_TYPE_LINE.format(kind="thread" if thread else "session")
 
@@ -66,7 +66,7 @@ def build_session_context(
     *,
     plugins: HermesPluginManager | None = None,
 ) -> SessionContext:
-    """What the prompt will say about ``source`` (SPEC §9.1).
+    """What the prompt will say about ``source``.
 
     Connected platforms are the enabled and registered ones, sorted; home channels follow them.
     ``shared_multi_user_session`` comes from the same key resolution the store uses (effective
@@ -136,7 +136,7 @@ def _plugin_call(
 
 
 def _has_thread(source: SessionSource) -> bool:
-    """The effective thread of SPEC §4.3 step 3 (a prospective thread counts for non-DMs)."""
+    """Whether the key gets a thread component (a prospective thread counts for non-DMs)."""
     return bool(source.thread_id or (source.chat_type != "dm" and source.prospective_thread_id))
 
 
@@ -187,12 +187,12 @@ def build_session_context_prompt(
     redact_pii: bool | None = None,
     plugins: HermesPluginManager | None = None,
 ) -> str:
-    """The ``## Current Session Context`` section of the system prompt (SPEC §9.2).
+    """The ``## Current Session Context`` section of the system prompt.
 
     ``redact_pii`` None follows ``privacy.redact_pii`` as stored in the context. The text depends
     only on the context (no clock, sorted lists), so a lane's prompt is byte-identical from turn to
-    turn. Untrusted values are quoted (SPEC §9.3); ids of PII-safe platforms are pseudonymised
-    when redacting (SPEC §9.4). ``plugins`` must be the manager the context was built with (None:
+    turn. Untrusted values are quoted; ids of PII-safe platforms are pseudonymised
+    when redacting. ``plugins`` must be the manager the context was built with (None:
     the built-ins). Raises :class:`~hermes_core.errors.RedactionError` when a hook consulted for
     redaction fails, and :class:`~hermes_core.errors.PluginError` when a platform's description or
     notes fail: no prompt is produced either way.
@@ -248,14 +248,14 @@ def prefix_sender(
     backfill: str | None = None,
     plugins: HermesPluginManager | None = None,
 ) -> str:
-    """The user text sent to the agent for a message from ``source`` (SPEC §5).
+    """The user text sent to the agent for a message from ``source``.
 
     In a shared session it becomes ``[<name>] <text>``: the inline-neutralised display name, else
     the sender id (pseudonymised when redaction applies to the platform), else ``user``. With a
     host channel-history ``backfill`` block the result is the block, a blank line, then
     ``[New message]`` and the (prefixed) text; the prefix never wraps the block. Other sessions
     keep the text unprefixed. The caller skips this for internal events and puts a resume note
-    (SPEC §7.10) before the result; the system prompt never changes per sender.
+    before the result; the system prompt never changes per sender.
     """
     if context.shared_multi_user_session:
         text = f"[{_sender_name(source, context, plugins)}] {text}"

@@ -1,4 +1,4 @@
-"""Test-only crash points (SPEC §7.12): ``HERMES_CRASH_AT=<point>`` makes the process SIGKILL
+"""Test-only crash points: ``HERMES_CRASH_AT=<point>`` makes the process SIGKILL
 itself the first time it reaches that point, so tests and the demo can crash a real process
 anywhere along the turn pipeline and inside shutdown.
 """

@@ -1,5 +1,5 @@
 """``hermes-sessions demo``: the real Gateway with ``EchoAgent`` over a bundled script, a real
-crash (SIGKILL at a crash point, SPEC §7.12) and the restart that recovers from it.
+crash (SIGKILL at a named crash point) and the restart that recovers from it.
 
 The demo runs three child processes on one state directory (SQLite, the default store): the
 first handles a few messages and stops cleanly; the second is killed right after a reply was

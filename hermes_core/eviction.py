@@ -1,4 +1,4 @@
-"""Running an eviction policy under the cache's invariants (SPEC §11.2, §13.4).
+"""Running an eviction policy under the cache's invariants.
 
 The policy (a plugin's, or the built-in LRU planner :data:`LRU_POLICY` that the ``eviction``
 plugin offers) only plans: whatever it returns, the cache releases offered candidates only, each

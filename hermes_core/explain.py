@@ -1,4 +1,4 @@
-"""Why a source gets its session key: the data behind ``hermes-sessions explain`` (SPEC §4.9).
+"""Why a source gets its session key: the data behind ``hermes-sessions explain``.
 
 Everything is read from the :class:`~hermes_core.keys.KeyResolution` the store itself would use
 (:func:`~hermes_core.keys.resolve_for_config`), so the explanation cannot disagree with the key.
@@ -85,7 +85,7 @@ def _schema_warnings(resolution: KeyResolution, spec: PlatformSpec) -> list[str]
 def _namespace_reason(
     source: SessionSource, config: GatewayConfig, resolution: KeyResolution
 ) -> str:
-    """Why the key starts with ``resolution.namespace`` (SPEC §4.2)."""
+    """Why the key starts with ``resolution.namespace``."""
     profile = config_profile(source, config)
     if profile is None:
         ignored = f"; the source's profile {source.profile!r} is ignored" if source.profile else ""
@@ -123,7 +123,8 @@ def _participant(
 ) -> dict[str, Any] | None:
     """The sender id's canonicalisation, when the platform canonicalises participants.
 
-    Shown even when the participant is not a key component (it still feeds pseudonyms, §9.4).
+    Shown even when the participant is not a key component (it still feeds the prompt's PII
+    pseudonyms).
     """
     raw = source.user_id_alt or source.user_id
     if not raw or spec.canonical_participant is None:
@@ -134,7 +135,7 @@ def _participant(
 
 
 def _scope(source: SessionSource, spec: PlatformSpec, resolution: KeyResolution) -> dict[str, Any]:
-    """The scope component used (or None) and why (SPEC §4.5)."""
+    """The scope component used (or None) and why."""
     platform = source.platform
     if spec.scope is None:
         given = f" {source.scope_id!r}" if source.scope_id else ""

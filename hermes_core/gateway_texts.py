@@ -1,7 +1,7 @@
-"""What the gateway says and which commands it understands (SPEC §6.2, §7.7, §7.8, §8.5, §8.8).
+"""What the gateway says and which commands it understands.
 
-Every reply text here is an exact, observable contract; the host's single-answer callbacks of
-SPEC §13.5 are gathered in :class:`HostCallbacks`.
+Every reply text here is an exact, observable contract; the host's single-answer callbacks are
+gathered in :class:`HostCallbacks`.
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ ACK_INTERVAL_SECS = 30.0
 
 @dataclass
 class HostCallbacks:
-    """The host's single-answer callbacks (SPEC §13.5); each is optional."""
+    """The host's single-answer callbacks; each is optional."""
 
     interrupt_background: Callable[[str, str], object] | None = None
     """Stop the lane's background work (key, current session id); idempotent."""

@@ -1,4 +1,4 @@
-"""Background housekeeping (SPEC §10): releases idle and memory-heavy agents, prunes stale routing
+"""Background housekeeping: releases idle and memory-heavy agents, prunes stale routing
 entries, keeps the ledger tidy, forgets platform message ids past the redelivery window, repairs
 the search index, retries SQL while degraded and rewrites ``sessions.json``. It never ends a
 transcript or a session.

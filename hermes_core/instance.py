@@ -1,4 +1,4 @@
-"""Per-state-directory files of a running gateway (SPEC §7.1): the instance lock with the boot
+"""Per-state-directory files of a running gateway: the instance lock with the boot
 record, the clean-shutdown marker, the instance id and the file of stuck-loop counts; and the
 lock-file primitive the instance lock and the SQLite store's one-writer lock share.
 """
@@ -95,7 +95,7 @@ class LockFile:
 
 
 class InstanceLock:
-    """The lock on ``gateway.lock`` and this boot's record in it (SPEC §7.1)."""
+    """The lock on ``gateway.lock`` and this boot's record in it."""
 
     def __init__(self, held: LockFile, boot_id: str, previous_boot_id: str | None) -> None:
         self._held = held
@@ -149,7 +149,7 @@ def write_clean_shutdown(hermes_home: Path, boot_id: str) -> None:
 
 
 def read_clean_shutdown(hermes_home: Path, previous_boot_id: str | None) -> bool:
-    """Whether ``.clean_shutdown`` proves the previous boot stopped cleanly (SPEC §7.1): a
+    """Whether ``.clean_shutdown`` proves the previous boot stopped cleanly: a
     regular file that parses and names the previous boot. A mismatch logs a warning."""
     path = hermes_home / CLEAN_SHUTDOWN_FILE
     try:

@@ -39,7 +39,7 @@ _TAGS = ("s", "c", "t", "u")
 
 @functools.lru_cache(maxsize=256)
 def profile_namespace(profile: str | None) -> str:
-    """Key namespace of a profile (SPEC §4.2); ``main`` maps to ``agent:main~``, not the default."""
+    """Key namespace of a profile; ``main`` maps to ``agent:main~``, not the default."""
     if not profile or profile == "default":
         return "agent:main"
     if not _PROFILE_RE.fullmatch(profile):

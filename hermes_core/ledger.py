@@ -1,4 +1,4 @@
-"""The delivery ledger (SPEC §7.5, §7.6): every final reply is recorded before its first send,
+"""The delivery ledger: every final reply is recorded before its first send,
 so a crash never loses an owed reply, and every ambiguous re-send carries a visible prefix.
 
 States: ``pending`` → ``attempting`` (written just before the platform call; a turn's reply is
@@ -50,7 +50,7 @@ _SPACES = re.compile(r"\s+")
 
 
 def is_silent_reply(text: object) -> bool:
-    """Whether a reply is only a silence marker (SPEC §7.6): 1-64 characters after trimming whose
+    """Whether a reply is only a silence marker: 1-64 characters after trimming whose
     upper-cased, whitespace-collapsed form is a marker, also after stripping leading and trailing
     punctuation other than square brackets (so ``[SILENT`` never becomes ``SILENT``)."""
     if not isinstance(text, str):
@@ -80,7 +80,7 @@ def obligation_id(session_key: str, message_ref: str, content: str) -> str:
 
 @dataclass(frozen=True)
 class SendResult:
-    """What the host's send function reports: success, or a failure kind (Appendix B.3)."""
+    """What the host's send function reports: success, or a failure kind."""
 
     ok: bool
     failure_kind: FailureKind | None = None
@@ -189,7 +189,7 @@ class DeliveryLedger:
         self, occasion: Occasion, platforms: Sequence[str], skip: Container[str] = ()
     ) -> list[tuple[Obligation, str | None]]:
         """The rows to send now on ``platforms``, each with the prefix it needs, for one of the
-        occasions of SPEC §7.5; stale rows and rows without an attempt left are abandoned here.
+        occasions below; stale rows and rows without an attempt left are abandoned here.
 
         - ``boot``: what the previous process left; ``attempting`` and ``failed`` rows and
           crash-recorded replies carry the restart prefix, ``pending`` rows go plainly;

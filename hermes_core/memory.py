@@ -1,4 +1,4 @@
-"""The agent cache's memory budget and memory signal (SPEC §11.4), and ``malloc_trim``.
+"""The agent cache's memory budget and memory signal, and ``malloc_trim``.
 
 The budget is what the pressure sweep compares the signal with. ``auto`` derives it from the
 cgroup limit the process runs under (v2 ``memory.high``, then ``memory.max``, in the own cgroup and
@@ -107,7 +107,8 @@ def _under(mount: Path, cgroup: str | None) -> list[Path]:
 
 
 def find_cgroup_limit(paths: MemoryPaths = DEFAULT_PATHS) -> CgroupLimit | None:
-    """The memory limit the process runs under, in SPEC §11.4 order, or None without one."""
+    """The memory limit the process runs under, or None without one: cgroup v2
+    ``memory.high``, then ``memory.max`` (own cgroup, then the root), then v1's limit."""
     v2, v1 = _own_cgroups(paths)
     root = paths.cgroup_root
     unified = root if (root / "cgroup.controllers").exists() else root / "unified"
@@ -138,7 +139,7 @@ def resolve_memory_budget(
     paths: MemoryPaths = DEFAULT_PATHS,
     total_ram: Callable[[], int] | None = None,
 ) -> int | None:
-    """The pressure budget in bytes for ``memory_high_mb`` (SPEC §11.4), or None when disabled.
+    """The pressure budget in bytes for ``memory_high_mb``, or None when disabled.
 
     ``setting`` is the parsed ``AgentCacheConfig.memory_budget_setting`` or a raw value: ``auto``
     is 65 % of the cgroup limit (else of total RAM, ``total_ram`` defaulting to psutil's),

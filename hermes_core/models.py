@@ -42,7 +42,7 @@ def session_id_problem(value: str) -> str | None:
 
 
 def session_key_problem(value: str) -> str | None:
-    """Why ``value`` is not a safe session key, or None when it is (SPEC §2.4)."""
+    """Why ``value`` is not a safe session key, or None when it is."""
     if not 1 <= len(value) <= 1024:
         return "it must be 1-1024 characters long"
     if ".." in value:
@@ -221,7 +221,7 @@ class SessionSource(_Untrusted):
         return generic_description(self)
 
     def to_dict(self) -> dict[str, Any]:
-        """Byte-stable serialisation in the key order of SPEC §1; trust flags are never written."""
+        """Byte-stable serialisation in the fixed key order below; trust flags are never written."""
         data: dict[str, Any] = {
             "platform": self.platform,
             "chat_id": self.chat_id,
@@ -285,7 +285,7 @@ class HomeChannel(_Untrusted):
     name: str
 
 
-# Order of SessionEntry.to_dict() (SPEC §2.3); ``origin`` follows only when set.
+# Order of SessionEntry.to_dict(); ``origin`` follows only when set.
 _ENTRY_FIELD_ORDER = (
     "session_key", "session_id", "created_at", "updated_at", "display_name", "platform",
     "chat_type", "metadata", "input_tokens", "output_tokens", "cache_read_tokens",
@@ -308,7 +308,7 @@ _ENTRY_TEXT_FIELDS = (
 
 
 class SessionEntry(_Model):
-    """The routing entry of one lane: its current session id and per-lane state (SPEC §2)."""
+    """The routing entry of one lane: its current session id and per-lane state."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -364,7 +364,7 @@ class SessionEntry(_Model):
         return None if value is None else parse_utc(value)
 
     def to_dict(self) -> dict[str, Any]:
-        """Serialise in the stable order of SPEC §2.3; datetimes as ISO UTC with microseconds."""
+        """Serialise in a stable key order; datetimes as ISO UTC with microseconds."""
         data: dict[str, Any] = {}
         for name in _ENTRY_FIELD_ORDER:
             value = getattr(self, name)
@@ -424,7 +424,7 @@ class SessionEntry(_Model):
 
 
 class MessageType(str, Enum):
-    """Kind of an inbound message (SPEC §8.1)."""
+    """Kind of an inbound message."""
 
     TEXT = "text"
     PHOTO = "photo"
@@ -442,7 +442,7 @@ def new_event_id() -> str:
 
 
 class MessageEvent(_Untrusted):
-    """One inbound message (or internal wake) with its source (SPEC §8.1)."""
+    """One inbound message (or internal wake) with its source."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
@@ -530,7 +530,7 @@ class MessageEvent(_Untrusted):
 
 
 class SessionContext(_Model):
-    """What the system prompt says about the current session (SPEC §9.1).
+    """What the system prompt says about the current session.
 
     Built by :func:`hermes_core.build_session_context`; ``session_entry`` is the routing entry it
     was built from (platform notes read it), ``hermes_home`` None means ``$HERMES_HOME`` and

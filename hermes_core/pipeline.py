@@ -1,4 +1,4 @@
-"""The durable steps of one turn (SPEC §7.3, §7.5, §7.10-§7.12): three commits per turn.
+"""The durable steps of one turn: three commits per turn.
 
 1. :meth:`TurnPipeline.begin`: the lane's session (created or reopened if needed), the turn
    marker, the user message, the removal of the queued event and the platform message id as seen,
@@ -36,7 +36,7 @@ class Turn:
     entry: SessionEntry
     token: str
     note: str | None
-    """The resume note (SPEC §7.10) when the lane resumes a fresh interruption."""
+    """The resume note when the lane resumes a fresh interruption."""
     suspended_before: bool = False
     """The lane was suspended: this turn opened a new session (the sender is told)."""
 

@@ -1,4 +1,4 @@
-"""TurnQueue: the per-lane queue of inbound events waiting for a turn (SPEC §8.2-§8.7).
+"""TurnQueue: the per-lane queue of inbound events waiting for a turn.
 
 Per session key one ordered list: the head is the *slot* (next up), the rest the *overflow*. Every
 enqueue, merge and discard is written to the store's ``queued_events`` (tier D) before it shows in
@@ -219,7 +219,7 @@ class TurnQueue:
         self._store.after_commit(send)
 
     def _mergeable_into(self, tail: QueuedItem, event: MessageEvent, now: float) -> bool:
-        """Whether ``event`` merges into ``tail`` (SPEC §8.3) within the burst bounds.
+        """Whether ``event`` merges into ``tail`` within the burst bounds.
 
         An item whose turn failed to start takes no more follow-ups: all its rows then share one
         attempt count and become a dead letter together."""

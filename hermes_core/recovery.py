@@ -1,4 +1,4 @@
-"""Start-up and shutdown of a gateway's persistent state (SPEC §7.1, §7.2, §7.4, §7.7, §13.3).
+"""Start-up and shutdown of a gateway's persistent state.
 
 :class:`GatewayState` takes the instance lock, opens the store and runs the recovery steps at
 start-up; at a graceful stop it runs the shutdown steps, closes the store and writes
@@ -70,7 +70,7 @@ def record_crash_left_replies(
     config: GatewayConfig,
     diagnostic_muted: Callable[[str, str], bool] | None = None,
 ) -> dict[str, str]:
-    """SPEC §7.4: before markers are turned into resumes, find turns whose reply was stored but
+    """Before markers are turned into resumes, find turns whose reply was stored but
     never recorded for delivery, and record it (origin ``crash``) so the turn is not rerun.
 
     Returns what happened per session key: ``ledgered`` (a ledger row already covers it),
@@ -120,7 +120,8 @@ def record_crash_left_replies(
 def last_reply(
     messages: list[dict[str, Any]],
 ) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
-    """The last assistant reply qualifying under SPEC §7.4 (and the user row before it)."""
+    """The last visible message if it is an assistant reply with text and no tool calls (and
+    the user row before it)."""
     visible = [m for m in messages if m.get("role") not in ("system", "session_meta")]
     if not visible:
         return None, None
@@ -151,7 +152,7 @@ class GatewayState:
     context: RecoveryContext | None = None
 
     def start(self) -> SessionStore:
-        """SPEC §7.2 steps 1-3: lock, open the store, run the start-up recovery steps."""
+        """The first steps of a start: lock, open the store, run the start-up recovery steps."""
         arm()
         plugins = self.plugins or default_plugin_manager(self.config)
         self.plugins = plugins

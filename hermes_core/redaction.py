@@ -1,4 +1,4 @@
-"""Untrusted-metadata neutralisation (SPEC §9.3) and PII pseudonyms (SPEC §9.4).
+"""Untrusted-metadata neutralisation and PII pseudonyms.
 
 Names, topics and ids come from the platform and are data, never instructions: the prompt shows
 them quoted (a JSON string literal) or, in a sender prefix, inline on one line. Redaction changes
@@ -62,14 +62,14 @@ def _cap(text: str) -> str:
 
 
 def quote_untrusted(value: str) -> str:
-    """The quoted form of SPEC §9.3: cleaned, trimmed, capped, then a JSON string literal without
-    ASCII escaping, so an injected heading or newline stays inside one quoted value."""
+    """The quoted form of untrusted metadata: cleaned, trimmed, capped, then a JSON string literal
+    without ASCII escaping, so an injected heading or newline stays inside one quoted value."""
     return json.dumps(_cap(_clean(value).strip()), ensure_ascii=False)
 
 
 def inline_untrusted(value: str) -> str:
-    """The inline form of SPEC §9.3 (sender prefix): like :func:`quote_untrusted` but on one line,
-    whitespace runs collapsed, not quoted; ordinary names come back unchanged."""
+    """The inline form of untrusted metadata (sender prefix): like :func:`quote_untrusted` but on
+    one line, whitespace runs collapsed, not quoted; ordinary names come back unchanged."""
     return _cap(_WHITESPACE_RE.sub(" ", _clean(value)).strip())
 
 
@@ -124,7 +124,7 @@ def _being_written(path: Path) -> bool:
 
 
 def load_hmac_key(path: Path) -> bytes | None:
-    """The install secret in ``path``, created on first use (SPEC §9.4); None when it is unusable
+    """The install secret in ``path``, created on first use; None when it is unusable
     (not creatable, unreadable, non-regular, a symlink, malformed, or accessible by group or
     others), after logging an error that names the file but never its content."""
     try:
@@ -150,7 +150,7 @@ def load_hmac_key(path: Path) -> bytes | None:
 
 class Redactor:
     """How ids appear in text written for the model: raw, or pseudonymised when redaction is on
-    and the id belongs to a PII-safe platform (SPEC §9.4).
+    and the id belongs to a PII-safe platform.
 
     One instance serves one prompt (or one sender prefix): the HMAC key is read at most once, on
     the first pseudonym. Hooks consulted for redaction (the platform lookup for ``pii_safe`` and

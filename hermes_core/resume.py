@@ -1,4 +1,4 @@
-"""Auto-resume after a restart (SPEC §7.8) and the resume note of the next turn (SPEC §7.10)."""
+"""Auto-resume after a restart and the resume note of the next turn."""
 
 from __future__ import annotations
 
@@ -78,7 +78,7 @@ def resume_candidates(
     busy: Callable[[str], bool] = lambda _key: False,
     authorised: Callable[[SessionSource], bool] | None = None,
 ) -> list[SessionEntry]:
-    """Lanes to auto-resume (SPEC §7.8): ``resume_pending`` with an auto-resume reason, not
+    """Lanes to auto-resume: ``resume_pending`` with an auto-resume reason, not
     suspended, with an origin (on ``platform`` if given), anchored (``last_resume_marked_at``,
     else ``updated_at``) within the freshness window, idle, on a connected platform, and whose
     sender passes the host's authorisation re-check."""

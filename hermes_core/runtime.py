@@ -1,4 +1,4 @@
-"""The asyncio runtime (SPEC §7.2, §7.8, §7.9, §8, §10, §11): one ``Gateway`` per process.
+"""The asyncio runtime: one ``Gateway`` per process.
 
 Turns of one session key never overlap; turns of different keys run concurrently. Every store
 write runs on the store's writer thread (``store.arun``), where concurrent lanes' steps share a
@@ -20,7 +20,9 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+import signal
 from collections.abc import Callable, Sequence
+from types import TracebackType
 from typing import Any, NoReturn
 
 from cachetools import LRUCache, TTLCache
@@ -75,7 +77,7 @@ AgentFactory = Callable[[SessionEntry], Agent]
 
 
 def _delivered() -> None:
-    """After a delivery's settle commit (SPEC §7.12): the row is gone, the turn closed."""
+    """After a delivery's settle commit: the row is gone, the turn closed."""
     crash_point("delivered")
     crash_point("marker_cleared")
 
@@ -148,6 +150,52 @@ class Gateway:
         self._prompts: LRUCache[tuple[str, SessionSource], tuple[str, SessionContext]] = LRUCache(
             maxsize=PROMPT_CACHE_SIZE
         )
+        self._unadapted: set[str] = set()
+        """Platforms without an adapter whose events were already warned about."""
+        self._stop_task: asyncio.Task[bool] | None = None
+        self._cut_drain = asyncio.Event()
+        """Set to end a running drain at once, as if its time had run out."""
+
+    async def __aenter__(self) -> Gateway:
+        """``async with Gateway(...) as gateway:`` starts it and stops it (with a drain)."""
+        await self.start()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        await self.stop()
+
+    async def serve(self) -> bool:
+        """Run until SIGINT or SIGTERM (Unix), then stop with a drain; returns what ``stop``
+        returns. Starts the gateway unless it is started already. A second signal during the
+        drain interrupts the turns still running at once (they resume after the next start)."""
+        loop = asyncio.get_running_loop()
+        signalled = asyncio.Event()
+
+        def on_signal(signum: signal.Signals) -> None:
+            if signalled.is_set():
+                logger.warning("%s again: interrupting the running turns", signum.name)
+                self._cut_drain.set()
+                return
+            logger.info("%s: stopping after the running turns (send it again to hurry)",
+                        signum.name)  # fmt: skip
+            signalled.set()
+
+        handled = (signal.SIGINT, signal.SIGTERM)
+        for signum in handled:
+            loop.add_signal_handler(signum, on_signal, signum)
+        try:
+            if self._loop is None:
+                await self.start()
+            await signalled.wait()
+            return await self.stop()
+        finally:
+            for signum in handled:
+                loop.remove_signal_handler(signum)
 
     # -- start ---------------------------------------------------------------------------------
 
@@ -174,7 +222,7 @@ class Gateway:
         return self.plugins.notify if self.plugins.observing else None
 
     async def start(self) -> None:
-        """SPEC §7.2: lock, store, recovery steps under the gate; ledger sweep; auto-resume;
+        """Lock, store, recovery steps under the gate; ledger sweep; auto-resume;
         lower the gate when the resumed turns end (or the wait expires); housekeeping."""
         self._loop = asyncio.get_running_loop()
         try:
@@ -207,7 +255,7 @@ class Gateway:
             await asyncio.wait(settling, timeout=deadline - loop.time())
 
     async def _resume(self, platform: str | None) -> int:
-        """Start one internal resume turn per eligible lane (SPEC §7.8)."""
+        """Start one internal resume turn per eligible lane."""
         entries = await asyncio.to_thread(
             functools.partial(
                 resume_candidates, self.store, self.config.agent.gateway_auto_continue_freshness,
@@ -250,7 +298,7 @@ class Gateway:
         return key in self._lanes or key in self._commands
 
     async def handle_message(self, event: MessageEvent) -> None:
-        """Store an inbound event durably, then run or queue its turn (SPEC §7.9, §8.4).
+        """Store an inbound event durably, then run or queue its turn.
 
         Returns once the event is stored: the adapter may acknowledge it then. A message the
         lane already has (the platform delivering it again) is ignored. Raises
@@ -261,6 +309,13 @@ class Gateway:
             if self._loop is None:
                 raise HermesError("the gateway is not started; await gateway.start() first")
             await self._ready.wait()  # start-up has not restored the queue yet
+        platform = event.source.platform
+        if platform not in self.adapters and platform not in self._unadapted:
+            self._unadapted.add(platform)
+            logger.warning(
+                "no adapter for platform %r: its messages are stored and queued but not answered "
+                "until the gateway is built with an adapter for it", platform,
+            )  # fmt: skip
         key = self.store.session_key_for(event.source)
         if self._seen.seen_before(key, event):
             logger.info("ignored a message delivered again")
@@ -423,7 +478,7 @@ class Gateway:
             return False
 
     async def _reset(self, key: str, event: MessageEvent, rest: str) -> None:
-        """SPEC §6.2: interrupt, discard human items, clean up the agent, new session, reply."""
+        """Interrupt, discard human items, clean up the agent, new session, reply."""
         await self._halt(key, "user")
         await self._interrupt_background(key)
         await self.store.arun(self._queue.discard_humans, key)
@@ -442,7 +497,7 @@ class Gateway:
         store.counts.remove(key)
 
     async def _stop_lane(self, key: str, event: MessageEvent) -> None:
-        """SPEC §8.5 ``/stop``: interrupt the turn and background work, drop the slot's human
+        """``/stop``: interrupt the turn and background work, drop the slot's human
         follow-up, keep the overflow (``/queue`` items and internal wakes), say what happened."""
         stopped = await self._halt(key, "user")
         stopped = await self._interrupt_background(key) or stopped
@@ -458,7 +513,7 @@ class Gateway:
         self._dispatch_next(key)
 
     async def _queue_command(self, key: str, event: MessageEvent, prompt: str) -> None:
-        """SPEC §8.5 ``/queue <prompt>``: one complete turn, in order, never merged."""
+        """``/queue <prompt>``: one complete turn, in order, never merged."""
         if not prompt.strip() and not event.media_urls:
             await self._reply(event.source, QUEUE_USAGE)
             return
@@ -595,7 +650,7 @@ class Gateway:
 
     async def _wake_current(self, key: str, event: MessageEvent) -> bool:
         """Whether an event may run now: a wake bound to an older session only if the host's
-        resolver allows it (SPEC §8.6)."""
+        resolver allows it."""
         bound = event.bound_session_id
         if not (event.internal and bound):
             return True
@@ -884,9 +939,14 @@ class Gateway:
     # -- stop --------------------------------------------------------------------------------------
 
     async def stop(self, restart: bool = False) -> bool:
-        """SPEC §7.8: stop dispatching, mark running turns, drain (bounded), interrupt what is
-        left, clean up agents, close the store; True when the drain finished in time and every
-        mark was stored."""
+        """Stop dispatching, mark running turns, drain (bounded), interrupt what is left, clean
+        up agents, close the store; True when the drain finished in time and every mark was
+        stored. Stopping again returns the first stop's result."""
+        if self._stop_task is None:
+            self._stop_task = asyncio.create_task(self._stop(restart))
+        return await self._stop_task
+
+    async def _stop(self, restart: bool) -> bool:
         mode = "restart" if restart else "shutdown"
         self._stopping = mode
         if self._housekeeping is not None:
@@ -903,9 +963,8 @@ class Gateway:
         tasks += [*self._commands.values(), *self._background]  # queued commands, retries
         pending: set[asyncio.Future[Any]] = set()
         if tasks:
-            _done, pending = await asyncio.wait(
-                tasks, timeout=self.config.agent.restart_drain_timeout
-            )
+            await self._drain(tasks)
+            pending = {task for task in tasks if not task.done()}
         if pending:
             marked = await self._mark_running(mode) and marked
             for lane in list(self._lanes.values()):
@@ -916,6 +975,18 @@ class Gateway:
             crash_point("drain_timed_out")
         await asyncio.to_thread(self.cache.close)
         return await asyncio.to_thread(self.state.stop, drained=not pending and marked)
+
+    async def _drain(self, tasks: list[asyncio.Future[Any]]) -> None:
+        """Wait until ``tasks`` are done, ``agent.restart_drain_timeout`` passes or the drain
+        is cut short."""
+        done = asyncio.ensure_future(asyncio.wait(tasks))
+        cut = asyncio.ensure_future(self._cut_drain.wait())
+        await asyncio.wait(
+            (done, cut), timeout=self.config.agent.restart_drain_timeout,
+            return_when=asyncio.FIRST_COMPLETED,
+        )  # fmt: skip
+        done.cancel()
+        cut.cancel()
 
     async def _mark_running(self, mode: str) -> bool:
         """Flag the lanes whose turn is still running (their marker still set when the flag is

@@ -29,7 +29,7 @@ class PlatformSpec(BaseModel):
     label: str | None = None
     """Display label in the prompt; default: the title-cased name."""
     pii_safe: bool = False
-    """Whether user and chat ids may be pseudonymised in the prompt (SPEC §9.4)."""
+    """Whether user and chat ids may be pseudonymised in the prompt."""
     scope: Callable[[SessionSource], str | None] | None = None
     """Key scope component (e.g. Slack's workspace), or None for none."""
     canonical_dm_chat_id: Callable[[str], str] | None = None

@@ -1,4 +1,4 @@
-"""The built-in eviction plugin: offers the core's LRU planner (SPEC §13.4).
+"""The built-in eviction plugin: offers the core's LRU planner.
 
 A plugin offering its own policy through ``hermes_eviction_policy`` replaces this one.
 """

@@ -1,4 +1,4 @@
-"""Built-in recovery steps (SPEC §7.2, §13.3), run once per start in this order:
+"""Built-in recovery steps, run once per start in this order:
 
 - 100 ``jsonl_backlog_replay``: import messages stored while SQL was unavailable;
 - 200 ``fts_rebuild_if_stale``: rebuild a full-text index that failed open;
@@ -98,7 +98,7 @@ def stuck_loop(context: RecoveryContext) -> None:
 
 
 def queue_restore(context: RecoveryContext) -> None:
-    """Reload the events that were queued when the previous process stopped (SPEC §8.7)."""
+    """Reload the events that were queued when the previous process stopped."""
     restore = context.queue_restore
     restored = restore() if restore is not None else len(context.store.queue_restore())
     context.report.queued_events_restored = restored

@@ -1,4 +1,4 @@
-"""WhatsApp: one person, one key, whichever identifier form the bridge reports (SPEC §4.6).
+"""WhatsApp: one person, one key, whichever identifier form the bridge reports.
 
 A person may appear as ``<digits>@s.whatsapp.net`` (optionally ``:<device>``), ``+<digits>`` or
 ``<digits>@lid``. DM chat ids and participants are canonicalised to the shortest alias found

@@ -1,4 +1,4 @@
-"""The degraded JSONL store backend, the core's own fallback (SPEC §3.5.4).
+"""The degraded JSONL store backend, the core's own fallback.
 
 Not a plugin and not selected by a ``storage.url`` scheme: ``SessionStore`` opens
 :class:`JsonlBackend` itself when a local store (``StoreSpec.local``) cannot be used, so new
@@ -78,7 +78,7 @@ class JsonlBackend:
     """:class:`~hermes_core.store.backend.StoreBackend` over ``sessions.json`` and JSONL files.
 
     ``touch_flush_interval`` is how long coalesced touches may wait for :meth:`flush_touches`
-    (SPEC: at least every 60 s). The caller creates ``sessions_dir`` (0700) beforehand.
+    (at most 60 s). The caller creates ``sessions_dir`` (0700) beforehand.
     """
 
     def __init__(

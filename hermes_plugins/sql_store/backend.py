@@ -1,4 +1,4 @@
-"""The SQL backend: SQLAlchemy Core over SQLite (default) or PostgreSQL (SPEC §3.5, §12).
+"""The SQL backend: SQLAlchemy Core over SQLite (default) or PostgreSQL.
 
 Routing rows, sessions, transcripts and search; the connections and schema live in
 ``connection``, the delivery ledger in ``ledger``.

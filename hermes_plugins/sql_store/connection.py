@@ -149,7 +149,15 @@ class SqlConnection:
             }
             if self.read_only:  # the server refuses writes too
                 settings["options"] = "-c default_transaction_read_only=on"
-            return create_engine(self.url, pool_pre_ping=True, connect_args=settings)
+            # A plain postgresql:// means psycopg 3 here (SQLAlchemy's default is psycopg2).
+            url = self.url.set(drivername="postgresql+psycopg")
+            try:
+                return create_engine(url, pool_pre_ping=True, connect_args=settings)
+            except ImportError as exc:  # the driver is imported when the engine is created
+                raise StoreUnavailableError(
+                    f"{self.display}: the PostgreSQL driver psycopg cannot be imported ({exc}); "
+                    "install hermes-sessions[postgres]: pip install 'hermes-sessions[postgres]'."
+                ) from exc
         database = self.url.database
         if not database or database == ":memory:":
             raise StoreUnavailableError(

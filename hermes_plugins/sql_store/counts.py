@@ -1,4 +1,4 @@
-"""Stuck-loop counts in SQL (SPEC §7.1, §7.7): on PostgreSQL several instances share the store,
+"""Stuck-loop counts in SQL: on PostgreSQL several instances share the store,
 so each row is tagged with the instance that last struck the lane."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The delivery ledger's rows in the SQL store (SPEC §7.5)."""
+"""The delivery ledger's rows in the SQL store."""
 
 from __future__ import annotations
 

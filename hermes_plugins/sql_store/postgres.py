@@ -1,4 +1,4 @@
-"""PostgreSQL's turn statements: each commit of a turn in one round trip (SPEC §3.5, §7.3).
+"""PostgreSQL's turn statements: each commit of a turn in one round trip.
 
 On SQLite a statement costs microseconds, so a turn's writes stay separate statements. On
 PostgreSQL every statement is a round trip to the server; data-modifying CTEs let the start of a

@@ -1,5 +1,5 @@
 """The durable per-lane queue of inbound events, its dead letters and the redelivery check in
-the SQL store (SPEC §8.7)."""
+the SQL store."""
 
 from __future__ import annotations
 

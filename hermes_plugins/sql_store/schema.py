@@ -1,4 +1,4 @@
-"""One SQL schema for SQLite and PostgreSQL (SPEC §3.5.2), with versioned, idempotent upgrades.
+"""One SQL schema for SQLite and PostgreSQL, with versioned, idempotent upgrades.
 
 Canonical tables are SQLAlchemy Core ``Table`` objects; the full-text index is derived (SQLite
 FTS5 external content over a view, PostgreSQL ``tsvector`` + GIN) and lives in dialect helpers.
@@ -311,7 +311,7 @@ POSTGRES_COUNT_TRIGGER = (
 
 
 def _v1_canonical(conn: Connection) -> None:
-    """Version 1: every table of SPEC §3.5.2."""
+    """Version 1: every table of the store."""
     metadata.create_all(conn)
 
 

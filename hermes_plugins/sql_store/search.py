@@ -1,4 +1,4 @@
-"""Full-text search over active messages (SPEC §3.5.5): FTS5, tsvector, or a substring scan."""
+"""Full-text search over active messages: FTS5, tsvector, or a substring scan."""
 
 from __future__ import annotations
 

@@ -1,0 +1,10 @@
+"""``python -m hermes_core``: the ``hermes-sessions`` command line."""
+
+from __future__ import annotations
+
+import sys
+
+from hermes_core.cli import main
+
+if __name__ == "__main__":
+    sys.exit(main())
