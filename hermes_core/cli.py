@@ -1,4 +1,4 @@
-"""The ``hermes-sessions`` console script (SPEC §4.9, §12.4).
+"""The ``hermes-sessions`` console script.
 
 Errors a user can cause print one line, ``hermes-sessions: error: <message>``, and exit 2 (a
 traceback too under ``--debug``); exit 1 is kept for commands that report problems found.
@@ -280,7 +280,7 @@ def _source(args: argparse.Namespace, plugins: HermesPluginManager) -> SessionSo
     """The source given by ``--source-json`` and the field options (options win).
 
     Parsed with ``SessionSource.from_dict`` so bad values raise the library's named errors.
-    ``is_bot`` and ``role_authorized`` are never read from data (SPEC §1), so the flags are
+    ``is_bot`` and ``role_authorized`` are never read from data, so the flags are
     applied to the parsed source.
     """
     data = {"chat_id": ""} if args.source_json is None else _read_source_json(args.source_json)

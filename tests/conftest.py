@@ -119,7 +119,7 @@ def empty_database() -> str:
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
-    """Print the crash suite's table (SPEC §7.12) when it ran."""
+    """Print the crash suite's table when it ran."""
     if not CRASH_TABLE:
         return
     terminalreporter.write_sep("-", "crash suite")

@@ -1,4 +1,4 @@
-"""The acknowledgement point (SPEC §7.9): ``Gateway.handle_message`` returns only once the event
+"""The acknowledgement point: ``Gateway.handle_message`` returns only once the event
 is durably stored, the turn's first commit for an idle lane, the queue's commit for a busy one.
 The real ``Gateway`` runs in a child process (``support/gateway_driver.py``) that SIGKILLs itself
 right after ``handle_message`` returned for the last event, after the acknowledgement was written

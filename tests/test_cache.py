@@ -1,4 +1,4 @@
-"""AgentCache (SPEC §11): LRU, capacity, idle TTL, memory pressure, the never-evicted classes,
+"""AgentCache: LRU, capacity, idle TTL, memory pressure, the never-evicted classes,
 eviction policies, soft release vs full cleanup, observers and lock discipline."""
 
 from __future__ import annotations

@@ -1,8 +1,9 @@
-"""Session context and its prompt section (SPEC §5, §9.1, §9.2): golden texts, stability, sender
+"""Session context and its prompt section: golden texts, stability, sender
 prefix, platform notes and failure policies.
 
-The golden texts are written out by hand from the SPEC; pseudonyms in them were computed with
-``hashlib``/``hmac`` directly (see the comments), never by calling the code under test.
+The golden texts are written out by hand from the documented format; pseudonyms in them were
+computed with ``hashlib``/``hmac`` directly (see the comments), never by calling the code under
+test.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""A bounded random-kill campaign (SPEC §7.12) on SQLite and PostgreSQL: the real ``Gateway`` in a
+"""A bounded random-kill campaign on SQLite and PostgreSQL: the real ``Gateway`` in a
 child process serves six busy lanes and is killed by SIGKILL at random moments, dozens of times;
 the platform delivers new messages before every restart and delivers again whatever was not
 acknowledged. Then graceful stops timed as turns finish. After a final clean run the promises must

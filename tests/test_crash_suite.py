@@ -1,6 +1,6 @@
-"""The crash suite (SPEC §7.12): the real ``Gateway`` runs in a child process behind a platform
+"""The crash suite: the real ``Gateway`` runs in a child process behind a platform
 simulated in files (``support/gateway_driver.py``) and is killed by SIGKILL at every crash point,
-on SQLite and on PostgreSQL; restarted twice, the promises of SPEC §7 must hold: no acknowledged
+on SQLite and on PostgreSQL; restarted twice, the recovery promises must hold: no acknowledged
 message lost, every message answered, each reply delivered at most once plainly plus at most once
 with the restart prefix, no turn resumed twice, no lane left ``resume_pending`` or marked active.
 The same points are also reached while a start-up recovers from an earlier crash. A table of the

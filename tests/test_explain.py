@@ -1,4 +1,4 @@
-"""explain_session_key (SPEC §4.9) and the session-type lines (SPEC §5)."""
+"""explain_session_key and the session-type lines."""
 
 from __future__ import annotations
 

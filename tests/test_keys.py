@@ -294,7 +294,7 @@ def test_namespace_inverse(profile: str) -> None:
 
 
 def _oracle_shared(source: SessionSource, group_flag: bool, thread_flag: bool) -> bool:
-    """SPEC §5's table, written independently of the key code."""
+    """The multi-user table, written independently of the key code."""
     if source.chat_type == "dm":
         return False
     has_sender = bool(source.user_id_alt or source.user_id)

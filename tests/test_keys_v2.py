@@ -105,7 +105,7 @@ def test_parse_refuses_what_build_never_writes(key: str) -> None:
         parse_session_key(key)
 
 
-# -- the property: SPEC's components, written independently of the key code ---------------------
+# -- the property: the key components, written independently of the key code -------------------
 
 IDS = st.one_of(
     st.sampled_from(["", "1", "17585", "42", ":", "%", "%3A", "%25", ".", "..", "a:b", "u=1",

@@ -1,4 +1,4 @@
-"""The delivery ledger (SPEC §7.5-§7.6) and auto-resume eligibility (SPEC §7.8, §7.10)."""
+"""The delivery ledger and auto-resume eligibility."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Memory budget and signal of the agent cache (SPEC §11.4), on fake cgroup trees."""
+"""Memory budget and signal of the agent cache, on fake cgroup trees."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""TurnQueue: slot and overflow, cap, burst and album merges, discards, persistence (SPEC §8)."""
+"""TurnQueue: slot and overflow, cap, burst and album merges, discards, persistence."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Restart recovery (SPEC §7): instance lock, clean-shutdown marker, turn markers, stuck-loop
+"""Restart recovery: instance lock, clean-shutdown marker, turn markers, stuck-loop
 counting, crash-left replies and recovery-step isolation."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Untrusted-metadata neutralisation (SPEC §9.3) and PII pseudonyms (SPEC §9.4)."""
+"""Untrusted-metadata neutralisation and PII pseudonyms."""
 
 from __future__ import annotations
 

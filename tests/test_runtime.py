@@ -1,4 +1,4 @@
-"""The asyncio Gateway (SPEC §8, §7.8, §7.9): turns, queueing, commands, acks, gate and drain."""
+"""The asyncio Gateway: turns, queueing, commands, acks, gate and drain."""
 
 from __future__ import annotations
 

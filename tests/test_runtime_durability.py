@@ -1,4 +1,4 @@
-"""Queued events survive a real SIGKILL and run once, in order, after the restart (SPEC §8.7)."""
+"""Queued events survive a real SIGKILL and run once, in order, after the restart."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Faults on the Gateway's turn path: stored before acknowledged, never silent (SPEC §7, §8).
+"""Faults on the Gateway's turn path: stored before acknowledged, never silent.
 
 Each test drives the real ``Gateway`` and injects a fault at one stage: the store refusing the
 turn's first commit, the database locked past the busy timeout, a reply that cannot be stored, a

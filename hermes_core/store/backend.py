@@ -1,4 +1,4 @@
-"""The persistence contract a storage backend implements (SPEC §3, §13.2).
+"""The persistence contract a storage backend implements.
 
 :class:`~hermes_core.store.SessionStore` owns the lifecycle rules (keys, flags, the writer, the
 entry cache); a backend only persists. Every write method is one transaction committed before
@@ -26,7 +26,7 @@ EntryDict = Mapping[str, Any]
 """A ``SessionEntry.to_dict()`` mapping."""
 
 Message = Mapping[str, Any]
-"""A transcript message: ``role`` plus optional fields (SPEC §3.4); other keys go to extra_json."""
+"""A transcript message: ``role`` plus optional fields; other keys go to extra_json."""
 
 MESSAGE_COLUMNS = (
     "role", "content", "tool_calls", "tool_call_id", "tool_name", "timestamp", "token_count",
@@ -73,7 +73,7 @@ RECOVERABLE_END_REASONS = frozenset({
     "agent_close", "ws_orphan_reap", "startup_orphan_reap", "superseded_by_resume", "lru_evict",
     "idle_timeout", "ws_disconnect", "tui_shutdown",
 })  # fmt: skip
-"""Resource-only end reasons (Appendix B.1): such rows are reopened with their id (SPEC §3.3)."""
+"""Resource-only end reasons: such rows are reopened with their id."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,7 +107,7 @@ class SessionRow:
 
     @property
     def reopenable(self) -> bool:
-        """Open, or ended for a resource-only reason, and not fenced (SPEC §3.3 step 4)."""
+        """Open, or ended for a resource-only reason, and not fenced."""
         if self.expiry_finalized:
             return False
         return self.end_reason is None or self.end_reason in RECOVERABLE_END_REASONS
@@ -132,7 +132,7 @@ OBLIGATION_STATES = ("pending", "attempting", "delivered", "failed", "abandoned"
 
 @dataclass(frozen=True, slots=True)
 class Obligation:
-    """One row of the delivery ledger: a reply owed to a chat (SPEC §7.5). Epoch-second times."""
+    """One row of the delivery ledger: a reply owed to a chat. Epoch-second times."""
 
     obligation_id: str
     session_key: str
@@ -222,7 +222,7 @@ class KeyMoves:
 
 @dataclass(frozen=True, slots=True)
 class SearchHit:
-    """One full-text search result (SPEC §3.5.5)."""
+    """One full-text search result."""
 
     session_id: str
     message_id: int
@@ -324,7 +324,7 @@ class StoreBackend(Protocol):
 
 
 class SearchCapable(Protocol):
-    """Capability ``search``: full-text search over active messages (SPEC §3.5.5)."""
+    """Capability ``search``: full-text search over active messages."""
 
     def search(
         self, query: str, *, session_id: str | None, session_key: str | None, limit: int
@@ -346,7 +346,7 @@ class TranscriptEditing(Protocol):
 
 
 class Pruning(Protocol):
-    """Capability ``pruning``: removing idle routing entries (SPEC §3.4)."""
+    """Capability ``pruning``: removing idle routing entries."""
 
     def prune_candidates(self, cutoff: float) -> list[str]:
         """Keys idle since before ``cutoff`` (epoch seconds), not suspended, without a marker."""
@@ -356,7 +356,7 @@ class Pruning(Protocol):
 
 
 class LedgerRows(Protocol):
-    """Capability ``ledger``: the delivery ledger's rows (SPEC §7.5)."""
+    """Capability ``ledger``: the delivery ledger's rows."""
 
     def add_obligation(
         self,
@@ -390,7 +390,7 @@ class LedgerRows(Protocol):
 
 class DurableQueue(Protocol):
     """Capability ``queue``: durable per-lane queues of events, dead letters and redelivery
-    records (SPEC §8.7)."""
+    records."""
 
     def add_queued(
         self, session_key: str, internal: bool, bound: str | None, event: str,
@@ -420,7 +420,7 @@ class DurableQueue(Protocol):
 
 class RestartCountRows(Protocol):
     """Capability ``restart_counts``: stuck-loop counts kept in the store, tagged with the
-    instance that struck the lane, so instances sharing the store keep their own (SPEC §7.7)."""
+    instance that struck the lane, so instances sharing the store keep their own."""
 
     def restart_counts(self, owner: str) -> dict[str, int]:
         """The stuck-loop counts of the lanes instance ``owner`` struck last."""
@@ -433,7 +433,7 @@ class RestartCountRows(Protocol):
 
 
 class BacklogTarget(Protocol):
-    """What the JSONL backlog replay needs from the canonical store (SPEC §3.5.4)."""
+    """What the JSONL backlog replay needs from the canonical store."""
 
     def get_meta(self, name: str) -> str | None:
         """A ``state_meta`` value, or None."""

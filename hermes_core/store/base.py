@@ -451,7 +451,7 @@ class StoreBase:
         metadata = copy.deepcopy(entry.metadata) if entry.metadata else {}
         return entry.model_copy(update={"metadata": metadata})
 
-    # -- sessions.json mirror (SPEC §3.5.3) --------------------------------------------------------
+    # -- sessions.json mirror --------------------------------------------------------
 
     def _import_mirror_once(self, sql: Maintenance) -> None:
         """Import an existing gateway's sessions.json into an empty routing table, once."""

@@ -1,8 +1,8 @@
-"""Secure file primitives for everything the library writes to disk (SPEC §3.5.1, §3.7).
+"""Secure file primitives for everything the library writes to disk.
 
 Files are created with their final mode (0600 files, 0700 directories), never widened and then
 chmod-ed; write targets are checked with ``lstat`` so a symlink or special file planted in the
-state directory is refused rather than followed. Durability follows the table of SPEC §3.7: the
+state directory is refused rather than followed. Durability takes three forms: the
 atomic procedure (temp file, fsync, replace, fsync the directory), exclusive create, and fsynced
 appends. A failed fsync is never retried: the data it covered is treated as lost.
 """
@@ -79,8 +79,8 @@ def _unlink_quietly(path: Path) -> None:
 def ensure_private_dir(path: Path) -> Path:
     """Create ``path`` and missing parents with mode 0700; returns ``path``.
 
-    An existing directory is kept as it is (a symlink to a directory is accepted, as SPEC §3.5.1
-    allows for ``$HERMES_HOME``); if group or others can access it, one warning names it. A path
+    An existing directory is kept as it is (a symlink to a directory is accepted, as
+    ``$HERMES_HOME`` may be one); if group or others can access it, one warning names it. A path
     that exists but is not a directory raises :class:`StoreError`.
     """
     missing: list[Path] = []
@@ -135,7 +135,7 @@ def refuse_special_target(path: Path) -> None:
 
 
 def atomic_write(path: Path, data: bytes) -> None:
-    """Replace ``path`` with ``data`` atomically and durably (SPEC §3.5.3 procedure).
+    """Replace ``path`` with ``data`` atomically and durably.
 
     A 0600 temp file in the same directory is written, fsynced and renamed over ``path``; then
     the directory is fsynced. On any failure the temp file is removed, the old file is kept (the
@@ -173,7 +173,7 @@ def atomic_write(path: Path, data: bytes) -> None:
 def create_private_file(path: Path, data: bytes) -> bool:
     """Create ``path`` (mode 0600) holding ``data``, durably; False if it already exists.
 
-    Exclusive create, write, fsync the file and the directory (SPEC §3.7), so a file that exists
+    Exclusive create, write, fsync the file and the directory, so a file that exists
     is always complete: a failed write removes it again and raises :class:`StoreError`. An
     existing symlink or non-regular file at ``path`` raises :class:`StoreError` instead of
     returning False, so callers never go on to read through a planted link.
@@ -271,7 +271,7 @@ def child_path(directory: Path, name: str) -> Path:
     """``directory / name``, refused with :class:`InvalidValueError` unless it stays inside.
 
     Both sides are resolved, so ``..``, absolute names and symlinks pointing out of the directory
-    are caught (the SPEC §2.4 traversal guard). The unresolved path is returned; open it without
+    are caught (the path-traversal guard). The unresolved path is returned; open it without
     following symlinks.
     """
     try:

@@ -1,7 +1,7 @@
-"""The ``sessions.json`` mirror of the routing index (SPEC §3.5.3).
+"""The ``sessions.json`` mirror of the routing index.
 
 With a SQL store the file only mirrors ``gateway_routing`` for inspection and disaster recovery;
-while degraded (SPEC §3.5.4) it is the routing index itself. Writing is atomic and ordered by a
+while degraded it is the routing index itself. Writing is atomic and ordered by a
 monotonic revision; reading is tolerant: a damaged file or entry is reported and skipped, never
 repaired or deleted, so nothing a user might still recover is lost.
 """
@@ -102,7 +102,7 @@ class MirrorContents:
     """Loadable entries by session key."""
     unregistered: dict[str, dict[str, Any]] = field(default_factory=dict)
     """Members skipped only because their origin platform is not registered, kept verbatim so a
-    writer can preserve them until the platform's plugin loads again (SPEC §13.1)."""
+    writer can preserve them until the platform's plugin loads again."""
     problem: str | None = None
     """Why the file as a whole could not be used (unreadable, not JSON, not an object)."""
 
@@ -114,7 +114,7 @@ def _origin_platform(value: Mapping[str, Any]) -> str:
 
 
 def load_mirror(path: Path, plugins: HermesPluginManager | None = None) -> MirrorContents:
-    """Read a mirror file leniently (SPEC §3.5.3 import rules); the file is never modified.
+    """Read a mirror file leniently; the file is never modified.
 
     A missing file is simply empty. An unreadable or unparsable file logs one warning naming it
     and yields nothing. ``_``-prefixed members are skipped; an invalid entry, or one stored under

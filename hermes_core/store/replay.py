@@ -1,4 +1,4 @@
-"""Replay of the degraded-mode backlog into the SQL store (SPEC §3.5.4 "Replay").
+"""Replay of the degraded-mode backlog into the SQL store.
 
 While SQL is unusable, transcripts go to ``<sessions_dir>/<session_id>.jsonl`` and routing to
 ``sessions.json``. Once SQL opens again, each transcript file is imported past the byte offset

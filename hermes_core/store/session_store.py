@@ -1,4 +1,4 @@
-"""SessionStore: maps session keys to sessions and carries the lane state machine (SPEC §2, §3).
+"""SessionStore: maps session keys to sessions and carries the lane state machine.
 
 The routing index is canonical in the backend (one row per key); the entry map here is a bounded
 cache of it, loaded per key on first use, so opening and memory do not grow with the number of
@@ -83,7 +83,7 @@ class SessionStore(RekeyStore, TranscriptStore):
     ) -> None:
         self.close()
 
-    # -- get or create (SPEC §3.3) -----------------------------------------------------------------
+    # -- get or create -----------------------------------------------------------------
 
     def session_key_for(self, source: SessionSource) -> str:
         """The key the store files ``source`` under (effective flags and profile of the config)."""
@@ -135,7 +135,7 @@ class SessionStore(RekeyStore, TranscriptStore):
         return self._create(key, source, None, None, kind="new")
 
     def _reopen(self, key: str, source: SessionSource, row: SessionRow) -> SessionEntry:
-        """Rebuild the lane's entry from its newest resumable row (SPEC §3.3 step 4)."""
+        """Rebuild the lane's entry from its newest resumable row."""
         origin = source
         if row.origin_json:
             try:
@@ -221,7 +221,7 @@ class SessionStore(RekeyStore, TranscriptStore):
             return entry
         raise StoreError(f"could not draw an unused session id for {key} after 3 tries")
 
-    # -- lane state (SPEC §3.2) --------------------------------------------------------------------
+    # -- lane state --------------------------------------------------------------------
 
     @serialised
     def reset_session(
@@ -362,7 +362,7 @@ class SessionStore(RekeyStore, TranscriptStore):
         *,
         success: bool = True,
     ) -> bool:
-        """After a send attempt (SPEC §7.5, §7.11), in one commit: settle the ledger row (none
+        """After a send attempt, in one commit: settle the ledger row (none
         without the ledger) and, with ``close`` = (session key, turn token), end the lane's
         turn: its marker if still set and, after a ``success``, the resume flag and stuck-loop
         count where set. True when the platform accepted the reply."""
@@ -377,8 +377,8 @@ class SessionStore(RekeyStore, TranscriptStore):
     @serialised
     def close_turn(self, session_key: str, token: str | None, *, success: bool = True) -> None:
         """End a turn: clear its marker if ``token`` still owns it; after a success also the
-        resume flag and the stuck-loop count, each only where set (failed turns keep the flag,
-        SPEC §7.11). Writes nothing that would not change."""
+        resume flag and the stuck-loop count, each only where set (failed turns keep the flag).
+        Writes nothing that would not change."""
         if token is not None:
             self.clear_turn_active(session_key, token)
         if success:
@@ -505,7 +505,7 @@ class SessionStore(RekeyStore, TranscriptStore):
         with self._canonical():
             return self._backend.count_sessions() >= 2
 
-    # -- pruning (SPEC §3.4) -----------------------------------------------------------------------
+    # -- pruning -----------------------------------------------------------------------
 
     def _has_active_process(self, session_key: str) -> bool:
         if self._has_active_processes is None:

@@ -1,4 +1,4 @@
-"""Transcript operations of the store (SPEC §3.4, §3.5.5)."""
+"""Transcript operations of the store."""
 
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ logger = logging.getLogger(__name__)
 class TranscriptStore(StoreBase):
     """Append-only transcripts, rewrites by deactivation, soft deletes and search."""
 
-    # -- transcripts (SPEC §3.4) -------------------------------------------------------------------
+    # -- transcripts -------------------------------------------------------------------
 
     @staticmethod
     def _check_session_id(session_id: str) -> None:

@@ -1,5 +1,5 @@
 """Turn markers after a restart, the delivery obligations of finished turns and the durable
-queue of events waiting for a turn (SPEC §7.3, §7.5, §8.7).
+queue of events waiting for a turn.
 
 A marker set by ``mark_turn_active`` is the only evidence that a turn was interrupted; these
 operations turn the markers left by a dead process into ``resume_pending`` lanes (or discard them
@@ -37,7 +37,7 @@ _CLEARED_MARKER = {"active_turn_token": None, "active_turn_started_at": None}
 
 
 class StoredRestartCounts:
-    """Stuck-loop counts kept in the store, tagged with this instance (SPEC §7.7)."""
+    """Stuck-loop counts kept in the store, tagged with this instance."""
 
     def __init__(self, rows: RestartCountRows, owner: str) -> None:
         self.rows = rows
@@ -127,11 +127,11 @@ class TurnRecoveryStore(StoreBase):
 
     @serialised
     def recover_turn_markers(self, max_age_seconds: float = 3600) -> MarkerRecovery:
-        """SPEC §7.3: a fresh marker on a non-suspended lane arms ``resume_pending``
-        (``restart_interrupted``) unless a more specific reason is already set; every marker is
-        cleared; all in one transaction. A marker is stale when its start is missing or older
-        than ``max_age_seconds`` (when positive); ages are epoch differences, immune to the
-        host's time zone."""
+        """Crash recovery of turn markers: a fresh marker on a non-suspended lane arms
+        ``resume_pending`` (``restart_interrupted``) unless a more specific reason is already
+        set; every marker is cleared; all in one transaction. A marker is stale when its start
+        is missing or older than ``max_age_seconds`` (when positive); ages are epoch
+        differences, immune to the host's time zone."""
         now = utc_now()
         armed: list[str] = []
         kept: list[str] = []
@@ -152,7 +152,7 @@ class TurnRecoveryStore(StoreBase):
         return MarkerRecovery(tuple(armed), tuple(kept), len(updated))
 
     def recover_interrupted_turns(self, max_age_seconds: float = 3600) -> int:
-        """SPEC §7.3; returns the number of lanes newly armed."""
+        """Recover turn markers (:meth:`recover_turn_markers`); the number of lanes newly armed."""
         return len(self.recover_turn_markers(max_age_seconds).armed)
 
     def restart_counts(self) -> RestartCounter:
@@ -204,7 +204,7 @@ class TurnRecoveryStore(StoreBase):
         claimed: bool = False,
         reply: Message | None = None,
     ) -> Obligation | None:
-        """Record a reply before its first send (SPEC §7.5); with ``turn_token`` the lane's
+        """Record a reply before its first send; with ``turn_token`` the lane's
         marker is cleared in the same commit; ``claimed`` records it already ``attempting``
         (the send follows at once, so the claim needs no commit of its own); ``reply``, the
         reply's transcript message, is stored in the same commit too. Returns the row, or None
@@ -240,7 +240,7 @@ class TurnRecoveryStore(StoreBase):
             self._notify("turn_ended", cleared, token=turn_token, recorded=record.obligation_id)
         return record
 
-    # -- durable queue (SPEC §8.7) ----------------------------------------------------------
+    # -- durable queue ----------------------------------------------------------
 
     @serialised
     def queue_add(self, session_key: str, event: MessageEvent) -> int | None:

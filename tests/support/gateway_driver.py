@@ -22,7 +22,7 @@ and ``started.jsonl`` (a line each time ``gateway.start()`` returned). Modes:
 
 Parent: the helpers below write the inbox and the settings, run :func:`child` in a child process
 (forked from a server that imported the gateway once, so a restart costs no imports) with a bound
-on its time, and check the promises (SPEC §7.12) on the store and the platform's files afterwards.
+on its time, and check the promises on the store and the platform's files afterwards.
 """
 
 from __future__ import annotations
@@ -383,7 +383,7 @@ def answer_counts(workdir: Path, item: MessageEvent) -> tuple[int, int]:
 
 def _answers(text: str, event: MessageEvent) -> bool:
     """Whether a sent text (restart prefix removed) is the echo agent's answer to ``event``;
-    a resumed lane's next turn may carry the resume note before the message (SPEC §7.10)."""
+    a resumed lane's next turn may carry the resume note before the message."""
     if not text.startswith("echo: "):
         return False
     body = text[len("echo: ") :]
@@ -393,7 +393,7 @@ def _answers(text: str, event: MessageEvent) -> bool:
 def check_promises(
     workdir: Path, home: Path, events: Sequence[MessageEvent], interruptions: int | None
 ) -> Tally:
-    """Count the promises of SPEC §7.12 over every lane of ``events``.
+    """Count the crash-suite promises over every lane of ``events``.
 
     ``interruptions``: how many runs were killed or drained with a turn cut short, the most resume
     notes a lane may show (None: not known; then only notes after an answered turn count).
