@@ -18,6 +18,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = {
     "hermes_core": ROOT / "hermes_core",
@@ -207,3 +209,18 @@ def test_every_module_imports_first_in_a_fresh_interpreter() -> None:
     with ThreadPoolExecutor(max_workers=2) as pool:
         failures = {module: error for module, error in pool.map(_import_alone, order) if error}
     assert failures == {}
+
+
+def test_every_package_is_shipped() -> None:
+    """A package missing from pyproject's list works in a checkout and is absent when installed
+    (an ``operations`` package once failed CI that way)."""
+    tomllib = pytest.importorskip("tomllib", reason="reading pyproject.toml needs Python 3.11")
+    listed = set(
+        tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]
+    )
+    found = {
+        ".".join((name, *init.parent.relative_to(folder).parts))
+        for name, folder in PACKAGES.items()
+        for init in folder.rglob("__init__.py")
+    }
+    assert found == listed
