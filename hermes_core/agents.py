@@ -1,5 +1,5 @@
 """What the runtime drives: the ``Agent`` and ``Adapter`` protocols, with the ``EchoAgent`` and
-the in-memory adapter that ship for demos and tests."""
+the in-memory and console adapters that ship for demos, tests and the console commands."""
 
 from __future__ import annotations
 
@@ -152,3 +152,22 @@ class InMemoryAdapter:
     def texts(self, chat_id: str | None = None) -> list[str]:
         """The texts sent (to one chat)."""
         return [m.text for m in self.sent if chat_id is None or m.chat_id == chat_id]
+
+
+@dataclass
+class ConsoleAdapter:
+    """An adapter that prints what the gateway sends (``→ platform:chat[/thread]: text``) on
+    standard output, after ``indent``."""
+
+    platform: str
+    indent: str = "  "
+
+    def is_connected(self) -> bool:
+        return True
+
+    async def send(
+        self, source: SessionSource, text: str, *, reply_to: str | None = None
+    ) -> SendResult:
+        thread = f"/{source.thread_id}" if source.thread_id else ""
+        print(f"{self.indent}→ {source.platform}:{source.chat_id}{thread}: {text}", flush=True)
+        return SendResult(ok=True)

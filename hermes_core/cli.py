@@ -23,15 +23,18 @@ from hermes_core.errors import HermesError, InvalidValueError
 from hermes_core.explain import explain_session_key, format_explanation
 from hermes_core.keys import resolve_for_config
 from hermes_core.models import SessionSource
-from hermes_core.operations import browse, doctor, lanes, migrate
-from hermes_core.operations.common import global_options, load_config, store_options
+from hermes_core.operations import browse, console, doctor, lanes, migrate
+from hermes_core.operations.common import (
+    check_chat_type,
+    global_options,
+    load_config,
+    store_options,
+)
 from hermes_core.plugins import HermesPluginManager, create_plugin_manager
 from hermes_core.store import SessionStore
 from hermes_core.store.rekey import RekeyReport
 
 PROG = "hermes-sessions"
-CHAT_TYPES = ("dm", "group", "channel", "thread")
-"""The chat types ``key`` and ``explain`` accept (another type would key a new lane)."""
 EXIT_ERROR = 2
 
 Handler = Callable[[argparse.Namespace, GatewayConfig], int]
@@ -133,7 +136,7 @@ def _parser() -> argparse.ArgumentParser:
         help="state directory for the demo (default: a new temporary directory)",
     )  # fmt: skip
     demo.set_defaults(handler=_demo_command)
-    for module in (browse, lanes, doctor, migrate):
+    for module in (browse, lanes, doctor, migrate, console):
         module.register(commands, on_store)
     return parser
 
@@ -287,12 +290,7 @@ def _source(args: argparse.Namespace, plugins: HermesPluginManager) -> SessionSo
     data.update(
         {name: getattr(args, name) for name in _SOURCE_VALUES if getattr(args, name) is not None}
     )
-    if data.get("chat_type", "dm") not in CHAT_TYPES:
-        raise InvalidValueError(
-            "chat_type",
-            f"--chat-type {data['chat_type']!r} is not a chat type; use one of "
-            f"{', '.join(CHAT_TYPES)} (lowercase).",
-        )
+    check_chat_type(data.get("chat_type", "dm"), "--chat-type")
     source = SessionSource.from_dict(data, plugins=plugins)
     flags = {name: True for name in _SOURCE_FLAGS if getattr(args, name)}
     return source.replace(**flags) if flags else source

@@ -18,25 +18,13 @@ import sys
 import tempfile
 from pathlib import Path
 
-from hermes_core.agents import EchoAgent, InMemoryAdapter
+from hermes_core.agents import ConsoleAdapter, EchoAgent
 from hermes_core.config import GatewayConfig
-from hermes_core.ledger import SendResult
 from hermes_core.models import MessageEvent, SessionSource
 from hermes_core.plugins import create_plugin_manager
 from hermes_core.runtime import Gateway
 
 CRASH_POINT = "reply_stored"
-
-
-class ConsoleAdapter(InMemoryAdapter):
-    """Prints what the gateway sends."""
-
-    async def send(
-        self, source: SessionSource, text: str, *, reply_to: str | None = None
-    ) -> SendResult:
-        where = f"{source.platform}:{source.chat_id}"
-        print(f"    → {where}: {text}", flush=True)
-        return await super().send(source, text, reply_to=reply_to)
 
 
 def _source(chat: str, user: str, name: str, **fields: str) -> SessionSource:
@@ -66,7 +54,10 @@ def _gateway(state_dir: Path, delay: float) -> Gateway:
     )
     plugins = create_plugin_manager(config, load_entrypoints=False)
     return Gateway(
-        config, plugins, lambda entry: EchoAgent(delay), [ConsoleAdapter(ALICE_DM.platform)]
+        config,
+        plugins,
+        lambda entry: EchoAgent(delay),
+        [ConsoleAdapter(ALICE_DM.platform, indent="    ")],
     )
 
 

@@ -24,6 +24,8 @@ from hermes_core.store.operator import OperatorBackend
 
 Handler = Callable[[argparse.Namespace, GatewayConfig], int]
 Commands = "argparse._SubParsersAction[argparse.ArgumentParser]"
+CHAT_TYPES = ("dm", "group", "channel", "thread")
+"""The chat types the commands accept (another type would key a new lane)."""
 
 
 class UnknownLaneError(HermesError):
@@ -66,8 +68,17 @@ def store_options(*, top: bool) -> argparse.ArgumentParser:
 def load_config(args: argparse.Namespace) -> GatewayConfig:
     """The configuration a command runs with: ``--config`` or ``$HERMES_HOME/config.yaml``;
     ``--state-dir`` reads that directory as ``$HERMES_HOME`` (its config.yaml unless
-    ``--config`` is given); ``--url`` replaces ``storage.url``."""
+    ``--config`` is given; commands that run a gateway create it); ``--url`` replaces
+    ``storage.url``."""
     directory: Path | None = getattr(args, "store_dir", None)
+    if directory is not None and getattr(args, "creates_state_dir", False):
+        try:
+            directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+        except OSError as exc:
+            raise InvalidValueError(
+                "state_dir", f"{directory}: cannot be used as a state directory "
+                f"({exc.strerror}); name a directory."
+            ) from exc  # fmt: skip
     if directory is None:
         config = GatewayConfig.from_yaml(args.config) if args.config else GatewayConfig.load()
     elif not directory.is_dir():
@@ -137,6 +148,16 @@ def open_operator(
         )
     operator: OperatorBackend = backend
     return operator
+
+
+def check_chat_type(value: str, what: str) -> str:
+    """``value`` when it is one of :data:`CHAT_TYPES`; else a named error about ``what``."""
+    if value not in CHAT_TYPES:
+        raise InvalidValueError(
+            "chat_type",
+            f"{what} {value!r} is not a chat type; use one of {', '.join(CHAT_TYPES)} (lowercase).",
+        )
+    return value
 
 
 def find_lane(store: SessionStore, name: str) -> SessionEntry:
