@@ -38,7 +38,9 @@ CHANNELS: dict[str, dict[str, Any]] = {
 CACHE = ReadContext(lookup_chat=CHANNELS.get)
 
 
-def dispatch(channel_id: str, *, author: dict[str, Any] = ANA, **message: Any) -> dict[str, Any]:
+def dispatch(
+    channel_id: str, *, author: dict[str, Any] | None = ANA, **message: Any
+) -> dict[str, Any]:
     """A MESSAGE_CREATE dispatch of message ``id`` 1300000000000000000 (fields overridable)."""
     data = {
         "id": "1300000000000000000", "channel_id": channel_id, "author": author,
