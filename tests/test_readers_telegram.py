@@ -193,6 +193,7 @@ def test_not_user_messages(case: str, payload: Any, hermes_home: Path) -> None:
 MALFORMED = [
     ("update.message.chat", update(text="no chat")),
     ("update.message.chat.id", update(chat={"id": 1.5, "type": "private"}, text="x")),
+    ("update.message.chat.id", update(chat={"id": 2**70, "type": "private"}, text="x")),
     ("update.message.chat.type", update(chat={"id": 1, "type": "secret"}, text="x")),
     ("update.message.text", update(chat={"id": 1, "type": "private"}, text=["x"])),
     ("update.message.from.is_bot", update(chat={"id": 1, "type": "private"}, text="x",

@@ -8,6 +8,9 @@ from typing import Any
 from hermes_core.errors import MalformedEventError
 from hermes_core.models import MessageType
 
+_ID_LIMIT = 2**64
+"""Integer ids are 64-bit at most on every platform."""
+
 
 def malformed(
     path: str, problem: str, fix: str = "pass the payload exactly as the platform delivered it"
@@ -66,6 +69,8 @@ class Fields:
         if value is None:
             return None
         if isinstance(value, int) and not isinstance(value, bool):
+            if abs(value) >= _ID_LIMIT:
+                raise malformed(self._at(name), "is an integer too large to be an id")
             return str(value)
         if isinstance(value, str) and value:
             return value
