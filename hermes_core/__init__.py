@@ -22,6 +22,7 @@ from hermes_core.errors import (
     GatewayLockedError,
     HermesError,
     InvalidValueError,
+    MalformedEventError,
     MessageNotStoredError,
     PlatformConflictError,
     PluginConflictError,
@@ -30,6 +31,7 @@ from hermes_core.errors import (
     StoreError,
     UnknownPlatformError,
 )
+from hermes_core.events import read_event
 from hermes_core.keys import (
     KeyResolution,
     SessionKeyParts,
@@ -59,6 +61,7 @@ from hermes_core.specs import (
     EvictionPolicy,
     LifecycleEvent,
     PlatformSpec,
+    ReadContext,
     RecoveryContext,
     RecoveryReport,
     RecoveryStep,
@@ -119,6 +122,7 @@ __all__ = [
     "InvalidValueError",
     "KeyResolution",
     "LifecycleEvent",
+    "MalformedEventError",
     "MessageEvent",
     "MessageNotStoredError",
     "MessageType",
@@ -128,6 +132,7 @@ __all__ = [
     "PluginConflictError",
     "PluginError",
     "PluginInfo",
+    "ReadContext",
     "RecoveryContext",
     "RecoveryReport",
     "RecoveryStep",
@@ -153,5 +158,6 @@ __all__ = [
     "is_shared_multi_user_session",
     "parse_session_key",
     "prefix_sender",
+    "read_event",
     "resolve_session_key",
 ]

@@ -20,6 +20,7 @@ from typing import Any
 from hermes_core import __version__
 from hermes_core.config import GatewayConfig
 from hermes_core.errors import HermesError, InvalidValueError
+from hermes_core.events import read_event
 from hermes_core.explain import explain_session_key, format_explanation
 from hermes_core.keys import resolve_for_config
 from hermes_core.models import SessionSource
@@ -110,6 +111,11 @@ def _parser() -> argparse.ArgumentParser:
         allow_abbrev=False,
     )
     explain.add_argument("--json", action="store_true", help="print one JSON object")
+    explain.add_argument(
+        "--payload", metavar="FILE",
+        help="a raw event as the platform delivered it (JSON; '-' reads stdin), read by the "
+        "plugin of --platform; the source is the one read from it, field options override it",
+    )  # fmt: skip
     explain.set_defaults(handler=_explain_command, source_parser=explain)
 
     rekey = commands.add_parser(
@@ -269,12 +275,18 @@ def _key_command(args: argparse.Namespace, config: GatewayConfig) -> int:
 
 
 def _explain_command(args: argparse.Namespace, config: GatewayConfig) -> int:
-    """``explain <source> [--json]``: how the source is keyed, as lines or one JSON object."""
+    """``explain <source> [--json]``: how the source is keyed, as lines or one JSON object;
+    with ``--payload`` the source read from the payload comes first."""
     plugins = create_plugin_manager(config)
-    explanation = explain_session_key(_source(args, plugins), config, plugins)
+    source = _source(args, plugins)
+    explanation = explain_session_key(source, config, plugins)
+    if args.payload is not None:
+        explanation = {"source": source.to_dict(), **explanation}
     if args.json:
         print(json.dumps(explanation, indent=2, ensure_ascii=False))
     else:
+        if args.payload is not None:
+            print(f"source: {json.dumps(explanation.pop('source'), ensure_ascii=False)}")
         print("\n".join(format_explanation(explanation)))
     return 0
 
@@ -286,7 +298,12 @@ def _source(args: argparse.Namespace, plugins: HermesPluginManager) -> SessionSo
     ``is_bot`` and ``role_authorized`` are never read from data, so the flags are
     applied to the parsed source.
     """
-    data = {"chat_id": ""} if args.source_json is None else _read_source_json(args.source_json)
+    if getattr(args, "payload", None) is not None:
+        data = _payload_source(args, plugins).to_dict()
+    elif args.source_json is None:
+        data = {"chat_id": ""}
+    else:
+        data = _read_json_object(args.source_json, "source_json", "the source")
     data.update(
         {name: getattr(args, name) for name in _SOURCE_VALUES if getattr(args, name) is not None}
     )
@@ -296,20 +313,40 @@ def _source(args: argparse.Namespace, plugins: HermesPluginManager) -> SessionSo
     return source.replace(**flags) if flags else source
 
 
-def _read_source_json(name: str) -> dict[str, Any]:
+def _payload_source(args: argparse.Namespace, plugins: HermesPluginManager) -> SessionSource:
+    """The source of the event the ``--platform`` plugin reads in the ``--payload`` file."""
+    if args.source_json is not None or args.platform is None:
+        raise InvalidValueError(
+            "payload",
+            "--payload takes the source from the payload: give --platform NAME with it and "
+            "leave out --source-json.",
+        )
+    event = read_event(
+        args.platform, _read_json_object(args.payload, "payload", "a payload"), plugins=plugins
+    )
+    if event is None:
+        raise InvalidValueError(
+            "payload",
+            f"{args.payload}: this {args.platform} payload is not a user message (an edit, a "
+            "reaction, a bot's or a service message), so no session key is built for it.",
+        )
+    return event.source
+
+
+def _read_json_object(name: str, field: str, what: str) -> dict[str, Any]:
     """The JSON object in file ``name`` (``-``: stdin); unreadable or malformed → named error."""
     label = "standard input" if name == "-" else name
     try:
         text = sys.stdin.read() if name == "-" else Path(name).read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc
-        raise InvalidValueError("source_json", f"{label}: cannot read the file: {reason}") from exc
+        raise InvalidValueError(field, f"{label}: cannot read the file: {reason}") from exc
     try:
         data = json.loads(text)
     except ValueError as exc:
-        raise InvalidValueError("source_json", f"{label}: not valid JSON: {exc}") from exc
+        raise InvalidValueError(field, f"{label}: not valid JSON: {exc}") from exc
     if not isinstance(data, dict):
         raise InvalidValueError(
-            "source_json", f"{label}: the source must be a JSON object, not {type(data).__name__}"
+            field, f"{label}: {what} must be a JSON object, not {type(data).__name__}"
         )
     return data

@@ -26,6 +26,14 @@ class UnknownPlatformError(InvalidValueError):
     """A platform name that no loaded plugin registers."""
 
 
+class MalformedEventError(InvalidValueError):
+    """A raw platform payload cannot be read into an event: it is not the shape the platform
+    documents, or it lacks what only the host can add (e.g. a Discord channel's type).
+
+    ``field`` is the dotted path of the offending field in the payload (``payload`` for the whole).
+    """
+
+
 class ConfigError(InvalidValueError):
     """A configuration key holds a value that is not accepted; names the key and the file."""
 

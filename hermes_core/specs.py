@@ -10,10 +10,31 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from hermes_core.config import GatewayConfig
-from hermes_core.models import PLATFORM_NAME_RE, SessionEntry, SessionSource
+from hermes_core.models import PLATFORM_NAME_RE, MessageEvent, SessionEntry, SessionSource
 from hermes_core.timeutil import utc_now
 
 _SPEC_CONFIG = ConfigDict(frozen=True, extra="forbid", arbitrary_types_allowed=True)
+
+
+@dataclass(frozen=True)
+class ReadContext:
+    """What the host tells a platform's event reader beside the payload itself."""
+
+    lookup_chat: Callable[[str], Mapping[str, Any] | None] | None = None
+    """The platform's own JSON object for a chat id (for Discord a channel object with ``type``
+    and ``parent_id``; for Slack a conversation object), or None when the host does not know it;
+    consulted only for what the payload does not say. It must not do network I/O per event: read
+    the host's cache of the platform's chats."""
+    answer_in_thread: bool = False
+    """The host answers a channel message in a new thread started from it, so the message is keyed
+    like the thread's later messages (``prospective_thread_id``); for platforms whose threads are
+    started from a message and take its id (Discord)."""
+
+
+EventReader = Callable[[Mapping[str, Any], ReadContext], MessageEvent | None]
+"""Reads one raw payload of a platform, as the platform delivers it (a JSON object), into a
+:class:`MessageEvent`; None when it is not a user message (an edit, a reaction, a bot's message, a
+service message); :class:`~hermes_core.errors.MalformedEventError` when it cannot be read."""
 
 
 class PlatformSpec(BaseModel):
@@ -45,6 +66,9 @@ class PlatformSpec(BaseModel):
     validate_source: Callable[[SessionSource], None] | None = None
     """Raises ``InvalidValueError`` when an id has the wrong shape for this platform; run on
     untrusted input (``SessionSource.from_dict``, so also stored entries and events)."""
+    read_event: EventReader | None = None
+    """Reads the platform's own event payloads (:data:`EventReader`), behind
+    :func:`hermes_core.read_event`; pure apart from the context's lookups."""
     local_machine: bool = False
     """The platform is the machine running the agent (a terminal): the prompt names the source
     ``Local (the machine running this agent)``, lists the platform first among the connected ones

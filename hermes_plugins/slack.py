@@ -1,10 +1,12 @@
 """Slack: the workspace (``scope_id``) is a key component when set, so channels with the same id
-in two workspaces never share a session.
+in two workspaces never share a session. Reads Events API ``event_callback`` payloads
+(:mod:`hermes_plugins.readers.slack`).
 """
 
 from __future__ import annotations
 
 from hermes_core import GatewayConfig, PlatformSpec, SessionSource, hookimpl
+from hermes_plugins.readers.slack import read_slack_event
 
 
 def workspace_scope(source: SessionSource) -> str | None:
@@ -14,5 +16,5 @@ def workspace_scope(source: SessionSource) -> str | None:
 
 @hookimpl
 def hermes_register_platforms(config: GatewayConfig) -> list[PlatformSpec]:
-    """Register ``slack`` with its workspace scope (not PII-safe)."""
-    return [PlatformSpec(name="slack", scope=workspace_scope)]
+    """Register ``slack`` with its workspace scope (not PII-safe) and its event reader."""
+    return [PlatformSpec(name="slack", scope=workspace_scope, read_event=read_slack_event)]

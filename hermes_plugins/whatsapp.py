@@ -2,7 +2,8 @@
 
 A person may appear as ``<digits>@s.whatsapp.net`` (optionally ``:<device>``), ``+<digits>`` or
 ``<digits>@lid``. DM chat ids and participants are canonicalised to the shortest alias found
-through the bridge's ``lid-mapping-*.json`` files (read only, never written here).
+through the bridge's ``lid-mapping-*.json`` files (read only, never written here). Reads Cloud
+API webhooks and WhatsApp Web messages (:mod:`hermes_plugins.readers.whatsapp`).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from collections import deque
 from pathlib import Path
 
 from hermes_core import GatewayConfig, PlatformSpec, hookimpl
+from hermes_plugins.readers.whatsapp import read_whatsapp_payload
 
 MAX_ALIASES = 64
 MAX_MAPPING_BYTES = 4096
@@ -165,7 +167,8 @@ def canonical_whatsapp_identifier(value: object, *, hermes_home: Path | None = N
 
 @hookimpl
 def hermes_register_platforms(config: GatewayConfig) -> list[PlatformSpec]:
-    """Register ``whatsapp`` (PII-safe) with canonicalisers reading ``config.hermes_home``."""
+    """Register ``whatsapp`` (PII-safe) with canonicalisers reading ``config.hermes_home`` and
+    its payload reader."""
     canonical = functools.partial(canonical_whatsapp_identifier, hermes_home=config.hermes_home)
     return [
         PlatformSpec(
@@ -174,5 +177,6 @@ def hermes_register_platforms(config: GatewayConfig) -> list[PlatformSpec]:
             canonical_dm_chat_id=canonical,
             canonical_participant=canonical,
             aliases=functools.partial(whatsapp_aliases, hermes_home=config.hermes_home),
+            read_event=read_whatsapp_payload,
         )
     ]

@@ -27,8 +27,10 @@ def hermes_register_platforms(config: GatewayConfig) -> list[PlatformSpec]:
 
     **Returns:** a list of ``PlatformSpec``. A spec names the platform (``^[a-z0-9_]+$``) and MAY
     supply a display label, a scope key component, a DM chat-id canonicaliser, a participant
-    canonicaliser, a description override, prompt notes, an identifier validator and
-    ``local_machine`` (the platform is the machine running the agent). Anything not supplied
+    canonicaliser, a description override, prompt notes, an identifier validator, an event
+    reader (``read_event``: one raw platform payload into a ``MessageEvent``, None for what is not
+    a user message, ``MalformedEventError`` for what cannot be read) and ``local_machine`` (the
+    platform is the machine running the agent). Anything not supplied
     follows the generic key rule of the core. Canonicalisers are pure, deterministic and do no
     network I/O; they run on every inbound message.
 

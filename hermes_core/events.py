@@ -1,0 +1,57 @@
+"""Raw platform payloads into events: the core side of ``PlatformSpec.read_event``.
+
+A host passes the payload it received (a Telegram ``Update``, a Discord ``MESSAGE_CREATE``, a
+Slack ``event_callback``, a WhatsApp webhook, ...) to :func:`read_event` and gets the
+:class:`~hermes_core.models.MessageEvent` whose source the platform's plugin filled in, so that
+keys are built from what the platform said rather than from a hand translation.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from hermes_core.errors import InvalidValueError, MalformedEventError
+from hermes_core.models import MessageEvent
+from hermes_core.plugins import HermesPluginManager, platform_registry
+from hermes_core.specs import ReadContext
+
+__all__ = ["read_event"]
+
+
+def read_event(
+    platform: str,
+    payload: object,
+    *,
+    context: ReadContext | None = None,
+    plugins: HermesPluginManager | None = None,
+) -> MessageEvent | None:
+    """The event in ``payload``, one raw payload of ``platform`` as the platform delivers it;
+    None when it is not a user message (an edit, a reaction, a bot's message, a service
+    message). ``plugins`` None: the default plugin manager.
+
+    Raises :class:`~hermes_core.errors.UnknownPlatformError` for an unregistered platform,
+    :class:`~hermes_core.errors.InvalidValueError` when the platform's plugin reads no payloads,
+    and :class:`~hermes_core.errors.MalformedEventError` for a payload that cannot be read (any
+    invalid value met while reading is reported as one).
+    """
+    spec = platform_registry(plugins).require(platform)
+    if spec.read_event is None:
+        raise InvalidValueError(
+            "platform",
+            f"platform {platform!r} has no event reader (its plugin does not set "
+            "PlatformSpec.read_event); build the MessageEvent in the host instead.",
+        )
+    if not isinstance(payload, Mapping):
+        raise MalformedEventError(
+            "payload",
+            f"a {platform} payload must be a JSON object, not {type(payload).__name__}; pass the "
+            "decoded body the platform delivered.",
+        )
+    try:
+        return spec.read_event(payload, context or ReadContext())
+    except MalformedEventError:
+        raise
+    except InvalidValueError as exc:
+        raise MalformedEventError(
+            exc.field, f"the {platform} payload cannot be read: {exc}"
+        ) from exc

@@ -1,0 +1,85 @@
+"""Slack Events API ``event_callback`` payloads into events.
+
+The payload is the HTTP request body (``{"type": "event_callback", "team_id": ..., "event":
+{...}}``) or the Socket Mode envelope around it (``{"type": "events_api", "payload": {...}}``).
+Other payload types (``url_verification``, rate-limit notices) and inner events other than
+``message`` and ``app_mention`` are not user messages, nor are messages from bots (``bot_id``),
+hidden ones and subtypes other than a thread reply also sent to the channel
+(``thread_broadcast``), a file share (``file_share``) and ``/me`` (``me_message``): edits,
+deletions, joins, topic changes, ... are not read.
+
+The workspace (``team_id``) is the scope. ``channel_type`` ``im`` is a DM; ``mpim`` (group DM),
+``channel`` and ``group`` (private channel) are groups. ``app_mention`` events carry no
+``channel_type``: the host's ``ReadContext.lookup_chat`` may return the conversation object
+(``is_im``), else a channel id starting with ``D`` is a DM. A reply in a thread has the parent's
+``ts`` as ``thread_ts``, which becomes ``thread_id``; a mention also delivered as a ``message``
+event reads to the same lane and message id, so the gateway stores it once.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from hermes_core.models import MessageEvent, MessageType, SessionSource
+from hermes_core.specs import ReadContext
+from hermes_plugins.readers.fields import Fields, malformed, media_type
+
+_USER_SUBTYPES = frozenset({"thread_broadcast", "file_share", "me_message"})
+_CHANNEL_TYPES = {"im": "dm", "mpim": "group", "channel": "group", "group": "group"}
+
+
+def read_slack_event(payload: Mapping[str, Any], context: ReadContext) -> MessageEvent | None:
+    """The event of an ``event_callback`` (see the module docstring)."""
+    body = Fields(payload, "body")
+    if body.text("type") == "events_api":
+        body = body.obj("payload")
+    if body.text("type") != "event_callback":
+        return None
+    event = body.obj("event")
+    kind = event.text("type")
+    if kind not in ("message", "app_mention"):
+        return None
+    subtype = event.text("subtype")
+    if event.has("bot_id") or event.flag("hidden") or (subtype and subtype not in _USER_SUBTYPES):
+        return None
+    channel = event.id("channel")
+    ts = event.id("ts")
+    thread_ts = event.opt_id("thread_ts")
+    thread = thread_ts if thread_ts != ts else None
+    profile = event.opt_obj("user_profile")
+    files = event.objs("files")
+    urls = tuple(url for item in files if (url := item.text("url_private")))
+    source = SessionSource(
+        platform="slack",
+        chat_id=channel,
+        chat_type=_chat_type(event, channel, context),
+        user_id=event.id("user"),
+        user_name=(profile.text("display_name") or profile.text("real_name")) if profile else None,
+        thread_id=thread,
+        scope_id=body.opt_id("team_id") or event.opt_id("team"),
+        message_id=ts,
+    )
+    return MessageEvent(
+        source=source,
+        text=event.text("text") or "",
+        message_type=media_type(files[0].text("mimetype")) if files else MessageType.TEXT,
+        message_id=ts,
+        reply_to_message_id=thread,
+        media_urls=urls,
+    )
+
+
+def _chat_type(event: Fields, channel: str, context: ReadContext) -> str:
+    """``dm`` or ``group``, from ``channel_type``, else the conversation, else the id."""
+    given = event.text("channel_type")
+    if given is not None:
+        if given not in _CHANNEL_TYPES:
+            raise malformed(
+                f"{event.path}.channel_type", f"must be one of {', '.join(_CHANNEL_TYPES)}"
+            )
+        return _CHANNEL_TYPES[given]
+    found = context.lookup_chat(channel) if context.lookup_chat is not None else None
+    if found is not None:
+        return "dm" if Fields(found, f"conversation {channel}").flag("is_im") else "group"
+    return "dm" if channel.startswith("D") else "group"

@@ -1,0 +1,106 @@
+"""Telegram Bot API ``Update`` objects (from ``getUpdates`` or a webhook) into events.
+
+``message`` and ``channel_post`` updates are read; edits (``edited_*``), reactions, callback
+queries and every other update kind are not user messages. A message is read when it has text, a
+caption or media the event model carries (photo, video, animation, video note, audio, voice,
+document, sticker, location, venue); service messages (members joining, topics created, pins,
+...) and content it cannot carry (polls, dice, contacts, games) are not. Messages sent by bots,
+and channel posts the platform copied into a discussion group (``is_automatic_forward``), are not
+user messages either.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from hermes_core.models import MessageEvent, MessageType, SessionSource
+from hermes_core.specs import ReadContext
+from hermes_plugins.readers.fields import Fields, malformed
+
+_CHAT_TYPES = {"private": "dm", "group": "group", "supergroup": "group", "channel": "channel"}
+_MEDIA = (
+    ("photo", MessageType.PHOTO),
+    ("video", MessageType.VIDEO),
+    ("animation", MessageType.VIDEO),
+    ("video_note", MessageType.VIDEO),
+    ("audio", MessageType.AUDIO),
+    ("voice", MessageType.VOICE),
+    ("document", MessageType.DOCUMENT),
+    ("sticker", MessageType.STICKER),
+    ("location", MessageType.LOCATION),
+    ("venue", MessageType.LOCATION),
+)
+_MESSAGE_KEYS = ("message", "channel_post")
+
+
+def read_telegram_update(payload: Mapping[str, Any], context: ReadContext) -> MessageEvent | None:
+    """The event of a Telegram ``Update`` (see the module docstring for what is read)."""
+    update = Fields(payload, "update")
+    key = next((name for name in _MESSAGE_KEYS if update.has(name)), None)
+    if key is None:
+        return None
+    message = update.obj(key)
+    chat = message.obj("chat")
+    chat_kind = chat.text("type")
+    if chat_kind not in _CHAT_TYPES:
+        raise malformed(f"{chat.path}.type", f"must be one of {', '.join(_CHAT_TYPES)}")
+    sender = message.opt_obj("sender_chat")
+    user = message.opt_obj("from")
+    if message.flag("is_automatic_forward") or (sender is None and user and user.flag("is_bot")):
+        return None
+    content = _content(message)
+    if content is None:
+        return None
+    text, kind, file_id = content
+    author = sender or user
+    thread = message.opt_id("message_thread_id") if message.flag("is_topic_message") else None
+    source = SessionSource(
+        platform="telegram",
+        chat_id=chat.id("id"),
+        chat_name=chat.text("title") if chat_kind != "private" else None,
+        chat_type=_CHAT_TYPES[chat_kind],
+        user_id=author.id("id") if author is not None else None,
+        user_name=_name(sender, user, message),
+        thread_id=thread,
+        message_id=message.id("message_id"),
+    )
+    reply = message.opt_obj("reply_to_message")
+    reply_id = reply.id("message_id") if reply is not None else None
+    return MessageEvent(
+        source=source,
+        text=text,
+        message_type=kind,
+        message_id=source.message_id,
+        # In a forum topic a message that replies to nothing points at the topic's first message.
+        reply_to_message_id=None if reply_id == thread else reply_id,
+        metadata={"media_ids": [file_id]} if file_id else {},
+    )
+
+
+def _content(message: Fields) -> tuple[str, MessageType, str | None] | None:
+    """Text, message type and media file id; None when the message carries none of them."""
+    text = message.text("text")
+    if text is not None:
+        return text, MessageType.TEXT, None
+    caption = message.text("caption") or ""
+    for name, kind in _MEDIA:
+        if not message.has(name):
+            continue
+        if name == "photo":  # sizes of one picture, smallest first
+            sizes = message.objs("photo")
+            return caption, kind, sizes[-1].id("file_id") if sizes else None
+        media = message.obj(name)
+        return caption, kind, media.opt_id("file_id")
+    return None
+
+
+def _name(sender: Fields | None, user: Fields | None, message: Fields) -> str | None:
+    """The sender's display name: the chat's title when sent on behalf of a chat (or a
+    channel post's signature), else the user's first and last name, else the username."""
+    if sender is not None:
+        return message.text("author_signature") or sender.text("title")
+    if user is None:
+        return message.text("author_signature")
+    full = " ".join(part for part in (user.text("first_name"), user.text("last_name")) if part)
+    return full or user.text("username")

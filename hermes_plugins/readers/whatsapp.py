@@ -1,0 +1,245 @@
+"""WhatsApp payloads into events: Cloud API webhooks and WhatsApp Web messages.
+
+**Cloud API**: the webhook body (``{"object": "whatsapp_business_account", "entry": [...]}``).
+Changes other than ``messages``, status updates, reactions and message types the event model
+cannot carry (``unsupported``, ``system``, ``order``, ``contacts``, ...) are not user messages. A
+message with ``group_id`` belongs to that group, else it is a DM with its sender (``from``, a
+phone number). One payload must hold one message: a webhook batching several is split first
+with :func:`split_cloud_webhook`.
+
+**WhatsApp Web** (a bridge built on the multi-device protocol, e.g. Baileys): one ``WAMessage``
+(``{"key": {"remoteJid": ..., "fromMe": ..., "id": ...}, "message": {...}, "pushName": ...}``).
+Own messages (``fromMe``), status and newsletter broadcasts, edits, deletions, reactions and
+stubs are not user messages. ``<id>@g.us`` is a group whose sender is ``key.participant``;
+``<digits>@s.whatsapp.net`` (with or without a ``:<device>`` suffix) and ``<digits>@lid`` are DMs.
+When a LID-addressed chat or sender also comes with its phone-number JID (``remoteJidAlt``,
+``participantAlt``), the phone-number JID is used, so the key does not depend on which form the
+bridge saw; otherwise the plugin's canonicaliser maps a LID to the phone number through the
+bridge's mapping files.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from hermes_core.models import MessageEvent, MessageType, SessionSource
+from hermes_core.specs import ReadContext
+from hermes_plugins.readers.fields import Fields, malformed
+
+_CLOUD_MEDIA = {
+    "image": MessageType.PHOTO,
+    "video": MessageType.VIDEO,
+    "audio": MessageType.AUDIO,
+    "document": MessageType.DOCUMENT,
+    "sticker": MessageType.STICKER,
+}
+_WEB_WRAPPERS = (
+    "ephemeralMessage", "viewOnceMessage", "viewOnceMessageV2", "viewOnceMessageV2Extension",
+    "documentWithCaptionMessage",
+)  # fmt: skip
+_WEB_MEDIA = {
+    "imageMessage": MessageType.PHOTO,
+    "videoMessage": MessageType.VIDEO,
+    "documentMessage": MessageType.DOCUMENT,
+    "stickerMessage": MessageType.STICKER,
+    "locationMessage": MessageType.LOCATION,
+}
+_MAX_WRAPPING = 4
+_DM_SERVERS = frozenset({"s.whatsapp.net", "lid"})
+_SKIPPED_SERVERS = frozenset({"broadcast", "newsletter"})
+
+Content = tuple[str, MessageType, "str | None", "str | None"]
+"""Text, message type, media id, id of the message replied to."""
+
+
+def read_whatsapp_payload(payload: Mapping[str, Any], context: ReadContext) -> MessageEvent | None:
+    """The event of a Cloud API webhook or a WhatsApp Web message (see the module docstring)."""
+    body = Fields(payload, "payload")
+    if body.text("object") == "whatsapp_business_account":
+        return _read_cloud(body)
+    if body.has("key"):
+        return _read_web(body)
+    raise malformed(
+        "payload",
+        "is neither a Cloud API webhook (object: whatsapp_business_account) nor a WhatsApp Web "
+        "message (key.remoteJid)",
+    )
+
+
+def _cloud_messages(body: Fields) -> list[tuple[Fields, Fields, Fields, Fields]]:
+    """Every (entry, change, value, message) of the ``messages`` changes of a webhook."""
+    found = []
+    for entry in body.objs("entry"):
+        for change in entry.objs("changes"):
+            if change.text("field") == "messages":
+                value = change.obj("value")
+                found += [(entry, change, value, message) for message in value.objs("messages")]
+    return found
+
+
+def split_cloud_webhook(payload: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """One webhook body per message of a Cloud API webhook, each with the one ``contacts``,
+    ``metadata`` and envelope it came with; raises ``MalformedEventError`` like the reader."""
+    return [
+        {
+            **payload,
+            "entry": [
+                {
+                    **entry.data,
+                    "changes": [
+                        {**change.data, "value": {**value.data, "messages": [message.data]}}
+                    ],
+                }
+            ],
+        }
+        for entry, change, value, message in _cloud_messages(Fields(payload, "payload"))
+    ]
+
+
+def _read_cloud(body: Fields) -> MessageEvent | None:
+    messages = _cloud_messages(body)
+    if len(messages) > 1:
+        raise malformed(
+            "payload.entry",
+            f"holds {len(messages)} messages, and one payload reads to one event",
+            "split it with hermes_plugins.readers.whatsapp.split_cloud_webhook and read each part",
+        )
+    if not messages:
+        return None
+    _entry, _change, value, message = messages[0]
+    content = _cloud_content(message)
+    if content is None:
+        return None
+    sender = message.id("from")
+    group = message.opt_id("group_id")
+    names = [
+        contact.obj("profile").text("name")
+        for contact in value.objs("contacts")
+        if contact.opt_id("wa_id") == sender and contact.has("profile")
+    ]
+    source = SessionSource(
+        platform="whatsapp",
+        chat_id=group or sender,
+        chat_type="group" if group else "dm",
+        user_id=sender,
+        user_name=names[0] if names else None,
+        message_id=message.id("id"),
+    )
+    return _event(source, content=content)
+
+
+def _cloud_content(message: Fields) -> Content | None:
+    """What a Cloud API message says; None for types the event model cannot carry."""
+    kind = message.text("type")
+    context = message.opt_obj("context")
+    reply_id = context.opt_id("id") if context is not None else None
+    if kind == "text":
+        return message.obj("text").text("body") or "", MessageType.TEXT, None, reply_id
+    if kind in _CLOUD_MEDIA:
+        media = message.obj(kind)
+        media_type = _CLOUD_MEDIA[kind]
+        if kind == "audio" and media.flag("voice"):
+            media_type = MessageType.VOICE
+        return media.text("caption") or "", media_type, media.opt_id("id"), reply_id
+    if kind == "location":
+        place = message.obj("location")
+        text = ", ".join(part for part in (place.text("name"), place.text("address")) if part)
+        return text, MessageType.LOCATION, None, reply_id
+    if kind == "button":
+        return message.obj("button").text("text") or "", MessageType.TEXT, None, reply_id
+    if kind == "interactive":
+        interactive = message.obj("interactive")
+        choice = interactive.opt_obj("button_reply") or interactive.opt_obj("list_reply")
+        title = choice.text("title") if choice is not None else None
+        return title or "", MessageType.TEXT, None, reply_id
+    return None
+
+
+def _phone_first(jid: str, alt: str | None) -> tuple[str, str | None]:
+    """(the JID to key by, the other form): the phone-number JID when a LID comes with one."""
+    if alt and jid.endswith("@lid") and not alt.endswith("@lid"):
+        return alt, jid
+    return jid, alt
+
+
+def _read_web(message: Fields) -> MessageEvent | None:
+    key = message.obj("key")
+    if key.flag("fromMe"):
+        return None
+    remote = key.id("remoteJid")
+    server = remote.rpartition("@")[2]
+    if server in _SKIPPED_SERVERS:
+        return None
+    if server != "g.us" and server not in _DM_SERVERS:
+        raise malformed(
+            "payload.key.remoteJid",
+            f"has the server {server!r}; expected g.us, s.whatsapp.net, lid, broadcast or "
+            "newsletter",
+        )
+    content = _web_content(message.opt_obj("message"))
+    if content is None:
+        return None
+    common: dict[str, Any] = {
+        "platform": "whatsapp",
+        "user_name": message.text("pushName"),
+        "message_id": key.id("id"),
+    }
+    if server == "g.us":
+        sender, _ = _phone_first(key.id("participant"), key.opt_id("participantAlt"))
+        source = SessionSource(chat_id=remote, chat_type="group", user_id=sender, **common)
+    else:
+        chat, other = _phone_first(remote, key.opt_id("remoteJidAlt"))
+        source = SessionSource(
+            chat_id=chat, chat_id_alt=other, chat_type="dm", user_id=chat, **common
+        )
+    return _event(source, content=content)
+
+
+def _web_content(message: Fields | None) -> Content | None:
+    """What a WhatsApp Web message says, through its wrappers; None for what is not read."""
+    for _ in range(_MAX_WRAPPING + 1):
+        if message is None:
+            return None
+        wrapper = next((name for name in _WEB_WRAPPERS if message.has(name)), None)
+        if wrapper is None:
+            break
+        message = message.obj(wrapper).opt_obj("message")
+    else:
+        raise malformed("payload.message", f"wraps its content more than {_MAX_WRAPPING} deep")
+    if message is None:
+        return None
+    conversation = message.text("conversation")
+    if conversation is not None:
+        return conversation, MessageType.TEXT, None, None
+    extended = message.opt_obj("extendedTextMessage")
+    if extended is not None:
+        return extended.text("text") or "", MessageType.TEXT, None, _quoted(extended)
+    audio = message.opt_obj("audioMessage")
+    if audio is not None:
+        kind = MessageType.VOICE if audio.flag("ptt") else MessageType.AUDIO
+        return "", kind, None, _quoted(audio)
+    for name, kind in _WEB_MEDIA.items():
+        media = message.opt_obj(name)
+        if media is not None:
+            text = media.text("caption") or media.text("name") or media.text("address") or ""
+            return text, kind, None, _quoted(media)
+    return None
+
+
+def _quoted(content: Fields) -> str | None:
+    """The id of the message this content replies to (``contextInfo.stanzaId``)."""
+    info = content.opt_obj("contextInfo")
+    return info.opt_id("stanzaId") if info is not None else None
+
+
+def _event(source: SessionSource, *, content: Content) -> MessageEvent:
+    text, kind, media_id, reply_id = content
+    return MessageEvent(
+        source=source,
+        text=text,
+        message_type=kind,
+        message_id=source.message_id,
+        reply_to_message_id=reply_id,
+        metadata={"media_ids": [media_id]} if media_id else {},
+    )

@@ -1,0 +1,176 @@
+"""The Discord reader on gateway ``MESSAGE_CREATE`` samples.
+
+Samples follow Discord's developer documentation: the gateway payload (``op`` 0 dispatch with
+``t`` and ``d``) and the MESSAGE_CREATE extra fields (``guild_id``, ``member``, ``mentions``) at
+https://discord.com/developers/docs/events/gateway-events#message-create; the message object
+(``type`` 0 default and 19 reply, ``author.bot``, ``webhook_id``, ``attachments``,
+``message_reference``, flag ``IS_VOICE_MESSAGE`` 1 << 13) at
+https://discord.com/developers/docs/resources/message#message-object; the channel object and its
+types (0 guild text, 11 public thread, 12 private thread, 15 forum; ``parent_id``) at
+https://discord.com/developers/docs/resources/channel#channel-object; and "Start Thread from
+Message", whose thread takes the message's id, at
+https://discord.com/developers/docs/resources/channel#start-thread-from-message.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+from support.readers import keyed, read
+
+from hermes_core import MalformedEventError, MessageType, ReadContext
+
+GUILD = "613425648685547541"
+CHANNEL = "766666666666666666"
+FORUM = "777777777777777777"
+THREAD = "1200000000000000001"
+FORUM_POST = "1200000000000000002"
+ANA = {"id": "111111111111111111", "username": "ana", "global_name": "Ana", "bot": False}
+BEN = {"id": "222222222222222222", "username": "ben"}
+CHANNELS: dict[str, dict[str, Any]] = {
+    CHANNEL: {"id": CHANNEL, "type": 0, "guild_id": GUILD, "name": "general", "topic": "chat"},
+    FORUM: {"id": FORUM, "type": 15, "guild_id": GUILD, "name": "help"},
+    THREAD: {"id": THREAD, "type": 11, "guild_id": GUILD, "parent_id": CHANNEL, "name": "plan"},
+    FORUM_POST: {"id": FORUM_POST, "type": 11, "guild_id": GUILD, "parent_id": FORUM, "name": "q"},
+}
+CACHE = ReadContext(lookup_chat=CHANNELS.get)
+
+
+def dispatch(
+    channel_id: str, *, author: dict[str, Any] | None = ANA, **message: Any
+) -> dict[str, Any]:
+    """A MESSAGE_CREATE dispatch of message ``id`` 1300000000000000000 (fields overridable)."""
+    data = {
+        "id": "1300000000000000000", "channel_id": channel_id, "author": author,
+        "content": "hello", "timestamp": "2025-01-01T00:00:00.000000+00:00", "tts": False,
+        "mention_everyone": False, "mentions": [], "mention_roles": [], "attachments": [],
+        "embeds": [], "pinned": False, "type": 0, **message,
+    }  # fmt: skip
+    return {"op": 0, "s": 42, "t": "MESSAGE_CREATE", "d": data}
+
+
+def in_guild(channel_id: str, **message: Any) -> dict[str, Any]:
+    return dispatch(channel_id, guild_id=GUILD, member={"nick": "Annie", "roles": []}, **message)
+
+
+KEYS = [
+    ("DM", dispatch("900000000000000000"), None,
+     "agent:main:discord:dm:c=900000000000000000", False),
+    ("guild channel, per user", in_guild(CHANNEL), CACHE,
+     f"agent:main:discord:group:c={CHANNEL}:u={ANA['id']}", False),
+    ("thread, shared, under its parent", in_guild(THREAD), CACHE,
+     f"agent:main:discord:thread:c={CHANNEL}:t={THREAD}", True),
+    ("forum post, a thread of the forum", in_guild(FORUM_POST), CACHE,
+     f"agent:main:discord:thread:c={FORUM}:t={FORUM_POST}", True),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("case", "payload", "context", "key", "shared"), KEYS, ids=[k[0] for k in KEYS]
+)
+def test_keys(
+    case: str, payload: Any, context: ReadContext | None, key: str, shared: bool, hermes_home: Path
+) -> None:
+    assert keyed("discord", payload, hermes_home, context) == (key, shared)
+
+
+def test_a_thread_message_and_its_prospective_parent_share_one_key(hermes_home: Path) -> None:
+    answered = ReadContext(lookup_chat=CHANNELS.get, answer_in_thread=True)
+    starter = in_guild(CHANNEL, id=THREAD)  # the thread started from it takes this id
+    inside = in_guild(THREAD, id="1300000000000000009", author=BEN)
+    key, shared = keyed("discord", starter, hermes_home, answered)
+    assert (key, shared) == (f"agent:main:discord:thread:c={CHANNEL}:t={THREAD}", True)
+    assert keyed("discord", inside, hermes_home, CACHE) == (key, shared)
+    event = read("discord", starter, hermes_home, answered)
+    assert event is not None
+    assert event.source.prospective_thread_id == THREAD
+    assert keyed("discord", starter, hermes_home, CACHE)[0] != key  # not answered in a thread
+
+
+def test_guild_source_fields(hermes_home: Path) -> None:
+    event = read("discord", in_guild(THREAD), hermes_home, CACHE)
+    assert event is not None
+    source = event.source
+    assert (source.chat_id, source.thread_id, source.parent_chat_id) == (CHANNEL, THREAD, CHANNEL)
+    assert (source.scope_id, source.chat_name, source.user_name) == (GUILD, "plan", "Annie")
+    channel = read("discord", in_guild(CHANNEL), hermes_home, CACHE)
+    assert channel is not None
+    assert (channel.source.chat_topic, channel.source.prospective_thread_id) == ("chat", None)
+
+
+def test_the_bare_message_object_reads_like_the_dispatch(hermes_home: Path) -> None:
+    bare = dispatch("900000000000000000")["d"]
+    assert keyed("discord", bare, hermes_home) == keyed(
+        "discord", dispatch("900000000000000000"), hermes_home
+    )
+
+
+def test_a_guild_channel_of_unknown_type_is_refused(hermes_home: Path) -> None:
+    with pytest.raises(MalformedEventError, match="lookup_chat") as caught:
+        read("discord", in_guild(THREAD), hermes_home)
+    assert caught.value.field == "dispatch.d.channel_id"
+    with pytest.raises(MalformedEventError, match="lookup_chat"):
+        read("discord", in_guild(THREAD), hermes_home, ReadContext(lookup_chat=lambda _: None))
+
+
+def test_replies_and_attachments(hermes_home: Path) -> None:
+    reply = dispatch(
+        "900000000000000000",
+        type=19,
+        message_reference={"message_id": "1299999999999999999", "channel_id": "9"},
+        content="",
+        attachments=[
+            {"id": "1", "filename": "a.png", "size": 1, "content_type": "image/png",
+             "url": "https://cdn.discordapp.com/attachments/1/1/a.png",
+             "proxy_url": "https://media.discordapp.net/attachments/1/1/a.png"},
+        ],
+    )  # fmt: skip
+    event = read("discord", reply, hermes_home)
+    assert event is not None
+    assert event.reply_to_message_id == "1299999999999999999"
+    assert event.message_type == MessageType.PHOTO
+    assert event.media_urls == ("https://cdn.discordapp.com/attachments/1/1/a.png",)
+    voice = dispatch(
+        "900000000000000000", flags=1 << 13, content="",
+        attachments=[{"id": "2", "filename": "voice-message.ogg", "size": 1,
+                      "content_type": "audio/ogg", "url": "https://cdn.discordapp.com/v.ogg"}],
+    )  # fmt: skip
+    voiced = read("discord", voice, hermes_home)
+    assert voiced is not None
+    assert voiced.message_type == MessageType.VOICE
+
+
+NOT_MESSAGES = [
+    ("update", {"op": 0, "s": 2, "t": "MESSAGE_UPDATE", "d": dispatch(CHANNEL)["d"]}),
+    ("reaction", {"op": 0, "s": 3, "t": "MESSAGE_REACTION_ADD", "d": {"user_id": "1"}}),
+    ("heartbeat ack", {"op": 11, "d": None}),
+    ("bot author", dispatch("9", author={"id": "3", "username": "b", "bot": True})),
+    ("webhook", dispatch("9", webhook_id="44")),
+    ("thread created notice", dispatch("9", type=18)),
+    ("empty content", dispatch("9", content="")),
+]
+
+
+@pytest.mark.parametrize(("case", "payload"), NOT_MESSAGES, ids=[n[0] for n in NOT_MESSAGES])
+def test_not_user_messages(case: str, payload: Any, hermes_home: Path) -> None:
+    assert read("discord", payload, hermes_home, CACHE) is None
+
+
+MALFORMED = [
+    ("dispatch.d", {"op": 0, "t": "MESSAGE_CREATE", "d": []}),
+    ("dispatch.d.author", dispatch("9", author=None)),
+    ("dispatch.d.channel_id", dispatch("", content="x")),
+    ("dispatch.d.author.bot", dispatch("9", author={"id": "1", "bot": "yes"})),
+    ("message.id", {"channel_id": "9", "author": ANA, "content": "bare, without id"}),
+    (f"channel {THREAD}.parent_id", in_guild(THREAD)),
+]
+
+
+@pytest.mark.parametrize(("field", "payload"), MALFORMED, ids=[m[0] for m in MALFORMED])
+def test_malformed_dispatches_name_the_field(field: str, payload: Any, hermes_home: Path) -> None:
+    orphan = {**CHANNELS, THREAD: {"id": THREAD, "type": 11}}
+    with pytest.raises(MalformedEventError) as caught:
+        read("discord", payload, hermes_home, ReadContext(lookup_chat=orphan.get))
+    assert caught.value.field == field

@@ -1,0 +1,137 @@
+"""The Slack reader on Events API samples.
+
+Samples follow Slack's documentation: the ``event_callback`` envelope (``team_id``,
+``api_app_id``, ``event``, ``event_id``, ``event_time``) and ``url_verification`` at
+https://api.slack.com/apis/events-api; the ``message`` event with ``channel_type`` ``channel``,
+``group``, ``im`` and ``mpim``, ``thread_ts``, ``bot_id``, ``hidden`` and its subtypes
+(``message_changed``, ``bot_message``, ``channel_join``, ``thread_broadcast``, ``file_share``) at
+https://api.slack.com/events/message; ``app_mention`` (no ``channel_type``) at
+https://api.slack.com/events/app_mention; the Socket Mode ``events_api`` envelope at
+https://api.slack.com/apis/socket-mode; and the conversation object (``is_im``) at
+https://api.slack.com/types/conversation.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+from support.readers import keyed, read
+
+from hermes_core import MalformedEventError, MessageType, ReadContext
+
+TEAM = "T0123ABCD"
+
+
+def callback(**event: Any) -> dict[str, Any]:
+    """An ``event_callback`` holding a ``message`` from user U1 in channel C1 (overridable)."""
+    inner = {
+        "type": "message", "channel": "C1", "user": "U1", "text": "hello",
+        "ts": "1712345678.000200", "event_ts": "1712345678.000200", "channel_type": "channel",
+        **event,
+    }  # fmt: skip
+    return {
+        "token": "x", "team_id": TEAM, "api_app_id": "A1", "type": "event_callback",
+        "event": inner, "event_id": "Ev1", "event_time": 1712345678,
+    }  # fmt: skip
+
+
+KEYS = [
+    ("public channel, per user", callback(), f"agent:main:slack:group:s={TEAM}:c=C1:u=U1", False),
+    ("private channel", callback(channel="G7", channel_type="group"),
+     f"agent:main:slack:group:s={TEAM}:c=G7:u=U1", False),
+    ("DM", callback(channel="D5", channel_type="im"), f"agent:main:slack:dm:s={TEAM}:c=D5", False),
+    ("group DM", callback(channel="G9", channel_type="mpim"),
+     f"agent:main:slack:group:s={TEAM}:c=G9:u=U1", False),
+    ("thread reply, shared", callback(thread_ts="1712345000.000100"),
+     f"agent:main:slack:group:s={TEAM}:c=C1:t=1712345000.000100", True),
+    ("thread reply also sent to the channel",
+     callback(subtype="thread_broadcast", thread_ts="1712345000.000100"),
+     f"agent:main:slack:group:s={TEAM}:c=C1:t=1712345000.000100", True),
+    ("a thread's parent is not in the thread", callback(thread_ts="1712345678.000200"),
+     f"agent:main:slack:group:s={TEAM}:c=C1:u=U1", False),
+    ("socket mode envelope",
+     {"envelope_id": "e1", "type": "events_api", "accepts_response_payload": False,
+      "payload": callback()},
+     f"agent:main:slack:group:s={TEAM}:c=C1:u=U1", False),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("case", "payload", "key", "shared"), KEYS, ids=[k[0] for k in KEYS])
+def test_keys(case: str, payload: Any, key: str, shared: bool, hermes_home: Path) -> None:
+    assert keyed("slack", payload, hermes_home) == (key, shared)
+
+
+def test_the_workspace_keeps_equal_channel_ids_apart(hermes_home: Path) -> None:
+    other = {**callback(), "team_id": "T999"}
+    assert keyed("slack", other, hermes_home)[0] != keyed("slack", callback(), hermes_home)[0]
+
+
+def test_a_mention_and_its_message_event_read_to_one_lane_and_message(hermes_home: Path) -> None:
+    mention = callback(type="app_mention", text="<@UBOT> help", thread_ts="1712345000.000100")
+    del mention["event"]["channel_type"]
+    message = callback(text="<@UBOT> help", thread_ts="1712345000.000100")
+    first, second = read("slack", mention, hermes_home), read("slack", message, hermes_home)
+    assert first is not None
+    assert second is not None
+    assert keyed("slack", mention, hermes_home) == keyed("slack", message, hermes_home)
+    assert first.message_id == second.message_id == "1712345678.000200"
+    assert first.reply_to_message_id == "1712345000.000100"
+
+
+def test_a_mention_without_channel_type_asks_the_host_then_the_id(hermes_home: Path) -> None:
+    mention = callback(type="app_mention", channel="C77")
+    del mention["event"]["channel_type"]
+    assert keyed("slack", mention, hermes_home)[0].startswith("agent:main:slack:group:")
+    conversations = {"C77": {"id": "C77", "is_im": True}}
+    looked_up = ReadContext(lookup_chat=conversations.get)
+    assert keyed("slack", mention, hermes_home, looked_up)[0].startswith("agent:main:slack:dm:")
+    direct = callback(type="app_mention", channel="D42")
+    del direct["event"]["channel_type"]
+    assert keyed("slack", direct, hermes_home)[0] == f"agent:main:slack:dm:s={TEAM}:c=D42"
+
+
+def test_profile_name_and_files(hermes_home: Path) -> None:
+    payload = callback(
+        subtype="file_share", text="see",
+        user_profile={"display_name": "ana", "real_name": "Ana Lima"},
+        files=[{"id": "F1", "name": "r.pdf", "mimetype": "application/pdf",
+                "url_private": "https://files.slack.com/files-pri/T-F1/r.pdf"}],
+    )  # fmt: skip
+    event = read("slack", payload, hermes_home)
+    assert event is not None
+    assert (event.text, event.message_type) == ("see", MessageType.DOCUMENT)
+    assert event.media_urls == ("https://files.slack.com/files-pri/T-F1/r.pdf",)
+    assert (event.source.user_name, event.source.scope_id) == ("ana", TEAM)
+
+
+NOT_MESSAGES = [
+    ("url verification", {"token": "x", "challenge": "abc", "type": "url_verification"}),
+    ("edit", callback(subtype="message_changed", hidden=True, message={"text": "new"})),
+    ("bot message", callback(subtype="bot_message", bot_id="B1")),
+    ("app's own reply", callback(bot_id="B1")),
+    ("join", callback(subtype="channel_join")),
+    ("reaction", callback(type="reaction_added", reaction="tada")),
+]
+
+
+@pytest.mark.parametrize(("case", "payload"), NOT_MESSAGES, ids=[n[0] for n in NOT_MESSAGES])
+def test_not_user_messages(case: str, payload: Any, hermes_home: Path) -> None:
+    assert read("slack", payload, hermes_home) is None
+
+
+MALFORMED = [
+    ("body.event", {"type": "event_callback", "team_id": TEAM}),
+    ("body.event.channel", callback(channel=None)),
+    ("body.event.user", callback(user=None)),
+    ("body.event.channel_type", callback(channel_type="huddle")),
+    ("body.payload", {"type": "events_api", "payload": "x"}),
+]
+
+
+@pytest.mark.parametrize(("field", "payload"), MALFORMED, ids=[m[0] for m in MALFORMED])
+def test_malformed_payloads_name_the_field(field: str, payload: Any, hermes_home: Path) -> None:
+    with pytest.raises(MalformedEventError) as caught:
+        read("slack", payload, hermes_home)
+    assert caught.value.field == field

@@ -1,0 +1,210 @@
+"""The Telegram reader on Bot API ``Update`` samples.
+
+Every sample is written from the Bot API reference, https://core.telegram.org/bots/api: the
+``Update`` object (``message``, ``edited_message``, ``channel_post``, ``callback_query``), the
+``Message`` object (``message_thread_id``, ``is_topic_message``, ``from``, ``sender_chat``,
+``is_automatic_forward``, ``reply_to_message``, ``text``, ``caption``, ``photo`` as a list of
+``PhotoSize``, ``voice``, ``document``, ``sticker``, ``location``, ``new_chat_members``), ``Chat``
+(``type`` private, group, supergroup or channel; ``is_forum``) and ``User`` (``is_bot``).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+from support.readers import keyed, read
+
+from hermes_core import MalformedEventError, MessageType
+
+GROUP = -1002285219667
+ANA = {"id": 42, "is_bot": False, "first_name": "Ana", "last_name": "Lima", "username": "ana"}
+BEN = {"id": 43, "is_bot": False, "first_name": "Ben"}
+
+
+def update(**message: Any) -> dict[str, Any]:
+    """An ``Update`` holding one new ``message`` (date and id filled in)."""
+    return {"update_id": 900001, "message": {"message_id": 7, "date": 1735689600, **message}}
+
+
+def private(text: str = "hi") -> dict[str, Any]:
+    return update(
+        chat={"id": 42, "type": "private", "first_name": "Ana"}, **{"from": ANA}, text=text
+    )
+
+
+def forum_topic(sender: dict[str, Any], **extra: Any) -> dict[str, Any]:
+    """A message in topic 17585 of a forum supergroup."""
+    chat = {"id": GROUP, "type": "supergroup", "title": "Team", "is_forum": True}
+    return update(
+        chat=chat, message_thread_id=17585, is_topic_message=True, text="topic hello",
+        **{"from": sender}, **extra,
+    )  # fmt: skip
+
+
+KEYS = [
+    ("private chat", private(), "agent:main:telegram:dm:c=42", False),
+    (
+        "basic group, per user",
+        update(chat={"id": -4001, "type": "group", "title": "G"}, **{"from": ANA}, text="x"),
+        "agent:main:telegram:group:c=-4001:u=42",
+        False,
+    ),
+    (
+        "forum topic, shared",
+        forum_topic(ANA),
+        f"agent:main:telegram:group:c={GROUP}:t=17585",
+        True,
+    ),
+    (
+        "reply thread of a supergroup without topics is not a thread",
+        update(
+            chat={"id": GROUP, "type": "supergroup", "title": "Team"},
+            message_thread_id=5,
+            reply_to_message={
+                "message_id": 5,
+                "date": 1,
+                "chat": {"id": GROUP, "type": "supergroup"},
+            },
+            text="re",
+            **{"from": ANA},
+        ),
+        f"agent:main:telegram:group:c={GROUP}:u=42",
+        False,
+    ),
+    (
+        "channel post, sent on behalf of the channel",
+        {
+            "update_id": 2,
+            "channel_post": {
+                "message_id": 3,
+                "date": 1,
+                "text": "news",
+                "author_signature": "Editor",
+                "chat": {"id": -100777, "type": "channel", "title": "News"},
+                "sender_chat": {"id": -100777, "type": "channel", "title": "News"},
+            },
+        },
+        "agent:main:telegram:channel:c=-100777:u=-100777",
+        False,
+    ),
+    (
+        "anonymous group admin: the sender is the group, not the placeholder bot user",
+        update(
+            chat={"id": GROUP, "type": "supergroup", "title": "Team"},
+            text="admin here",
+            sender_chat={"id": GROUP, "type": "supergroup", "title": "Team"},
+            **{"from": {"id": 1087968824, "is_bot": True, "first_name": "Group"}},
+        ),
+        f"agent:main:telegram:group:c={GROUP}:u={GROUP}",
+        False,
+    ),
+]
+
+
+@pytest.mark.parametrize(("case", "payload", "key", "shared"), KEYS, ids=[k[0] for k in KEYS])
+def test_keys(case: str, payload: Any, key: str, shared: bool, hermes_home: Path) -> None:
+    assert keyed("telegram", payload, hermes_home) == (key, shared)
+
+
+def test_everyone_in_a_forum_topic_shares_it_and_replies_to_the_topic_root_are_not_replies(
+    hermes_home: Path,
+) -> None:
+    root = {"message_id": 17585, "date": 1, "chat": {"id": GROUP, "type": "supergroup"}}
+    first = read("telegram", forum_topic(ANA, reply_to_message=root), hermes_home)
+    real = {**root, "message_id": 20}
+    second = read("telegram", forum_topic(BEN, reply_to_message=real), hermes_home)
+    assert first is not None
+    assert second is not None
+    assert keyed("telegram", forum_topic(ANA), hermes_home) == keyed(
+        "telegram", forum_topic(BEN), hermes_home
+    )
+    assert first.reply_to_message_id is None
+    assert second.reply_to_message_id == "20"
+    assert first.source.thread_id == "17585"
+    assert (first.source.user_name, second.source.user_name) == ("Ana Lima", "Ben")
+
+
+def test_private_text_fields(hermes_home: Path) -> None:
+    event = read("telegram", private("hello"), hermes_home)
+    assert event is not None
+    assert (event.text, event.message_type, event.message_id) == ("hello", MessageType.TEXT, "7")
+    assert event.source.chat_type == "dm"
+    assert event.source.chat_name is None
+    assert event.source.message_id == "7"
+
+
+MEDIA = [
+    (
+        {"photo": [{"file_id": "small", "file_unique_id": "s", "width": 90, "height": 90},
+                   {"file_id": "large", "file_unique_id": "l", "width": 800, "height": 800}],
+         "caption": "look"},
+        MessageType.PHOTO, "look", "large",
+    ),
+    (
+        {"voice": {"file_id": "v1", "file_unique_id": "v", "duration": 3}},
+        MessageType.VOICE, "", "v1",
+    ),
+    (
+        {"document": {"file_id": "d1", "file_unique_id": "d", "file_name": "a"}, "caption": "cv"},
+        MessageType.DOCUMENT, "cv", "d1",
+    ),
+    (
+        {"sticker": {"file_id": "s1", "file_unique_id": "s", "type": "regular", "width": 1,
+                     "height": 1, "is_animated": False, "is_video": False}},
+        MessageType.STICKER, "", "s1",
+    ),
+    ({"location": {"latitude": 1.5, "longitude": 2.5}}, MessageType.LOCATION, "", None),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("content", "kind", "text", "file_id"), MEDIA)
+def test_captions_and_media(
+    content: dict[str, Any], kind: MessageType, text: str, file_id: str | None, hermes_home: Path
+) -> None:
+    payload = update(chat={"id": 42, "type": "private"}, **{"from": ANA}, **content)
+    event = read("telegram", payload, hermes_home)
+    assert event is not None
+    assert (event.message_type, event.text) == (kind, text)
+    assert event.metadata == ({"media_ids": [file_id]} if file_id else {})
+
+
+NOT_MESSAGES = [
+    ("edit", {"update_id": 1, "edited_message": private()["message"]}),
+    ("callback query", {"update_id": 1, "callback_query": {"id": "q", "from": ANA}}),
+    ("bot author", update(chat={"id": -4001, "type": "group"}, text="beep",
+                          **{"from": {"id": 99, "is_bot": True, "first_name": "B"}})),
+    ("service message", update(chat={"id": -4001, "type": "group"}, **{"from": ANA},
+                               new_chat_members=[BEN])),
+    ("automatic forward", update(chat={"id": GROUP, "type": "supergroup"}, text="post",
+                                 is_automatic_forward=True,
+                                 sender_chat={"id": -100777, "type": "channel"})),
+    ("poll", update(chat={"id": 42, "type": "private"}, **{"from": ANA},
+                    poll={"id": "p", "question": "?"})),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("case", "payload"), NOT_MESSAGES, ids=[n[0] for n in NOT_MESSAGES])
+def test_not_user_messages(case: str, payload: Any, hermes_home: Path) -> None:
+    assert read("telegram", payload, hermes_home) is None
+
+
+MALFORMED = [
+    ("update.message.chat", update(text="no chat")),
+    ("update.message.chat.id", update(chat={"id": 1.5, "type": "private"}, text="x")),
+    ("update.message.chat.id", update(chat={"id": 2**70, "type": "private"}, text="x")),
+    ("update.message.chat.type", update(chat={"id": 1, "type": "secret"}, text="x")),
+    ("update.message.text", update(chat={"id": 1, "type": "private"}, text=["x"])),
+    ("update.message.from.is_bot", update(chat={"id": 1, "type": "private"}, text="x",
+                                          **{"from": {"id": 1, "is_bot": "no"}})),
+    ("update.message", {"update_id": 1, "message": "hi"}),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("field", "payload"), MALFORMED, ids=[m[0] for m in MALFORMED])
+def test_malformed_updates_name_the_field(field: str, payload: Any, hermes_home: Path) -> None:
+    with pytest.raises(MalformedEventError) as caught:
+        read("telegram", payload, hermes_home)
+    assert caught.value.field == field
+    assert str(caught.value).startswith(field)
