@@ -614,6 +614,13 @@ class SqlConnection:
     # -- meta, health -----------------------------------------------------------------------------
 
     def _set_meta(self, cursor: Any, name: str, value: str) -> None:
+        if self.name == "postgresql":  # an upsert: processes starting together may race here
+            cursor.execute(
+                "INSERT INTO state_meta (key, value) VALUES (%(key)s, %(value)s) "
+                "ON CONFLICT (key) DO UPDATE SET value = EXCLUDED.value",
+                {"key": name, "value": value},
+            )
+            return
         self._sql.delete_meta.run(cursor, {"key": name})
         self._sql.insert_meta.run(cursor, {"key": name, "value": value})
 
