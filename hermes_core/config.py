@@ -342,6 +342,12 @@ class StorageConfig(_Section):
     )
     sqlite_busy_timeout_secs: _Secs = 5.0
     turn_lease_secs: _Secs = 120.0
+    instances: Literal["single", "shared"] = Field("single", description="one of: single, shared")
+    """``shared``: several gateway processes use one PostgreSQL database, each lane's turns under
+    a lease; ``single`` (the default): one writer per database."""
+    lease_scan_secs: _Secs = 2.0
+    """Shared mode: how often a gateway looks for lanes whose lease expired (a dead or hung
+    holder) or that wait with queued messages and no holder."""
 
 
 class BusyQueueConfig(_Section):

@@ -108,6 +108,12 @@ class MessageRedeliveredError(HermesError):
     """The platform delivered a message the lane has already stored; it is not stored again."""
 
 
+class LeaseLostError(StoreError):
+    """A turn's lane lease expired and another process holds the lane now: nothing more of the
+    turn is written (the new holder resumes it). Keep ``storage.turn_lease_secs`` well above
+    the longest pause the process can have (it is renewed every quarter of it)."""
+
+
 class TranscriptReadError(StoreError):
     """A stored transcript could not be read (never reported as an empty transcript)."""
 

@@ -186,7 +186,11 @@ class DeliveryLedger:
         return True
 
     def due(
-        self, occasion: Occasion, platforms: Sequence[str], skip: Container[str] = ()
+        self,
+        occasion: Occasion,
+        platforms: Sequence[str],
+        skip: Container[str] = (),
+        lanes: Callable[[str], bool] | None = None,
     ) -> list[tuple[Obligation, str | None]]:
         """The rows to send now on ``platforms``, each with the prefix it needs, for one of the
         occasions below; stale rows and rows without an attempt left are abandoned here.
@@ -197,13 +201,16 @@ class DeliveryLedger:
           and ``failed`` ones (not rate-limited) with the reconnect prefix;
         - ``rate_limit``: rate-limited rows, with the rate-limit prefix.
 
-        ``skip`` holds the obligation ids being sent right now (never sent twice at once).
+        ``skip`` holds the obligation ids being sent right now (never sent twice at once);
+        ``lanes``, when given, says which lanes' rows to consider (a shared store's holder).
         """
         states = ("failed",) if occasion == "rate_limit" else ("pending", "attempting", "failed")
         plan: list[tuple[Obligation, str | None]] = []
         for row in self.rows.obligations(states, list(platforms)):
             limited = row.state == "failed" and row.failure_kind == "rate_limited"
             if row.obligation_id in skip or limited != (occasion == "rate_limit"):
+                continue
+            if lanes is not None and not lanes(row.session_key):
                 continue
             if self._stale(row):
                 continue

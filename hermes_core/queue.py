@@ -400,11 +400,14 @@ class TurnQueue:
         kept as an item of its own (logged), so nothing stored is lost."""
         if self.lanes():
             raise RuntimeError("TurnQueue.restore() must run before anything is queued")
-        restored = self._store.queue_restore()
+        return self._fold(self._store.queue_restore(), restored=True)
+
+    def _fold(self, rows: list[tuple[int, str, MessageEvent]], *, restored: bool) -> int:
+        """Append stored rows to their lanes, each follow-up folded into its item."""
         now = self._clock()
         count = 0
         with self._lock:
-            for event_id, session_key, stored in restored:
+            for event_id, session_key, stored in rows:
                 items = self._lanes.setdefault(session_key, [])
                 part_of = stored.metadata.get(PART_OF_KEY)
                 if part_of is not None and items and items[-1].event_id == part_of:
@@ -415,10 +418,34 @@ class TurnQueue:
                     logger.warning("queued follow-up %d has lost its item; kept alone", event_id)
                     metadata = {k: v for k, v in stored.metadata.items() if k != PART_OF_KEY}
                     event = stored.replace(metadata=metadata)
-                item = QueuedItem(event, event_id, _humans(event), now, True, next(self._order))
+                item = QueuedItem(event, event_id, _humans(event), now, restored, next(self._order))
                 items.append(item)
                 count += 1
         return count
+
+    def reload(self, session_key: str) -> int:
+        """Replace the lane's items with its durable queue (writer thread; a shared store's
+        lease holder does this on taking the lane, so events other processes queued run here,
+        in order). The number of items."""
+        rows = self._store.queue_restore(session_key)
+        with self._lock:
+            previous = self._lanes.pop(session_key, [])
+        self._store.on_rollback(lambda: self._put_lane(session_key, previous))
+        return self._fold(rows, restored=False)
+
+    def forget(self, session_key: str) -> None:
+        """Drop the lane's items from memory only (another process holds the lane and runs
+        them; writer thread)."""
+        with self._lock:
+            previous = self._lanes.pop(session_key, [])
+        self._store.on_rollback(lambda: self._put_lane(session_key, previous))
+
+    def _put_lane(self, session_key: str, items: list[QueuedItem]) -> None:
+        with self._lock:
+            if items:
+                self._lanes[session_key] = items
+            else:
+                self._lanes.pop(session_key, None)
 
     def lanes(self) -> list[str]:
         """Keys with queued items, ordered by the arrival of their oldest item."""

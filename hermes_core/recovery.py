@@ -9,7 +9,7 @@ built-in steps use lives here too, so hosts and tests can call it directly.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from typing import Any
 
@@ -69,20 +69,22 @@ def record_crash_left_replies(
     store: SessionStore,
     config: GatewayConfig,
     diagnostic_muted: Callable[[str, str], bool] | None = None,
+    lanes: Collection[str] | None = None,
 ) -> dict[str, str]:
     """Before markers are turned into resumes, find turns whose reply was stored but
     never recorded for delivery, and record it (origin ``crash``) so the turn is not rerun.
 
     Returns what happened per session key: ``ledgered`` (a ledger row already covers it),
     ``recorded``, ``silence_notice``, ``nothing_owed``; lanes not listed keep their marker and
-    resume once. Without a ledger nothing is recorded.
+    resume once. Without a ledger nothing is recorded. ``lanes``: only these (default: every
+    lane, on a shared store every lane this process holds).
     """
     ledger = store.ledger
     if ledger is None:
         return {}
     outcome: dict[str, str] = {}
     max_age = marker_max_age(config)
-    for entry in store.entries_with_fresh_markers(max_age):
+    for entry in store.entries_with_fresh_markers(max_age, lanes):
         key, token, started = (
             entry.session_key,
             entry.active_turn_token,
@@ -162,6 +164,7 @@ class GatewayState:
             self.store = SessionStore.open(
                 self.config, has_active_processes_fn=self.has_active_processes_fn, plugins=plugins
             )
+            self.store.claim_orphaned_lanes()  # a shared store: recovery touches only these
             clean = read_clean_shutdown(home, self.lock.previous_boot_id)
             self.context = RecoveryContext(
                 store=self.store, config=self.config, last_stop_clean=clean,

@@ -32,7 +32,7 @@ from hermes_core.cache import AgentCache
 from hermes_core.config import GatewayConfig
 from hermes_core.context import build_session_context, build_session_context_prompt, prefix_sender
 from hermes_core.crashpoints import crash_point
-from hermes_core.errors import HermesError, MessageNotStoredError
+from hermes_core.errors import HermesError, LeaseLostError, MessageNotStoredError
 from hermes_core.gateway_texts import (
     ACK_INTERRUPT,
     ACK_INTERVAL_SECS,
@@ -59,8 +59,10 @@ from hermes_core.plugins import HermesPluginManager, default_plugin_manager
 from hermes_core.queue import EnqueueResult, QueuedItem, SeenMessages, TurnQueue
 from hermes_core.recovery import GatewayState
 from hermes_core.resume import resume_candidates, resume_event
+from hermes_core.sharing import SharedLanes
 from hermes_core.store import SessionStore
 from hermes_core.store.backend import Obligation
+from hermes_core.store.turns import AUTO_RESUME_REASONS
 
 logger = logging.getLogger(__name__)
 
@@ -131,6 +133,8 @@ class Gateway:
         )  # fmt: skip
         self.queue: TurnQueue | None = None
         self.pipeline: TurnPipeline | None = None
+        self.shared: SharedLanes | None = None
+        """Set on a store shared with other gateway processes (see ``sharing``)."""
         self._lanes: dict[str, _Lane] = {}
         self._commands: dict[str, asyncio.Task[None]] = {}
         """Lanes whose queue head is a command being carried out (nothing else dispatches)."""
@@ -237,7 +241,15 @@ class Gateway:
         await self._resume(None)
         await self._resumed(self.config.gateway.startup_restore_timeout_secs)
         self._gate = False
+        if store.shared:
+            self.shared = SharedLanes(
+                self.config, store, self._queue, dispatch=self._dispatch_next,
+                take_over=self._take_over, diagnostic_muted=self.callbacks.diagnostic_muted,
+            )  # fmt: skip
+            self.shared.start()
         for key in self._queue.lanes():
+            self._dispatch_next(key)
+        for key in store.held_lanes():  # recovered lanes with nothing left to run go back
             self._dispatch_next(key)
         self._housekeeping = Housekeeping(self.config, store, self.cache)
         self._housekeeping.start()
@@ -267,6 +279,27 @@ class Gateway:
             if not self._busy(entry.session_key):
                 self._start_lane(entry.session_key, resume_event(entry))
         return len(entries)
+
+    async def _take_over(self, key: str) -> None:
+        """A lane whose holder let its lease expire, now held here: recover it once, send what
+        it owes (marked where it may be a duplicate), resume its interrupted turn once, then
+        run its queue (see ``sharing``)."""
+        shared = self.shared
+        if shared is None or self._busy(key):
+            return
+        await asyncio.to_thread(shared.recover, key)
+        connected = [name for name, adapter in self.adapters.items() if adapter.is_connected()]
+        await self._send_due("boot", connected, key.__eq__)
+        entry = await asyncio.to_thread(self.store.lookup_by_session_key, key)
+        origin = entry.origin if entry is not None else None
+        if (
+            entry is not None and origin is not None and entry.resume_pending
+            and not entry.suspended and entry.resume_reason in AUTO_RESUME_REASONS
+            and self._connected(origin.platform) and not self._busy(key)
+        ):  # fmt: skip
+            self._start_lane(key, resume_event(entry))
+            return
+        self._dispatch_next(key)
 
     async def platform_connected(self, platform: str) -> None:
         """After (re)connecting a platform: send its owed replies, resume its lanes and
@@ -346,7 +379,7 @@ class Gateway:
 
     async def _accept(self, key: str, event: MessageEvent) -> None:
         idle = not self._busy(key) and self._queue.depth(key) == 0
-        if idle and self._connected(event.source.platform):
+        if idle and self._connected(event.source.platform) and self.shared is None:
             await self._begin_idle(key, event)
             return
         result = await self._enqueue(key, event)
@@ -441,6 +474,11 @@ class Gateway:
     async def _run_command(self, key: str, event: MessageEvent) -> None:
         """Carry out a command; a failure is logged and answered, never raised to the host."""
         command, rest = self._command(event)
+        if self.shared is not None and not self.store.holds(key):  # runs where the lane runs
+            result = await self._enqueue(key, event)
+            if result.accepted:
+                self._dispatch_next(key)
+            return
         self._seen.remember_event(key, event)
         try:
             if command in self.triggers:
@@ -566,7 +604,13 @@ class Gateway:
         if self._busy(key) or key in self._retrying or self._gate or self._stopping is not None:
             return
         head = self._queue.head(key)
+        if self.shared is not None and not self.store.holds(key):
+            if head is not None:
+                self.shared.take(key)  # dispatched here once the lease is taken
+            return
         if head is None:
+            if self.shared is not None:
+                self.shared.release(key)
             return
         if self._command(head.event)[0] is not None:
             self._commands[key] = asyncio.create_task(self._queued_command(key))
@@ -630,6 +674,9 @@ class Gateway:
                 continue
             try:
                 turn = await self.store.arun(self._begin_head, key)
+            except LeaseLostError as exc:
+                logger.warning("a lane's turn did not start: %s", exc)
+                return None
             except Exception as exc:  # noqa: BLE001 - counted towards its dead-lettering
                 await self._dispatch_failed(key, head, exc)
                 return None
@@ -747,6 +794,9 @@ class Gateway:
             owed = await self.store.arun(
                 self._pipeline.finish, turn, None if failed else reply, success
             )
+        except LeaseLostError as exc:  # another gateway took the lane over and resumes it
+            logger.warning("a turn stopped without writing its reply: %s", exc)
+            return
         except Exception:
             logger.exception("a turn's reply could not be stored")
             if not failed:
@@ -867,13 +917,22 @@ class Gateway:
             retry = functools.partial(self._send_due, "rate_limit", [row.platform])
             self._later(RATE_LIMIT_RETRY_SECS * max(1, row.attempts), retry)
 
-    async def _send_due(self, occasion: Occasion, platforms: Sequence[str]) -> None:
-        """Send the owed replies of ``platforms`` for an occasion (see ``DeliveryLedger.due``)."""
+    async def _send_due(
+        self,
+        occasion: Occasion,
+        platforms: Sequence[str],
+        lanes: Callable[[str], bool] | None = None,
+    ) -> None:
+        """Send the owed replies of ``platforms`` for an occasion (see ``DeliveryLedger.due``),
+        of ``lanes`` only if given (on a shared store, of the lanes this process holds)."""
         ledger = self.store.ledger
         if ledger is None or not platforms:
             return
         try:
-            due = await self.store.arun(ledger.due, occasion, platforms, frozenset(self._sending))
+            mine = self.store.holds if self.shared is not None else None
+            due = await self.store.arun(
+                ledger.due, occasion, platforms, frozenset(self._sending), lanes or mine
+            )
         except Exception:
             logger.exception("owed replies could not be read (%s)", occasion)
             return
@@ -949,6 +1008,8 @@ class Gateway:
     async def _stop(self, restart: bool) -> bool:
         mode = "restart" if restart else "shutdown"
         self._stopping = mode
+        if self.shared is not None:
+            await self.shared.stop()
         if self._housekeeping is not None:
             await self._housekeeping.stop()
         for handle in self._timers:  # retries of dispatches and rate-limited replies

@@ -81,14 +81,13 @@ def test_required_protocol_only_turns_features_off_with_one_warning_each(
     assert len(warned) == len(off)  # restart counts stay in a file for one instance: no warning
 
 
-def test_a_shared_backend_without_restart_counts_warns_about_them(
-    hermes_home: Path, caplog: pytest.LogCaptureFixture
-) -> None:
-    plugin = _Backends(hermes_home, single_instance=False)
-    with caplog.at_level(logging.WARNING), _open(hermes_home, plugin):
-        pass
-    assert any("does not offer restart_counts: restart counts are kept in" in m
-               for m in _warnings(caplog))  # fmt: skip
+def test_a_shared_backend_must_implement_turn_leases(hermes_home: Path) -> None:
+    with pytest.raises(StoreContractError) as info:
+        _open(hermes_home, _Backends(hermes_home, single_instance=False))
+    message = str(info.value)
+    for name in ("check_lease", "orphaned_lanes", "release_lease", "renew_leases", "take_lease"):
+        assert f"{name} (turn leases)" in message
+    assert "StoreSpec.single_instance" in message
 
 
 def test_a_missing_required_method_is_an_error_naming_the_plugin(hermes_home: Path) -> None:

@@ -413,9 +413,9 @@ class DurableQueue(Protocol):
     def remove_queued(self, event_ids: Sequence[int]) -> int:
         """Delete queued events (discarded by a command); returns how many."""
 
-    def queued(self) -> list[tuple[int, str, str]]:
-        """Every queued event (dead letters excluded) as (id, session key, event JSON), in queue
-        order."""
+    def queued(self, session_key: str | None = None) -> list[tuple[int, str, str]]:
+        """Every queued event (dead letters excluded), or those of one lane, as (id, session
+        key, event JSON), in queue order."""
 
 
 class RestartCountRows(Protocol):
@@ -430,6 +430,29 @@ class RestartCountRows(Protocol):
 
     def remove_restart_count(self, session_key: str) -> None:
         """Forget a lane's count (a successful turn, a reset, a suspension replacement)."""
+
+
+class TurnLeases(Protocol):
+    """What a backend without ``StoreSpec.single_instance`` implements: lane leases shared by
+    every process using the store (times on the backend's clock)."""
+
+    def take_lease(self, session_key: str, owner: str, boot: str, token: str, ttl: float) -> bool:
+        """Grant the lane's lease to ``(owner, boot)`` under ``token`` for ``ttl`` seconds
+        (absent, expired or already this boot's); False while another boot holds it."""
+
+    def check_lease(self, session_key: str, token: str) -> bool:
+        """Whether ``token`` still holds the lane's lease, keeping it so until the enclosing
+        transaction ends (the fence of a turn's write)."""
+
+    def renew_leases(self, tokens: Sequence[str], ttl: float) -> set[str]:
+        """Extend the leases of ``tokens`` to ``ttl`` seconds from now; the tokens that held."""
+
+    def release_lease(self, session_key: str, token: str) -> bool:
+        """Give up the lane's lease unless events wait in its durable queue (False: kept)."""
+
+    def orphaned_lanes(self, owner: str, boot: str, expired: bool) -> list[str]:
+        """Lanes with a turn marker, queued events or unsettled replies whose lease is absent
+        or held by an earlier boot of ``owner`` (or, with ``expired``, expired)."""
 
 
 class BacklogTarget(Protocol):

@@ -25,6 +25,7 @@ from hermes_core.store.backend import (
     SearchCapable,
     StoreBackend,
     TranscriptEditing,
+    TurnLeases,
 )
 
 logger = logging.getLogger(__name__)
@@ -79,6 +80,8 @@ class BoundBackend:
     queue: DurableQueue | None = None
     counts: RestartCountRows | None = None
     maintenance: Maintenance | None = None
+    leases: TurnLeases | None = None
+    """Set when the spec is not ``single_instance``: several gateways share the store."""
 
     def offers(self) -> dict[str, bool]:
         """Each capability, and whether this backend offers it."""
@@ -94,11 +97,18 @@ def bind_backend(spec: StoreSpec, backend: Any, plugin: str, *, warn: bool = Tru
             for name in protocol_methods(PROTOCOLS[capability])
             if not _has(backend, name) and name not in protocol_methods(StoreBackend)
         ]
+    if not spec.single_instance:
+        missing += [
+            f"{name} (turn leases)"
+            for name in protocol_methods(TurnLeases)
+            if not _has(backend, name)
+        ]
     if missing:
         raise StoreContractError(
             f"storage plugin {plugin!r} opened a {spec.name!r} backend that lacks "
             f"{', '.join(missing)}: implement them in the backend (or remove the capability from "
-            f"its StoreSpec.capabilities), or disable the plugin and choose another storage.url."
+            f"its StoreSpec.capabilities; turn leases are needed unless StoreSpec.single_instance"
+            f"), or disable the plugin and choose another storage.url."
         )
     if warn:
         for capability in STORE_CAPABILITIES:
@@ -119,6 +129,7 @@ def bind_backend(spec: StoreSpec, backend: Any, plugin: str, *, warn: bool = Tru
         queue=cast(DurableQueue, backend) if "queue" in offered else None,
         counts=cast(RestartCountRows, backend) if "restart_counts" in offered else None,
         maintenance=cast(Maintenance, backend) if "maintenance" in offered else None,
+        leases=None if spec.single_instance else cast(TurnLeases, backend),
     )
 
 

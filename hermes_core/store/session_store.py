@@ -325,7 +325,8 @@ class SessionStore(RekeyStore, TranscriptStore):
             changes["updated_at"] = now
         updated = entry.model_copy(update=changes)
         message = (entry.session_id, user_message) if user_message is not None else None
-        with self._canonical():
+        with self._canonical(), self._backend.transaction():
+            self._fence(session_key)
             begun = self._backend.begin_turn(updated, consumed_event_id, message, seen)
         if not begun:
             raise MessageRedeliveredError("the platform delivered this message again")
@@ -343,7 +344,8 @@ class SessionStore(RekeyStore, TranscriptStore):
         updated = entry.model_copy(
             update={"active_turn_token": None, "active_turn_started_at": None}
         )
-        with self._canonical():
+        with self._canonical(), self._backend.transaction():
+            self._fence(session_key)
             cleared = self._backend.clear_turn_marker(updated, token)
         if not cleared:
             self._forget(session_key)  # someone else owns the row now: reload next time

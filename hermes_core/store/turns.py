@@ -11,11 +11,16 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 
-from hermes_core.errors import InvalidValueError, MessageRedeliveredError, StoreError
+from hermes_core.errors import (
+    InvalidValueError,
+    LeaseLostError,
+    MessageRedeliveredError,
+    StoreError,
+)
 from hermes_core.instance import RestartCounter, RestartCounts, instance_id
 from hermes_core.ledger import DeliveryLedger, obligation_id
 from hermes_core.models import MessageEvent, SessionEntry
@@ -26,7 +31,8 @@ from hermes_core.store.backend import (
     RestartCountRows,
     new_obligation,
 )
-from hermes_core.store.base import StoreBase, serialised
+from hermes_core.store.base import serialised
+from hermes_core.store.leases import LeaseStore
 from hermes_core.text import clean_text
 from hermes_core.timeutil import utc_now
 
@@ -80,24 +86,32 @@ class MarkerRecovery:
         return self.armed + self.kept
 
 
-class TurnRecoveryStore(StoreBase):
-    """Marker recovery and ledger recording on top of the store's plumbing."""
+class TurnRecoveryStore(LeaseStore):
+    """Marker recovery and ledger recording on top of the store's plumbing and leases.
+
+    On a shared store recovery touches only lanes whose lease this process holds (start-up
+    takes the leases of lanes no live process holds first), or the ``lanes`` given."""
 
     _ledger: DeliveryLedger | None = None
     _counts: RestartCounter | None = None
 
-    def _entries_with_markers(self) -> list[SessionEntry]:
+    def _entries_with_markers(self, lanes: Collection[str] | None = None) -> list[SessionEntry]:
         with self._canonical():
             stored = self._backend.routes_with_markers()
-        return [entry for entry in map(self._parse, stored) if entry is not None]
+        entries = [entry for entry in map(self._parse, stored) if entry is not None]
+        if lanes is not None:
+            return [entry for entry in entries if entry.session_key in lanes]
+        return [entry for entry in entries if self.holds(entry.session_key)]
 
-    def entries_with_fresh_markers(self, max_age_seconds: float) -> list[SessionEntry]:
+    def entries_with_fresh_markers(
+        self, max_age_seconds: float, lanes: Collection[str] | None = None
+    ) -> list[SessionEntry]:
         """Lanes whose turn marker has a start no older than ``max_age_seconds`` (any age
         when not positive): the turns a dead process left unfinished."""
         now = utc_now()
         return [
             entry
-            for entry in self._entries_with_markers()
+            for entry in self._entries_with_markers(lanes)
             if not self._stale(entry, now, max_age_seconds)
         ]
 
@@ -126,7 +140,9 @@ class TurnRecoveryStore(StoreBase):
         return len(entries)
 
     @serialised
-    def recover_turn_markers(self, max_age_seconds: float = 3600) -> MarkerRecovery:
+    def recover_turn_markers(
+        self, max_age_seconds: float = 3600, lanes: Collection[str] | None = None
+    ) -> MarkerRecovery:
         """Crash recovery of turn markers: a fresh marker on a non-suspended lane arms
         ``resume_pending`` (``restart_interrupted``) unless a more specific reason is already
         set; every marker is cleared; all in one transaction. A marker is stale when its start
@@ -136,7 +152,7 @@ class TurnRecoveryStore(StoreBase):
         armed: list[str] = []
         kept: list[str] = []
         updated: list[SessionEntry] = []
-        for entry in self._entries_with_markers():
+        for entry in self._entries_with_markers(lanes):
             changes: dict[str, object] = dict(_CLEARED_MARKER)
             if not self._stale(entry, now, max_age_seconds) and not entry.suspended:
                 if entry.resume_pending:
@@ -229,8 +245,12 @@ class TurnRecoveryStore(StoreBase):
         marker = (cleared, turn_token) if cleared and turn_token else None
         stored = (session_id, reply) if reply is not None and session_id is not None else None
         try:
-            with self._canonical():
+            with self._canonical(), self._backend.transaction():
+                if turn_token:  # a turn's reply is written only under its lane's lease
+                    self._fence(session_key)
                 _added, marker_cleared = ledger.rows.add_obligation(record, marker, stored)
+        except LeaseLostError:
+            raise
         except StoreError as exc:
             logger.error("delivery ledger: could not record a reply: %s", exc)
             return None
@@ -299,14 +319,18 @@ class TurnRecoveryStore(StoreBase):
         with self._canonical():
             return queue.remove_queued(event_ids)
 
-    def queue_restore(self) -> list[tuple[int, str, MessageEvent]]:
-        """Every persisted queued event (id, key, event), oldest first; unreadable ones are
+    def queue_restore(self, session_key: str | None = None) -> list[tuple[int, str, MessageEvent]]:
+        """Every persisted queued event (id, key, event), oldest first (on a shared store,
+        of the lanes this process holds), or those of ``session_key``; unreadable ones are
         skipped with a warning and left in place."""
         queue = self._bound.queue
         if queue is None:
             return []
         with self._canonical():
-            stored = queue.queued()
+            if session_key is not None:
+                stored = queue.queued(session_key)
+            else:
+                stored = [row for row in queue.queued() if self.holds(row[1])]
         restored = []
         for event_id, key, payload in stored:
             try:

@@ -35,19 +35,21 @@ _LOCAL: frozenset[StoreCapability] = frozenset(
 @hookimpl
 def hermes_register_stores(config: GatewayConfig) -> list[StoreSpec]:
     """``sqlite`` (a local file: JSONL fallback, sessions.json mirror) and ``postgresql``
-    (psycopg 3; restart counts in the database, tagged per instance); one writer per database
-    for both, every write batch atomic."""
+    (psycopg 3; restart counts in the database, tagged per instance); every write batch atomic.
+    One writer per database, except PostgreSQL with ``storage.instances: shared``, where
+    gateways share the database under turn leases."""
     common: dict[str, Any] = {
         "open": open_sql_backend, "open_read_only": open_sql_backend_read_only,
-        "atomic_batches": True, "single_instance": True,
+        "atomic_batches": True,
     }  # fmt: skip
+    shared = config.storage.instances == "shared"
     return [
         StoreSpec(
             name="sqlite", schemes=("sqlite", "sqlite+pysqlite"), capabilities=_LOCAL,
-            local=True, **common,
+            local=True, single_instance=True, **common,
         ),
         StoreSpec(
             name="postgresql", schemes=("postgresql", "postgresql+psycopg"),
-            capabilities=_LOCAL | {"restart_counts"}, **common,
+            capabilities=_LOCAL | {"restart_counts"}, single_instance=not shared, **common,
         ),
     ]  # fmt: skip

@@ -32,6 +32,7 @@ from hermes_core.store.backend import (
     SessionRow,
 )
 from hermes_plugins.sql_store import postgres, search
+from hermes_plugins.sql_store.leases import LeaseRows
 from hermes_plugins.sql_store.operator import OperatorRows
 from hermes_plugins.sql_store.postgres import message_params
 from hermes_plugins.sql_store.rekey import RekeyRows
@@ -55,7 +56,7 @@ from hermes_plugins.sql_store.statements import Prepared
 logger = logging.getLogger(__name__)
 
 
-class SqlBackend(RekeyRows, OperatorRows):
+class SqlBackend(RekeyRows, OperatorRows, LeaseRows):
     """The canonical store over SQLite or PostgreSQL: the required contract and every
     capability (which ones a dialect offers is declared by its ``StoreSpec``)."""
 

@@ -42,6 +42,7 @@ from sqlalchemy.pool import PoolProxiedConnection
 
 from hermes_core.config import GatewayConfig
 from hermes_core.errors import (
+    ConfigError,
     CorruptDatabaseError,
     GatewayLockedError,
     HermesError,
@@ -78,6 +79,13 @@ RECONNECT_BACKOFF_SECS = (0.5, 30.0)
 CONNECT_TIMEOUT_SECS = 10
 """How long opening a PostgreSQL connection may take (a reconnect never hangs longer)."""
 
+SESSION_TIMEOUTS = {
+    "statement_timeout": "300s", "lock_timeout": "30s",
+    "idle_in_transaction_session_timeout": "120s",
+}  # fmt: skip
+"""Set on every PostgreSQL connection: no statement, lock wait or forgotten transaction holds
+a connection (and the rows it locked) for ever."""
+
 
 def display_url(url: URL) -> str:
     """The URL without credentials, for messages and logs."""
@@ -92,6 +100,16 @@ class SqlConnection:
         self.read_only = read_only
         self.display = display_url(self.url)
         self.name = "sqlite" if self.url.get_backend_name() == "sqlite" else "postgresql"
+        self.shared = config.storage.instances == "shared"
+        """Several gateways share the database under turn leases (PostgreSQL only): no writer
+        lock; schema changes run under a transaction-level advisory lock instead."""
+        if self.shared and self.name == "sqlite":
+            raise ConfigError(
+                "storage.instances",
+                "storage.instances is 'shared', but SQLite allows one writer per database: "
+                "remove storage.instances, or move the state to PostgreSQL (hermes-sessions "
+                "migrate) and point storage.url at it.",
+            )
         self._lock = threading.RLock()
         self._batch_depth = 0
         self._batch_owner: int | None = None
@@ -147,8 +165,10 @@ class SqlConnection:
                 "application_name": exclusive.application_name(config),
                 "connect_timeout": CONNECT_TIMEOUT_SECS,
             }
+            options = [f"-c {name}={value}" for name, value in SESSION_TIMEOUTS.items()]
             if self.read_only:  # the server refuses writes too
-                settings["options"] = "-c default_transaction_read_only=on"
+                options.append("-c default_transaction_read_only=on")
+            settings["options"] = " ".join(options)
             # A plain postgresql:// means psycopg 3 here (SQLAlchemy's default is psycopg2).
             url = self.url.set(drivername="postgresql+psycopg")
             try:
@@ -341,7 +361,7 @@ class SqlConnection:
         """Open the writer's connection; on PostgreSQL take the writer lock on it first."""
         writer = self._engine.raw_connection()
         try:
-            if self.name == "postgresql":
+            if self.name == "postgresql" and not self.shared:
                 cursor = writer.cursor()
                 try:
                     exclusive.lock_postgres(cursor, self.display)
@@ -426,7 +446,7 @@ class SqlConnection:
         then let go of SQLite's lock file."""
         try:
             if self._cursor is not None and self._writer is not None:
-                if self.name == "postgresql":
+                if self.name == "postgresql" and not self.shared:
                     self._unlock(self._writer, self._cursor)
                 self._cursor.close()
                 self._writer.close()
@@ -487,6 +507,8 @@ class SqlConnection:
         so processes starting together never create or upgrade the schema twice."""
         if self.name == "sqlite":
             conn.exec_driver_sql("BEGIN IMMEDIATE")
+        elif self.shared:  # no writer lock: processes starting together queue up here
+            conn.exec_driver_sql(exclusive.MIGRATION_LOCK)
         try:
             current = self._stored_version(conn)
             for step in MIGRATIONS[current:]:
@@ -592,6 +614,13 @@ class SqlConnection:
     # -- meta, health -----------------------------------------------------------------------------
 
     def _set_meta(self, cursor: Any, name: str, value: str) -> None:
+        if self.name == "postgresql":  # an upsert: processes starting together may race here
+            cursor.execute(
+                "INSERT INTO state_meta (key, value) VALUES (%(key)s, %(value)s) "
+                "ON CONFLICT (key) DO UPDATE SET value = EXCLUDED.value",
+                {"key": name, "value": value},
+            )
+            return
         self._sql.delete_meta.run(cursor, {"key": name})
         self._sql.insert_meta.run(cursor, {"key": name, "value": value})
 

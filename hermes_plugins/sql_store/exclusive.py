@@ -76,6 +76,9 @@ def application_name(config: GatewayConfig) -> str:
 TRY_LOCK = f"SELECT pg_try_advisory_lock({LOCK_KEYS[0]}, {LOCK_KEYS[1]})"
 """Take the writer lock on this session; returns whether it was free."""
 
+MIGRATION_LOCK = f"SELECT pg_advisory_xact_lock({LOCK_KEYS[0]}, 2)"
+"""Shared mode: schema creation and upgrades wait for each other (released at commit)."""
+
 UNLOCK = f"SELECT pg_advisory_unlock({LOCK_KEYS[0]}, {LOCK_KEYS[1]})"
 """Release the writer lock at once (a closed session's locks end only once the server notices)."""
 

@@ -31,7 +31,9 @@ WITH seen AS (
     ON CONFLICT DO NOTHING
     RETURNING 1
 ), go AS (
-    SELECT 1 WHERE %(seen)s::text IS NULL OR EXISTS (SELECT 1 FROM seen)
+    SELECT 1 WHERE (%(seen)s::text IS NULL OR EXISTS (SELECT 1 FROM seen))
+        AND (%(event_id)s::int4 IS NULL
+             OR EXISTS (SELECT 1 FROM queued_events WHERE id = %(event_id)s::int4))
 ), marker AS (
     UPDATE gateway_routing
     SET active_turn_token = %(active_turn_token)s::text,
@@ -51,7 +53,8 @@ WITH seen AS (
 )
 SELECT (SELECT count(*) FROM go), (SELECT count(*) FROM marker)
 """
-"""The start of a turn; returns (went ahead, marker rows written): (0, 0) for a redelivery."""
+"""The start of a turn; returns (went ahead, marker rows written): (0, 0) for a redelivery or
+a queued event another process has run already."""
 
 _OBLIGATION_COLUMNS = tuple(Obligation.__dataclass_fields__)
 _OBLIGATION_TYPES = {

@@ -87,13 +87,20 @@ class QueueRows(LedgerRows):
                 removed += self._sql.delete_queued.run(cursor, {"event_id": event_id}).rowcount
         return removed
 
-    def queued(self) -> list[tuple[int, str, str]]:
-        """Every queued event, oldest first."""
+    def queued(self, session_key: str | None = None) -> list[tuple[int, str, str]]:
+        """Every queued event (or one lane's), oldest first. A lane's is read on the writer's
+        connection: it sees the writer's open batch."""
         table = queued_events
         query = (
             select(table.c.id, table.c.session_key, table.c.event_json)
             .where(table.c.dead_at.is_(None))
             .order_by(table.c.id)
         )
-        with self._read("reading the queue") as conn:
-            return [(int(row.id), row.session_key, row.event_json) for row in conn.execute(query)]
+        if session_key is None:
+            with self._read("reading the queue") as conn:
+                rows = conn.execute(query).all()
+        else:
+            with self._write("reading a lane's queue") as cursor:
+                query = query.where(table.c.session_key == session_key)
+                rows = self._execute(cursor, query).fetchall()
+        return [(int(row[0]), row[1], row[2]) for row in rows]

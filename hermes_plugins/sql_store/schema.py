@@ -379,8 +379,37 @@ def _v4_index_behind_a_watermark(conn: Connection) -> None:
             conn.exec_driver_sql(statement)
 
 
+DUPLICATE_OPEN = "duplicate_open"
+"""End reason given by version 5 to the older of two sessions open on one key at once."""
+
+
+def _v5_shared_instances(conn: Connection) -> None:
+    """Version 5: at most one open (and not expiry-fenced) session per key, enforced by a
+    unique partial index (older
+    duplicates, which only two writers racing on one database could make, are ended
+    ``duplicate_open``); indexes for the lanes with a turn marker and for expired leases."""
+    conn.exec_driver_sql(
+        f"UPDATE sessions SET end_reason = '{DUPLICATE_OPEN}', ended_at = started_at "
+        "WHERE end_reason IS NULL AND expiry_finalized = 0 AND EXISTS (SELECT 1 FROM sessions "
+        "AS newer WHERE newer.session_key = sessions.session_key AND newer.end_reason IS NULL "
+        "AND newer.expiry_finalized = 0 AND "
+        "(newer.started_at > sessions.started_at OR (newer.started_at = sessions.started_at "
+        "AND newer.id > sessions.id)))"
+    )
+    for statement in (
+        "CREATE UNIQUE INDEX IF NOT EXISTS ux_sessions_open_key ON sessions (session_key) "
+        "WHERE end_reason IS NULL AND expiry_finalized = 0",
+        "CREATE INDEX IF NOT EXISTS ix_gateway_routing_marker ON gateway_routing "
+        "(session_key) WHERE active_turn_token IS NOT NULL",
+        "CREATE INDEX IF NOT EXISTS ix_session_turn_leases_expires ON session_turn_leases "
+        "(expires_at)",
+    ):
+        conn.exec_driver_sql(statement)
+
+
 MIGRATIONS: tuple[Callable[[Connection], None], ...] = (
     _v1_canonical, _v2_search, _v3_redelivery_and_dead_letters, _v4_index_behind_a_watermark,
+    _v5_shared_instances,
 )  # fmt: skip
 """Upgrade steps; step ``n`` brings a database from version ``n`` to ``n + 1``."""
 

@@ -1,0 +1,156 @@
+"""The gateway's side of a store shared by several gateway processes (``storage.instances:
+shared``; ``SessionStore.shared``).
+
+Every inbound event is queued durably first; a lane's queue is dispatched only by the process
+holding the lane's lease, which reloads the lane's durable queue when it takes the lease (so
+events other processes queued run here, in order) and, when the lane runs dry, releases the
+lease unless events wait (then it runs them). A message for a lane leased elsewhere is only
+queued: the holder sees it before it can release. Two tasks run beside the lanes: one renews
+the held leases every quarter of ``storage.turn_lease_secs``; one looks every
+``storage.lease_scan_secs`` for lanes whose holder let the lease expire (it died or hung) and
+takes them over once: crash-left replies recorded, the interrupted turn armed and resumed once,
+owed replies sent (marked where they may be duplicates), queued events run.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Coroutine
+from typing import Any
+
+from hermes_core.config import GatewayConfig
+from hermes_core.queue import TurnQueue
+from hermes_core.recovery import marker_max_age, record_crash_left_replies
+from hermes_core.store import SessionStore
+
+logger = logging.getLogger(__name__)
+
+
+class SharedLanes:
+    """Lease renewal, hand-off and takeover for one gateway."""
+
+    def __init__(
+        self,
+        config: GatewayConfig,
+        store: SessionStore,
+        queue: TurnQueue,
+        *,
+        dispatch: Callable[[str], None],
+        take_over: Callable[[str], Coroutine[Any, Any, None]],
+        diagnostic_muted: Callable[[str, str], bool] | None = None,
+    ) -> None:
+        self.config = config
+        self.store = store
+        self.queue = queue
+        self._dispatch = dispatch
+        self._take_over = take_over
+        self._muted = diagnostic_muted
+        self._busy: set[str] = set()
+        self._tasks: set[asyncio.Task[Any]] = set()
+
+    def start(self) -> None:
+        """Start renewing and scanning."""
+        self._spawn(self._renew_loop())
+        self._spawn(self._scan_loop())
+
+    async def stop(self) -> None:
+        """Stop the loops and pending hand-offs (leases left held expire or are taken back by
+        this instance's next start)."""
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+
+    def _spawn(self, work: Coroutine[Any, Any, Any]) -> None:
+        task = asyncio.create_task(work)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    # -- hand-off ------------------------------------------------------------------------------
+
+    def take(self, key: str) -> None:
+        """Try to take the lane's lease (its queue waits here); on success dispatch its head."""
+        if key not in self._busy:
+            self._busy.add(key)
+            self._spawn(self._take(key))
+
+    async def _take(self, key: str) -> None:
+        try:
+            taken = await self.store.arun(self._take_step, key)
+        except Exception:
+            logger.exception("a lane's lease could not be taken; the scan tries again")
+            taken = False
+        finally:
+            self._busy.discard(key)
+        if taken:
+            self._dispatch(key)
+
+    def _take_step(self, key: str) -> bool:
+        """Writer step: the lease and the lane's durable queue, or (held elsewhere) nothing."""
+        if not self.store.take_lease(key):
+            self.queue.forget(key)
+            return False
+        self.queue.reload(key)
+        return True
+
+    def release(self, key: str) -> None:
+        """The lane ran dry here: give its lease up, or run what waits in its queue."""
+        if key not in self._busy:
+            self._busy.add(key)
+            self._spawn(self._release(key))
+
+    async def _release(self, key: str) -> None:
+        try:
+            kept = await self.store.arun(self._release_step, key)
+        except Exception:
+            logger.exception("a lane's lease could not be released; it expires")
+            kept = False
+        finally:
+            self._busy.discard(key)
+        if kept:
+            self._dispatch(key)
+
+    def _release_step(self, key: str) -> bool:
+        """Writer step: release (True: kept, because events wait; the queue is reloaded)."""
+        if self.store.release_lease(key):
+            self.queue.forget(key)
+            return False
+        self.queue.reload(key)
+        return True
+
+    # -- renewal and takeover ------------------------------------------------------------------
+
+    async def _renew_loop(self) -> None:
+        interval = self.config.storage.turn_lease_secs / 4
+        while True:
+            await asyncio.sleep(interval)
+            try:
+                lost = await self.store.arun(self.store.renew_leases)
+            except Exception:
+                logger.exception("turn leases could not be renewed")
+                continue
+            if lost:
+                logger.warning("lost the turn lease of %d lanes to another gateway", len(lost))
+
+    async def _scan_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.config.storage.lease_scan_secs)
+            try:
+                taken = await self.store.arun(lambda: self.store.claim_orphaned_lanes(expired=True))
+            except Exception:
+                logger.exception("looking for lanes to take over failed")
+                continue
+            for key in taken:
+                try:
+                    await self._take_over(key)
+                except Exception:
+                    logger.exception("taking over a lane failed; its lease expires again")
+
+    def recover(self, key: str) -> None:
+        """Writer-side recovery of one taken-over lane (in a worker thread): a reply the dead
+        holder stored but never recorded is recorded, the interrupted turn is armed to resume
+        once; then the lane's durable queue is loaded here."""
+        store = self.store
+        record_crash_left_replies(store, self.config, self._muted, lanes=[key])
+        store.recover_turn_markers(marker_max_age(self.config), lanes=[key])
+        store.run(self.queue.reload, key)

@@ -1,0 +1,138 @@
+"""Lane leases of a store shared by several gateway processes (``StoreSpec.single_instance``
+false).
+
+A process runs a lane's turn only while it holds the lane's lease: :meth:`LeaseStore.take_lease`
+grants it with a new token (and drops the lane's cached entry, so the entry is read afresh under
+the lease), the runtime renews its leases every quarter of ``storage.turn_lease_secs`` and
+releases a lane when nothing waits in its durable queue. Every write of a turn (its start, reply
+and ledger row, marker clear, dequeue) is *fenced*: it checks, in its own transaction, that the
+token still holds the lease, else raises :class:`~hermes_core.errors.LeaseLostError` and writes
+nothing. On a single-instance store every call here is a no-op that grants.
+"""
+
+from __future__ import annotations
+
+import secrets
+
+from hermes_core.errors import LeaseLostError
+from hermes_core.instance import instance_id
+from hermes_core.store.base import StoreBase, serialised
+
+
+class LeaseStore(StoreBase):
+    """Lease bookkeeping of one store: which lanes this process holds, under which token."""
+
+    _held: dict[str, str] | None = None
+    _boot: str | None = None
+
+    @property
+    def shared(self) -> bool:
+        """Whether other gateway processes may use this store at the same time (leases)."""
+        return self._bound.leases is not None
+
+    @property
+    def owner(self) -> tuple[str, str]:
+        """This process as a lease owner: (instance id, boot token of this open store)."""
+        if self._boot is None:
+            self._boot = secrets.token_hex(16)
+        configured = self.config.gateway.instance_id
+        return instance_id(self.config.hermes_home, configured), self._boot
+
+    @property
+    def _leases(self) -> dict[str, str]:
+        if self._held is None:
+            self._held = {}
+        return self._held
+
+    def holds(self, session_key: str) -> bool:
+        """Whether this process holds the lane's lease (always, on a single-instance store)."""
+        return not self.shared or session_key in self._leases
+
+    def held_lanes(self) -> list[str]:
+        """The lanes whose lease this process holds."""
+        return list(self._leases)
+
+    @serialised
+    def take_lease(self, session_key: str) -> bool:
+        """Take the lane's lease (a new token), unless another live process holds it. The
+        lane's cached entry is dropped: what another process wrote is read afresh."""
+        rows = self._bound.leases
+        if rows is None:
+            return True
+        token = secrets.token_hex(16)
+        owner, boot = self.owner
+        ttl = self.config.storage.turn_lease_secs
+        with self._canonical():
+            if not rows.take_lease(session_key, owner, boot, token, ttl):
+                return False
+        held = self._leases
+        previous = held.get(session_key)
+        held[session_key] = token
+        self._writer.on_rollback(lambda: self._restore(session_key, previous))
+        self._forget(session_key)
+        return True
+
+    def _restore(self, session_key: str, token: str | None) -> None:
+        if token is None:
+            self._leases.pop(session_key, None)
+        else:
+            self._leases[session_key] = token
+
+    @serialised
+    def release_lease(self, session_key: str) -> bool:
+        """Give up the lane's lease; False (kept) when events wait in its durable queue, which
+        this process then runs. A lease lost meanwhile counts as released."""
+        rows = self._bound.leases
+        token = self._leases.get(session_key)
+        if rows is None or token is None:
+            return True
+        with self._canonical():
+            released = rows.release_lease(session_key, token)
+        if released:
+            self._leases.pop(session_key, None)
+            self._writer.on_rollback(lambda: self._restore(session_key, token))
+        return released
+
+    @serialised
+    def renew_leases(self) -> list[str]:
+        """Extend every lease this process holds; the lanes whose lease was lost (they are
+        dropped: their turns' next writes raise :class:`LeaseLostError`)."""
+        rows = self._bound.leases
+        held = dict(self._leases)
+        if rows is None or not held:
+            return []
+        with self._canonical():
+            kept = rows.renew_leases(list(held.values()), self.config.storage.turn_lease_secs)
+        lost = [key for key, token in held.items() if token not in kept]
+        for key in lost:
+            if self._leases.get(key) == held[key]:
+                del self._leases[key]
+        return lost
+
+    @serialised
+    def claim_orphaned_lanes(self, *, expired: bool = False) -> list[str]:
+        """Take the lease of every lane with a marker, queued events or unsettled replies that
+        has no lease or was held by an earlier boot of this instance (start-up recovery works
+        on these) or, with ``expired``, whose holder let its lease expire (the takeover of a
+        dead process's lanes); the lanes taken ([] on a single-instance store)."""
+        rows = self._bound.leases
+        if rows is None:
+            return []
+        with self._canonical():
+            orphaned = rows.orphaned_lanes(*self.owner, expired)
+        return [key for key in orphaned if self.take_lease(key)]
+
+    def _fence(self, session_key: str) -> None:
+        """Within a write's transaction: raise :class:`LeaseLostError` unless this process's
+        token still holds the lane's lease (no-op on a single-instance store)."""
+        rows = self._bound.leases
+        if rows is None:
+            return
+        token = self._leases.get(session_key)
+        if token is None or not rows.check_lease(session_key, token):
+            self._leases.pop(session_key, None)
+            raise LeaseLostError(
+                "this process no longer holds the lane's turn lease (it expired and another "
+                "gateway took the lane over); nothing more of the turn is written. Raise "
+                "storage.turn_lease_secs if the process pauses for longer than a quarter of it."
+            )

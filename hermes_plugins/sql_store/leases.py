@@ -1,0 +1,106 @@
+"""Turn leases on a shared PostgreSQL store (``storage.instances: shared``).
+
+A lane's lease is one row of ``session_turn_leases``: its owner (instance and boot), a token that
+is new with every grant, and an expiry on the server's clock (so the hosts' clocks never matter).
+A grant succeeds when the lane has no lease, its lease expired, or this boot holds it; the
+conflicting row is locked by the grant either way, so a grant and a release of one lane
+serialise on that row. A turn's writes are fenced: :meth:`LeaseRows.check_lease` locks the
+lease row in the write's own transaction and says whether the token still holds it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from hermes_plugins.sql_store.connection import SqlConnection
+
+_NOW = "extract(epoch from clock_timestamp())"
+
+_TAKE = f"""
+INSERT INTO session_turn_leases AS l
+    (session_key, owner_instance, owner_boot, token, acquired_at, expires_at)
+VALUES (%(key)s, %(owner)s, %(boot)s, %(token)s, {_NOW}, {_NOW} + %(ttl)s)
+ON CONFLICT (session_key) DO UPDATE SET
+    owner_instance = EXCLUDED.owner_instance, owner_boot = EXCLUDED.owner_boot,
+    token = EXCLUDED.token, acquired_at = EXCLUDED.acquired_at, expires_at = EXCLUDED.expires_at
+WHERE l.expires_at < EXCLUDED.acquired_at OR l.owner_boot = EXCLUDED.owner_boot
+RETURNING token
+"""
+
+_FENCE = """
+SELECT 1 FROM session_turn_leases WHERE session_key = %(key)s AND token = %(token)s FOR SHARE
+"""
+
+_RENEW = f"""
+UPDATE session_turn_leases SET expires_at = {_NOW} + %(ttl)s
+WHERE token = ANY(%(tokens)s) RETURNING token
+"""
+
+_LOCK_OWN = """
+SELECT 1 FROM session_turn_leases WHERE session_key = %(key)s AND token = %(token)s FOR UPDATE
+"""
+_WAITING = (
+    "SELECT EXISTS (SELECT 1 FROM queued_events WHERE session_key = %(key)s AND dead_at IS NULL)"
+)
+_DROP = "DELETE FROM session_turn_leases WHERE session_key = %(key)s AND token = %(token)s"
+
+_ORPHANS = f"""
+WITH lanes AS (
+    SELECT session_key FROM gateway_routing WHERE active_turn_token IS NOT NULL
+    UNION SELECT session_key FROM queued_events WHERE dead_at IS NULL
+    UNION SELECT session_key FROM delivery_obligations
+        WHERE state IN ('pending', 'attempting')
+)
+SELECT lanes.session_key FROM lanes
+LEFT JOIN session_turn_leases AS l ON l.session_key = lanes.session_key
+WHERE l.session_key IS NULL OR (l.owner_instance = %(owner)s AND l.owner_boot <> %(boot)s)
+   OR (%(expired)s AND l.expires_at < {_NOW})
+ORDER BY lanes.session_key
+"""
+
+
+class LeaseRows(SqlConnection):
+    """The lease table's statements (PostgreSQL); each method is one transaction unless it runs
+    inside the store's batch."""
+
+    def take_lease(self, session_key: str, owner: str, boot: str, token: str, ttl: float) -> bool:
+        """Grant the lane's lease to ``(owner, boot)`` with ``token`` for ``ttl`` seconds; False
+        while another boot holds it unexpired."""
+        params = {"key": session_key, "owner": owner, "boot": boot, "token": token, "ttl": ttl}
+        with self._write("taking a turn lease") as cursor:
+            return cursor.execute(_TAKE, params).fetchone() is not None
+
+    def check_lease(self, session_key: str, token: str) -> bool:
+        """Whether ``token`` still holds the lane's lease; the row stays locked (shared) until
+        the transaction ends, so no grant can overtake the write it fences."""
+        with self._write("checking a turn lease") as cursor:
+            row = cursor.execute(_FENCE, {"key": session_key, "token": token}).fetchone()
+            return row is not None
+
+    def renew_leases(self, tokens: Sequence[str], ttl: float) -> set[str]:
+        """Extend the leases of ``tokens`` by ``ttl`` from now; the tokens that still held."""
+        if not tokens:
+            return set()
+        with self._write("renewing turn leases") as cursor:
+            rows = cursor.execute(_RENEW, {"tokens": list(tokens), "ttl": ttl}).fetchall()
+        return {row[0] for row in rows}
+
+    def release_lease(self, session_key: str, token: str) -> bool:
+        """Give the lane's lease up unless events wait in its queue (then keep it: False). An
+        event queued concurrently is either seen here or finds the lane free afterwards."""
+        params = {"key": session_key, "token": token}
+        with self._write("releasing a turn lease") as cursor:
+            if cursor.execute(_LOCK_OWN, params).fetchone() is None:
+                return True  # not ours any more
+            if cursor.execute(_WAITING, params).fetchone()[0]:
+                return False
+            cursor.execute(_DROP, params)
+        return True
+
+    def orphaned_lanes(self, owner: str, boot: str, expired: bool) -> list[str]:
+        """Lanes with a turn marker, queued events or unsettled replies whose lease is absent
+        or held by an earlier boot of ``owner`` (or, with ``expired``, expired)."""
+        params: dict[str, Any] = {"owner": owner, "boot": boot, "expired": expired}
+        with self._write("looking for lanes without a live lease") as cursor:
+            return [row[0] for row in cursor.execute(_ORPHANS, params).fetchall()]
