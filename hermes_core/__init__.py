@@ -69,8 +69,14 @@ from hermes_core.specs import (
 )
 
 if TYPE_CHECKING:
-    from hermes_core.agents import Adapter, Agent, EchoAgent, InMemoryAdapter, TurnRequest
-    from hermes_core.gateway_texts import HostCallbacks
+    from hermes_core.agents import (
+        Adapter,
+        Agent,
+        EchoAgent,
+        HostCallbacks,
+        InMemoryAdapter,
+        TurnRequest,
+    )
     from hermes_core.ledger import SendResult
     from hermes_core.runtime import Gateway
     from hermes_core.store import SearchHit, SessionStore
@@ -81,7 +87,7 @@ _LAZY = {
     "EchoAgent": "hermes_core.agents",
     "InMemoryAdapter": "hermes_core.agents",
     "TurnRequest": "hermes_core.agents",
-    "HostCallbacks": "hermes_core.gateway_texts",
+    "HostCallbacks": "hermes_core.agents",
     "SendResult": "hermes_core.ledger",
     "Gateway": "hermes_core.runtime",
     "SearchHit": "hermes_core.store",

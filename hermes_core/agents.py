@@ -1,5 +1,6 @@
-"""What the runtime drives: the ``Agent`` and ``Adapter`` protocols, with the ``EchoAgent`` and
-the in-memory and console adapters that ship for demos, tests and the console commands."""
+"""What a host gives the runtime: the ``Agent`` and ``Adapter`` protocols and the optional
+``HostCallbacks``, with the ``EchoAgent`` and the in-memory and console adapters that ship for
+demos, tests and the console commands."""
 
 from __future__ import annotations
 
@@ -11,6 +12,22 @@ from typing import Any, Protocol, runtime_checkable
 
 from hermes_core.ledger import SendResult
 from hermes_core.models import MessageEvent, SessionSource
+
+
+@dataclass
+class HostCallbacks:
+    """The host's single-answer callbacks; each is optional."""
+
+    interrupt_background: Callable[[str, str], object] | None = None
+    """Stop the lane's background work (key, current session id); idempotent."""
+    wake_allowed: Callable[[MessageEvent, str], bool] | None = None
+    """May an internal wake bound to an older session run in the current one (event, id)?"""
+    authorised: Callable[[SessionSource], bool] | None = None
+    """Authorisation re-check of a resumed lane's sender."""
+    diagnostic_muted: Callable[[str, str], bool] | None = None
+    """Does the chat policy mute this diagnostic reply (key, text)?"""
+    has_active_processes: Callable[[str], bool] | None = None
+    """Does the lane have live background processes (never pruned)?"""
 
 
 @dataclass(frozen=True)

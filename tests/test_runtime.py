@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from hermes_core import GatewayConfig, LifecycleEvent, MessageEvent, SessionEntry, hookimpl
-from hermes_core.agents import EchoAgent, InMemoryAdapter
+from hermes_core.agents import EchoAgent, HostCallbacks, InMemoryAdapter
 from hermes_core.gateway_texts import (
     ACK_INTERRUPT,
     ACK_QUEUED,
@@ -18,7 +18,6 @@ from hermes_core.gateway_texts import (
     NOTHING_TO_STOP,
     QUEUE_USAGE,
     REFUSED_CAP,
-    HostCallbacks,
 )
 from hermes_core.models import MessageType, SessionSource
 from hermes_core.runtime import Gateway

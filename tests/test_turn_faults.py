@@ -19,8 +19,7 @@ from typing import Any
 import pytest
 from support.tcp_proxy import proxied
 
-from hermes_core import GatewayConfig, MessageEvent, SessionEntry
-from hermes_core import runtime as runtime_module
+from hermes_core import GatewayConfig, MessageEvent, SessionEntry, delivery, lanes
 from hermes_core.agents import EchoAgent, InMemoryAdapter, TurnRequest
 from hermes_core.errors import MessageNotStoredError, StoreError
 from hermes_core.gateway_texts import REFUSED_NOT_SAVED, TURN_FAILED
@@ -168,7 +167,7 @@ async def test_a_reply_that_cannot_be_stored_is_reported_and_the_lane_goes_on(
 async def test_a_poisoned_queued_message_is_dead_lettered(
     make: Make, hermes_home: Path, monkeypatch: pytest.MonkeyPatch, burst: int
 ) -> None:
-    monkeypatch.setattr(runtime_module, "DISPATCH_RETRY_SECS", 0.01)
+    monkeypatch.setattr(lanes, "DISPATCH_RETRY_SECS", 0.01)
     gateway, adapter = make(factory=lambda entry: SlowFirst(0.3))
     await gateway.start()
     begin = gateway._pipeline.begin
@@ -249,7 +248,7 @@ async def test_a_reconnect_sends_pending_and_attempting_replies(make: Make) -> N
 async def test_a_rate_limited_reply_is_retried_with_its_prefix(
     make: Make, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(runtime_module, "RATE_LIMIT_RETRY_SECS", 0.01)
+    monkeypatch.setattr(delivery, "RATE_LIMIT_RETRY_SECS", 0.01)
     gateway, adapter = make()
     await gateway.start()
     adapter.fail_with = SendResult(ok=False, failure_kind="rate_limited", error="429")

@@ -24,10 +24,11 @@ from typing import Any, BinaryIO
 from hermes_core.agents import ConsoleAdapter, EchoAgent
 from hermes_core.config import GatewayConfig
 from hermes_core.errors import HermesError, InvalidValueError, MessageNotStoredError
+from hermes_core.gateway_core import AgentFactory
 from hermes_core.models import MessageEvent, SessionSource
 from hermes_core.operations.common import CHAT_TYPES, check_chat_type
 from hermes_core.plugins import HermesPluginManager, create_plugin_manager
-from hermes_core.runtime import AgentFactory, Gateway
+from hermes_core.runtime import Gateway
 
 PROG = "hermes-sessions"
 CONSOLE_COMMAND = re.compile(r":([a-z]+)(?:\s+(.*))?")

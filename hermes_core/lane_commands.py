@@ -1,0 +1,147 @@
+"""The commands a lane obeys: ``/new`` and ``/reset`` (a new session), ``/stop`` and ``/queue``,
+at once or when they reach the head of the queue."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from hermes_core.commands import parse_command
+from hermes_core.errors import MessageNotStoredError
+from hermes_core.gateway_core import GatewayCore
+from hermes_core.gateway_texts import (
+    NEW_SESSION,
+    NOTHING_TO_STOP,
+    QUEUE_USAGE,
+    QUEUED_COMMAND,
+    STOPPED,
+    TURN_FAILED,
+)
+from hermes_core.models import MessageEvent, SessionSource
+
+logger = logging.getLogger(__name__)
+
+
+class LaneCommands(GatewayCore):
+    """Recognises and carries out lane commands."""
+
+    def _command(self, event: MessageEvent) -> tuple[str | None, str]:
+        """The command a human event carries (``/new``, ``/reset``, ``/stop``, ``/queue``);
+        one addressed ``@name`` only if meant for this bot (``platforms.<name>.bot_username``)."""
+        if event.internal or event.queued_via_command:
+            return None, ""
+        source = event.source
+        platform = self.config.platforms.get(source.platform)
+        return parse_command(
+            event.text, (*self.triggers, "/stop", "/queue"),
+            bot_username=platform.bot_username if platform is not None else None,
+            direct=source.chat_type == "dm",
+        )  # fmt: skip
+
+    async def _run_command(self, key: str, event: MessageEvent) -> None:
+        """Carry out a command; a failure is logged and answered, never raised to the host."""
+        command, rest = self._command(event)
+        if self.shared is not None and not self.store.holds(key):  # runs where the lane runs
+            result = await self._enqueue(key, event)
+            if result.accepted:
+                self._dispatch_next(key)
+            return
+        self._seen.remember_event(key, event)
+        try:
+            if command in self.triggers:
+                await self._reset(key, event, rest)
+            elif command == "/stop":
+                await self._stop_lane(key, event)
+            elif command == "/queue":
+                await self._queue_command(key, event, rest)
+        except MessageNotStoredError:
+            raise
+        except Exception:
+            logger.exception("the command %s failed", command)
+            await self._reply(event.source, TURN_FAILED)
+
+    async def _halt(self, key: str, reason: str) -> bool:
+        """Hard-interrupt the lane's running turn; True if one was running."""
+        lane = self._lanes.get(key)
+        if lane is None or lane.task is None:
+            return False
+        lane.halt(reason)
+        await asyncio.gather(lane.task, return_exceptions=True)
+        return True
+
+    async def _interrupt_background(self, key: str) -> bool:
+        interrupt = self.callbacks.interrupt_background
+        if interrupt is None:
+            return False
+        session_id = await asyncio.to_thread(self.store.peek_session_id, key)
+        if session_id is None:
+            return False
+        try:
+            return bool(interrupt(key, session_id))
+        except Exception:
+            logger.exception("interrupting background work failed")
+            return False
+
+    async def _reset(self, key: str, event: MessageEvent, rest: str) -> None:
+        """Interrupt, discard human items, clean up the agent, new session, reply."""
+        await self._halt(key, "user")
+        await self._interrupt_background(key)
+        await self.store.arun(self._queue.discard_humans, key)
+        await asyncio.to_thread(self.cache.discard, key)  # full cleanup runs off the loop
+        await self.store.arun(self._new_session, key, event.source)
+        await self._reply(event.source, NEW_SESSION)
+        if rest.strip():
+            await self._enqueue(key, event.replace(text=rest))
+        self._dispatch_next(key)
+
+    def _new_session(self, key: str, source: SessionSource) -> None:
+        """A new session on the lane and its stuck-loop count forgotten (one commit)."""
+        store = self.store
+        if store.reset_session(key) is None:
+            store.get_or_create_session(source, True)
+        store.counts.remove(key)
+
+    async def _stop_lane(self, key: str, event: MessageEvent) -> None:
+        """``/stop``: interrupt the turn and background work, drop the slot's human
+        follow-up, keep the overflow (``/queue`` items and internal wakes), say what happened."""
+        stopped = await self._halt(key, "user")
+        stopped = await self._interrupt_background(key) or stopped
+        discarded = await self.store.arun(self._queue.discard_slot, key)
+        if stopped or discarded:
+            text = STOPPED
+            if discarded:
+                plural = "message" if discarded == 1 else "messages"
+                text += f" Discarded {discarded} queued {plural}."
+        else:
+            text = NOTHING_TO_STOP
+        await self._reply(event.source, text)
+        self._dispatch_next(key)
+
+    async def _queue_command(self, key: str, event: MessageEvent, prompt: str) -> None:
+        """``/queue <prompt>``: one complete turn, in order, never merged."""
+        if not prompt.strip() and not event.media_urls:
+            await self._reply(event.source, QUEUE_USAGE)
+            return
+        if not self._busy(key) and self._queue.depth(key) == 0:
+            await self._accept(key, event.replace(text=prompt))
+            return
+        result = await self._enqueue(key, event.replace(text=prompt, queued_via_command=True))
+        if not result.accepted:
+            return
+        suffix = f" ({result.depth} queued)" if result.depth > 1 else ""
+        await self._reply(event.source, QUEUED_COMMAND + suffix)
+        if key not in self._lanes:
+            self._dispatch_next(key)
+
+    async def _queued_command(self, key: str) -> None:
+        """A command that was queued (behind the start-up gate or a drain) reaches the head:
+        take it out of the queue and carry it out."""
+        try:
+            item = await self.store.arun(self._take_head, key)
+            if item is not None:
+                await self._run_command(key, item.event)
+        except Exception:
+            logger.exception("a queued command could not be carried out")
+        finally:
+            self._commands.pop(key, None)
+        self._dispatch_next(key)
