@@ -15,6 +15,9 @@ cache. Releases are host callbacks; the cache never ends a session or touches th
 
 ``get_or_create`` (factory, releases), ``sweep_*``, ``discard`` and ``close`` block: an asyncio
 host runs them in a worker thread. Logs never name session keys (they carry chat and user ids).
+
+One module on purpose: every pass follows the lock discipline above, which is only checkable
+with all of them in view.
 """
 
 from __future__ import annotations

@@ -9,6 +9,9 @@ messages, not in ``repr``.
 
 Section fields hold what the file said (paths already expanded; ``None`` where the default depends
 on other settings); the properties of :class:`GatewayConfig` give the effective values.
+
+One module on purpose: the whole configuration schema is one reference, read beside
+docs/configuration.md, and the validation helpers walk that schema.
 """
 
 from __future__ import annotations

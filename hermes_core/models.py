@@ -3,6 +3,9 @@
 Untrusted input (``from_dict``, constructor arguments) only ever raises
 :class:`~hermes_core.errors.InvalidValueError` (or its subclass for unknown platforms), with a
 sentence naming the field; every string in it is normalised first (:mod:`hermes_core.text`).
+
+One module on purpose: the models refer to each other and share the validation helpers at the
+top.
 """
 
 from __future__ import annotations

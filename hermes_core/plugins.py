@@ -4,6 +4,9 @@ Nothing outside this module calls ``pm.hook.*``: callers use the typed getters o
 :class:`HermesPluginManager`. :func:`create_plugin_manager` returns a fresh manager; every public
 function's ``plugins=None`` means :func:`default_plugin_manager`, one cached manager per
 configuration.
+
+One module on purpose: the manager and the registries it hands out share the offers cache and
+its invalidation.
 """
 
 from __future__ import annotations

@@ -18,6 +18,9 @@ in a runtime step that enqueues or dispatches), so mutations never interleave an
 memory is the order of the durable ids. A lock guards the lists only briefly, so ``depth``,
 ``head``, ``items`` and ``lanes`` never wait for I/O. The mutating calls block until their commit
 (an asyncio host runs them inside ``store.arun``). Logs never name session keys.
+
+One module on purpose: the slot, the overflow, merges, restore and dead letters all follow the
+row layout above.
 """
 
 from __future__ import annotations

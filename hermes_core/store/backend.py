@@ -5,6 +5,9 @@ entry cache); a backend only persists. Every write method is one transaction com
 it returns (tier D), unless it runs inside ``transaction()``, which commits them together.
 Routing entries travel as ``SessionEntry.to_dict()`` mappings; the backend stores them verbatim
 (``entry_json``) beside the column copies it needs for queries.
+
+One module on purpose: the whole contract, the required protocol, each capability's protocol
+and the values they exchange, in the one place a backend author reads.
 """
 
 from __future__ import annotations

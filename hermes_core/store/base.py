@@ -1,5 +1,8 @@
 """The plumbing under :class:`~hermes_core.store.SessionStore`: backend selection, degraded
 mode, the bounded entry cache, the sessions.json mirror, health and closing.
+
+One module on purpose: backend selection, degraded mode and the entry cache switch together
+(a degraded store swaps its backend and keeps its cache).
 """
 
 from __future__ import annotations

@@ -10,6 +10,9 @@ atomically before every routing write returns (tier D); writes that only move ``
 files, one fsynced JSON line per message. There are no session rows: rows are synthesised from
 the current routing entry. It implements only the required ``StoreBackend`` protocol: transcript
 edits, search, pruning, the ledger and durable queues are unavailable while degraded.
+
+One module on purpose: one backend class whose routing and transcript writes share the routing
+file's lock and revision.
 """
 
 from __future__ import annotations

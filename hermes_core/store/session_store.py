@@ -3,6 +3,9 @@
 The routing index is canonical in the backend (one row per key); the entry map here is a bounded
 cache of it, loaded per key on first use, so opening and memory do not grow with the number of
 stored sessions. Every mutation is persisted first and only then applied to the cache.
+
+The lane state machine stays in one class (its transitions are read together); transcripts,
+turn recovery and re-keying are its base classes in sibling modules.
 """
 
 from __future__ import annotations

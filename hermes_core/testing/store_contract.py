@@ -5,6 +5,8 @@ Subclass :class:`StoreContract` in a test module as ``TestMyStore`` and provide 
 your backend for one state directory (calling it again with the same directory reopens the same
 store, which the persistence tests rely on). Capability tests follow what the backend's
 ``StoreSpec.capabilities`` declares.
+
+One module on purpose: the kit is one test class a backend subclasses.
 """
 
 from __future__ import annotations

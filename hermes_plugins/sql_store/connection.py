@@ -10,6 +10,9 @@ schema is created or upgraded until it closes. When the writer's connection is l
 the store refuses writes, reconnects at the next write (at most once per back-off interval) and
 takes the lock again before writing. A store opened read-only holds no lock, never creates or
 upgrades the schema, and refuses every write.
+
+One module on purpose: the writer connection, its lock, reconnecting and the schema and index
+steps all act on the same connection state; tables' rows are in sibling modules.
 """
 
 from __future__ import annotations

@@ -2,6 +2,9 @@
 
 Canonical tables are SQLAlchemy Core ``Table`` objects; the full-text index is derived (SQLite
 FTS5 external content over a view, PostgreSQL ``tsvector`` + GIN) and lives in dialect helpers.
+
+One module on purpose: a table, its indexes and the upgrade steps that shaped it are read
+together; split, a table would sit apart from its migrations.
 """
 
 from __future__ import annotations
