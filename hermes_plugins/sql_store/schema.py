@@ -411,7 +411,7 @@ def _v5_shared_instances(conn: Connection) -> None:
 
 def _rebuild_without_rowid(conn: Connection, table: Table) -> None:
     """Copy a SQLite ``table`` into a ``WITHOUT ROWID`` one of its current definition (rows
-    kept, its old indexes dropped), unless it is one already."""
+    and the columns it has kept, its old indexes dropped), unless it is one already."""
     ddl = conn.exec_driver_sql(
         "SELECT sql FROM sqlite_master WHERE type = 'table' AND name = ?", (table.name,)
     ).scalar_one()
@@ -419,7 +419,8 @@ def _rebuild_without_rowid(conn: Connection, table: Table) -> None:
         return
     staging = table.to_metadata(MetaData(), name=f"{table.name}_v6")
     conn.execute(CreateTable(staging))
-    columns = ", ".join(column.name for column in table.c)
+    stored = {row[1] for row in conn.exec_driver_sql(f"PRAGMA table_info({table.name})")}
+    columns = ", ".join(column.name for column in table.c if column.name in stored)
     conn.exec_driver_sql(
         f"INSERT INTO {staging.name} ({columns}) SELECT {columns} FROM {table.name}"
     )
