@@ -40,8 +40,14 @@ with the measurements it is compared with, so that the ratios come from the same
 On PostgreSQL (``--url postgresql+psycopg://...``; its ``public`` schema is dropped and created
 first) parts 1 and 3 run: the floor is SQLite's by definition and ``populate`` writes SQLite.
 
-Run: ``python -m benchmarks.bench_runtime [--url URL] [--turns N] [--quick]``; ``--quick`` is a
-smoke run of 300 turns with 10,000 lanes in place of 100,000.
+Run: ``python -m benchmarks.bench_runtime [--url URL] [--turns N] [--quick] [--wal-frames]``;
+``--quick`` is a smoke run of 300 turns with 10,000 lanes in place of 100,000.
+
+``--wal-frames`` (SQLite) prints, in place of the rest, the pages a turn writes: after a warm-up
+turn on each of the 200 lanes the WAL is truncated and a second connection holds a read
+transaction, so no checkpoint can copy or restart the WAL; after ``N`` turns (one at a time, then
+200 in flight in waves) every frame header's page number is mapped to its b-tree through the
+``dbstat`` table and the frames per turn are printed by b-tree.
 """
 
 from __future__ import annotations
@@ -50,6 +56,7 @@ import argparse
 import asyncio
 import random
 import sqlite3
+import struct
 import tempfile
 import time
 from collections import Counter
@@ -432,15 +439,63 @@ async def scale(big_home: Path, small_home: Path, turns: int, big: int) -> tuple
     return many, same, few
 
 
+WAL_HEADER = 32
+FRAME_HEADER = 24
+
+
+def _wal_pages(wal: Path) -> list[int]:
+    """The page number of every frame in the WAL file ``wal``."""
+    data = wal.read_bytes()
+    if len(data) < WAL_HEADER:
+        return []
+    frame = FRAME_HEADER + struct.unpack(">I", data[8:12])[0]
+    return [
+        struct.unpack(">I", data[offset : offset + 4])[0]
+        for offset in range(WAL_HEADER, len(data) - frame + 1, frame)
+    ]
+
+
+async def wal_frames(run: Run, database: Path, turns: int) -> None:
+    """Frames written to the WAL per turn, by b-tree, one at a time and 200 in flight."""
+    lanes = range(LANES)
+    await run.measure(None, run.events(lanes, LANES), IN_FLIGHT, waves=True)
+    with closing(sqlite3.connect(database, isolation_level=None, timeout=30)) as pin:
+        for label, in_flight in (("one at a time", 1), (f"{IN_FLIGHT} in flight", IN_FLIGHT)):
+            await run.gateway.idle()
+            pin.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+            pin.execute("BEGIN")
+            pin.execute("SELECT count(*) FROM sqlite_schema").fetchone()  # holds the snapshot
+            await run.measure(None, run.events(lanes, turns), in_flight, waves=in_flight > 1)
+            await run.gateway.idle()
+            pin.execute("COMMIT")
+            owner = dict(pin.execute("SELECT pageno, name FROM dbstat").fetchall())
+            counts = Counter(
+                owner.get(page, "(free)") for page in _wal_pages(Path(f"{database}-wal"))
+            )
+            total = sum(counts.values())
+            print(f"WAL frames per turn, {LANES} lanes, {label}: {total / turns:.2f}")
+            for name, count in counts.most_common():
+                print(f"  {count / turns:6.2f}  {name}")
+
+
 def _target(label: str, value: float, target: float, at_most: bool = False) -> str:
     met = value <= target if at_most else value >= target
     sign = "<=" if at_most else ">="
     return f"{label:52} {value:8.2f}   target {sign} {target:<4g} {'met' if met else 'MISSED'}"
 
 
-async def run_all(url: str | None, turns: int, scale_sessions: int) -> None:
-    """Run every part, then print the figures and the targets."""
+async def run_all(url: str | None, turns: int, scale_sessions: int, frames: bool) -> None:
+    """Run every part, then print the figures and the targets (or only the WAL frames)."""
     postgres = url is not None and url.startswith("postgresql")
+    if frames:
+        with tempfile.TemporaryDirectory() as directory:
+            run = Run(Path(directory), None)
+            await run.gateway.start()
+            try:
+                await wal_frames(run, Path(directory) / "state.db", turns)
+            finally:
+                await run.gateway.stop()
+        return
     where = "SQLite (WAL, synchronous=normal)"
     with ExitStack() as stack:
         home = Path(stack.enter_context(tempfile.TemporaryDirectory()))
@@ -498,12 +553,17 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument(
         "--quick", action="store_true", help="smoke run: 300 turns, 10,000 lanes for the scale"
     )
+    parser.add_argument(
+        "--wal-frames", action="store_true", help="only the WAL frames a turn writes, by b-tree"
+    )
     args = parser.parse_args(argv)
+    if args.wal_frames and args.url is not None:
+        parser.error("--wal-frames measures SQLite: drop --url")
     turns = args.turns or (300 if args.quick else 5_000)
     if turns < ROUNDS:
         parser.error(f"--turns must be at least {ROUNDS}")
     started = time.perf_counter()
-    asyncio.run(run_all(args.url, turns, 10_000 if args.quick else SCALE_SESSIONS))
+    asyncio.run(run_all(args.url, turns, 10_000 if args.quick else SCALE_SESSIONS, args.wal_frames))
     print(f"whole run: {time.perf_counter() - started:.0f} s")
 
 

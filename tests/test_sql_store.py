@@ -307,6 +307,69 @@ def test_version_one_database_upgrades_in_place(open_store: Opener, backend: str
     assert upgraded.health()["fts"] == "ok"
 
 
+_V5_INDEXES = {
+    "ix_delivery_obligations_state": "delivery_obligations (state, platform)",
+    "ix_seen_messages_seen_at": "seen_messages (seen_at)",
+    "ix_gateway_routing_marker": "gateway_routing (session_key) "
+    "WHERE active_turn_token IS NOT NULL",
+}
+
+
+def _indexes(store: SessionStore, backend: str) -> set[str]:
+    if backend == "sqlite":
+        return {row[0] for row in sql(store, "SELECT name FROM sqlite_master WHERE type = 'index'")}
+    return {row[0] for row in sql(store, "SELECT indexname FROM pg_indexes")}
+
+
+def test_version_five_database_upgrades_in_place(open_store: Opener, backend: str) -> None:
+    store = open_store()
+    entry = store.get_or_create_session(telegram_dm())
+    token = store.mark_turn_active(entry.session_key)
+    owed = store.record_delivery_obligation(
+        entry.session_key, entry.session_id, "telegram", "99", None, "the reply", "m1",
+        reply={"role": "assistant", "content": "the reply"},
+    )  # fmt: skip
+    event = MessageEvent(source=telegram_dm(), text="queued", message_id="m7")
+    store.queue_add(entry.session_key, event)
+    store.close()
+    if backend == "sqlite":  # version 5 had rowid tables with their own key indexes
+        for table in ("delivery_obligations", "seen_messages"):
+            ddl = sql(store, "SELECT sql FROM sqlite_master WHERE name = :t", t=table)[0][0]
+            sql(store, ddl.replace(f"TABLE {table}", "TABLE v5").replace("WITHOUT ROWID", ""))
+            sql(store, f"INSERT INTO v5 SELECT * FROM {table}")
+            sql(store, f"DROP TABLE {table}")
+            sql(store, f"ALTER TABLE v5 RENAME TO {table}")
+    for name, target in _V5_INDEXES.items():
+        sql(store, f"CREATE INDEX IF NOT EXISTS {name} ON {target}")
+    sql(store, "UPDATE schema_version SET version = 5")
+    assert set(_V5_INDEXES) <= _indexes(store, backend)
+
+    upgraded = open_store()
+    assert sql(upgraded, "SELECT version FROM schema_version")[0][0] == SCHEMA_VERSION
+    left = _indexes(upgraded, backend) & set(_V5_INDEXES)
+    if backend == "sqlite":
+        assert left == set()
+        for table in ("delivery_obligations", "seen_messages"):
+            ddl = sql(upgraded, "SELECT sql FROM sqlite_master WHERE name = :t", t=table)[0][0]
+            assert ddl.rstrip().endswith("WITHOUT ROWID")
+        assert sql(upgraded, "PRAGMA foreign_key_check") == []
+    else:  # PostgreSQL keeps the indexes its several processes scan with
+        assert left == {"ix_seen_messages_seen_at", "ix_gateway_routing_marker"}
+    ledger = upgraded.ledger
+    assert ledger is not None
+    assert owed is not None
+    rows = ledger.rows.obligations(["pending"], ["telegram"])
+    assert [(row.obligation_id, row.content) for row in rows] == [(owed.obligation_id, "the reply")]
+    marked = upgraded.entries_with_fresh_markers(0)
+    assert [(lane.session_key, lane.active_turn_token) for lane in marked] == [
+        (entry.session_key, token)
+    ]
+    with pytest.raises(MessageRedeliveredError):  # the seen row came along
+        upgraded.queue_add(entry.session_key, event)
+    sql(upgraded, "UPDATE seen_messages SET seen_at = 0")
+    assert upgraded.prune_seen_messages() == 1
+
+
 # -- sessions.json mirror ------------------------------------------------------------------------
 
 

@@ -31,6 +31,7 @@ from sqlalchemy import (
     select,
     update,
 )
+from sqlalchemy.schema import CreateTable
 
 metadata = MetaData()
 
@@ -130,7 +131,7 @@ delivery_obligations = Table(
     Column("owner_boot", String),
     Column("lease_expires_at", Float),
     Column("marked_sends", Integer, nullable=False, server_default="0"),
-    Index("ix_delivery_obligations_state", "state", "platform"),
+    sqlite_with_rowid=False,
 )
 
 queued_events = Table(
@@ -155,7 +156,8 @@ seen_messages = Table(
     Column("session_key", String, primary_key=True),
     Column("message_id", String, primary_key=True),
     Column("seen_at", Float, nullable=False),
-    Index("ix_seen_messages_seen_at", "seen_at"),
+    Index("ix_seen_messages_seen_at", "seen_at").ddl_if(dialect="postgresql"),
+    sqlite_with_rowid=False,
 )
 
 session_turn_leases = Table(
@@ -410,9 +412,43 @@ def _v5_shared_instances(conn: Connection) -> None:
         conn.exec_driver_sql(statement)
 
 
+def _rebuild_without_rowid(conn: Connection, table: Table) -> None:
+    """Copy a SQLite ``table`` into a ``WITHOUT ROWID`` one of its current definition (rows
+    and the columns it has kept, its old indexes dropped), unless it is one already."""
+    ddl = conn.exec_driver_sql(
+        "SELECT sql FROM sqlite_master WHERE type = 'table' AND name = ?", (table.name,)
+    ).scalar_one()
+    if "WITHOUT ROWID" in ddl.upper():
+        return
+    staging = table.to_metadata(MetaData(), name=f"{table.name}_v6")
+    conn.execute(CreateTable(staging))
+    stored = {row[1] for row in conn.exec_driver_sql(f"PRAGMA table_info({table.name})")}
+    columns = ", ".join(column.name for column in table.c if column.name in stored)
+    conn.exec_driver_sql(
+        f"INSERT INTO {staging.name} ({columns}) SELECT {columns} FROM {table.name}"
+    )
+    conn.exec_driver_sql(f"DROP TABLE {table.name}")
+    conn.exec_driver_sql(f"ALTER TABLE {staging.name} RENAME TO {table.name}")
+
+
+def _v6_fewer_pages_per_turn(conn: Connection) -> None:
+    """Version 6: fewer b-tree pages written per turn. The ledger is scanned by state (it holds
+    only outstanding rows and a bounded number of terminal ones), so its state index goes. On
+    SQLite the ledger and ``seen_messages`` become ``WITHOUT ROWID`` (their text primary key is
+    the table), ``seen_messages`` loses its ``seen_at`` index (the hourly prune scans) and
+    ``gateway_routing`` its marker index (one process scans it once, at start-up)."""
+    conn.exec_driver_sql("DROP INDEX IF EXISTS ix_delivery_obligations_state")
+    if conn.dialect.name != "sqlite":
+        return
+    for table in (delivery_obligations, seen_messages):
+        _rebuild_without_rowid(conn, table)
+    for index in ("ix_seen_messages_seen_at", "ix_gateway_routing_marker"):
+        conn.exec_driver_sql(f"DROP INDEX IF EXISTS {index}")
+
+
 MIGRATIONS: tuple[Callable[[Connection], None], ...] = (
     _v1_canonical, _v2_search, _v3_redelivery_and_dead_letters, _v4_index_behind_a_watermark,
-    _v5_shared_instances,
+    _v5_shared_instances, _v6_fewer_pages_per_turn,
 )  # fmt: skip
 """Upgrade steps; step ``n`` brings a database from version ``n`` to ``n + 1``."""
 
