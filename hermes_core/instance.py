@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from hermes_core.errors import GatewayLockedError, HermesError, StoreError
-from hermes_core.store.files import (
+from hermes_core.files import (
     atomic_write,
     create_private_file,
     ensure_private_dir,

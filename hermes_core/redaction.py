@@ -20,8 +20,8 @@ from pathlib import Path
 from typing import Literal
 
 from hermes_core.errors import RedactionError, StoreError
+from hermes_core.files import create_private_file, ensure_private_dir
 from hermes_core.plugins import PlatformRegistry
-from hermes_core.store.files import create_private_file, ensure_private_dir
 from hermes_core.text import clean_text
 
 logger = logging.getLogger(__name__)

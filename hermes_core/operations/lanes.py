@@ -12,6 +12,7 @@ from typing import Any
 
 from hermes_core.config import GatewayConfig
 from hermes_core.errors import InvalidValueError
+from hermes_core.files import read_file_nofollow
 from hermes_core.instance import LOCK_FILE, lock_holder, read_clean_shutdown
 from hermes_core.operations.common import (
     UnknownLaneError,
@@ -22,7 +23,6 @@ from hermes_core.operations.common import (
 )
 from hermes_core.recovery import STUCK_LOOP_THRESHOLD, last_reply, marker_max_age
 from hermes_core.store import SessionStore
-from hermes_core.store.files import read_file_nofollow
 
 
 def register(commands: Any, parents: list[argparse.ArgumentParser]) -> None:

@@ -30,13 +30,13 @@ from hermes_core.errors import (
     StoreError,
     StoreUnavailableError,
 )
+from hermes_core.files import ensure_private_dir
 from hermes_core.keys import KeySchema, resolve_for_config
 from hermes_core.models import SessionEntry, SessionSource
 from hermes_core.plugins import HermesPluginManager, default_plugin_manager
 from hermes_core.specs import LifecycleEvent, LifecycleKind, StoreCapability, StoreSpec
 from hermes_core.store.backend import Maintenance, StoreBackend
 from hermes_core.store.capabilities import WITHOUT, BoundBackend, bind_backend
-from hermes_core.store.files import ensure_private_dir
 from hermes_core.store.jsonl import JsonlBackend
 from hermes_core.store.mirror import MirrorWriter, load_mirror, read_mirror, writes_mirror
 from hermes_core.store.replay import ReplayReport, replay_backlog, session_row_from_entry

@@ -35,14 +35,14 @@ from hermes_core.errors import (
     TranscriptReadError,
     TranscriptWriteError,
 )
-from hermes_core.models import SessionEntry, session_id_problem
-from hermes_core.store.backend import CounterDelta, EntryDict, Message, SessionRow
-from hermes_core.store.files import (
+from hermes_core.files import (
     append_line_durably,
     child_path,
     fsync_dir,
     read_file_nofollow,
 )
+from hermes_core.models import SessionEntry, session_id_problem
+from hermes_core.store.backend import CounterDelta, EntryDict, Message, SessionRow
 from hermes_core.store.mirror import MIRROR_FILENAME, MirrorWriter, load_mirror
 from hermes_core.store.replay import (
     IMPORTED_SUFFIX,

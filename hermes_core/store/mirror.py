@@ -18,9 +18,9 @@ from typing import TYPE_CHECKING, Any
 
 from hermes_core.config import GatewayConfig
 from hermes_core.errors import InvalidValueError, StoreError, UnknownPlatformError
+from hermes_core.files import atomic_write
 from hermes_core.models import SessionEntry
 from hermes_core.specs import StoreSpec
-from hermes_core.store.files import atomic_write
 
 if TYPE_CHECKING:
     from hermes_core.plugins import HermesPluginManager

@@ -54,8 +54,8 @@ from hermes_core.errors import (
     StoreError,
     StoreUnavailableError,
 )
+from hermes_core.files import create_private_file, ensure_private_dir
 from hermes_core.instance import LockFile
-from hermes_core.store.files import create_private_file, ensure_private_dir
 from hermes_plugins.sql_store import exclusive
 from hermes_plugins.sql_store.fts import DeferredIndex
 from hermes_plugins.sql_store.schema import (
