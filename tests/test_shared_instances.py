@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import functools
 import itertools
 import os
+from collections import Counter
 from pathlib import Path
 
 import pytest
 from sqlalchemy import create_engine, text
 from support.gateway_driver import read_lines
-from support.shared_driver import SPAWN, configure, event, replies, shared_child
+from support.shared_driver import SPAWN, Fleet, configure, event, replies, shared_child
 
 pytestmark = [pytest.mark.postgres, pytest.mark.multi_process]
 
@@ -34,6 +36,14 @@ def _overlaps(workdir: Path) -> int:
     for path in workdir.glob("spans-*.jsonl"):
         for line in read_lines(path):
             spans.setdefault(line["key"], []).append((line["start"], line["end"]))
+    starts: dict[tuple[str, str], float] = {}
+    for path in workdir.glob("turns-*.jsonl"):
+        for line in read_lines(path):
+            if line["kind"] == "start":
+                starts[path.name, line["key"]] = line["t"]
+            elif (path.name, line["key"]) in starts:
+                start = starts.pop((path.name, line["key"]))
+                spans.setdefault(line["key"], []).append((start, line["t"]))
     overlaps = 0
     for runs in spans.values():
         runs.sort()
@@ -84,3 +94,78 @@ def test_processes_fed_the_same_lanes_never_overlap_a_lane(
     engine.dispose()
     assert open_per_key == 1
     assert leases_left == 0  # every lane handed back when it ran dry
+
+
+def _lane_events(prefix: str, lanes: int, rounds: int) -> list[dict[str, object]]:
+    return [event(f"{prefix}{lane}", f"{prefix}{lane} turn {turn}", f"{prefix}{lane}-{turn}")
+            for turn in range(rounds) for lane in range(lanes)]  # fmt: skip
+
+
+def _query(url: str, sql: str, **params: object) -> list[tuple[object, ...]]:
+    engine = create_engine(url)
+    with engine.connect() as conn:
+        rows = [tuple(row) for row in conn.execute(text(sql), params)]
+    engine.dispose()
+    return rows
+
+
+@pytest.mark.parametrize("how", ["clean", "sigkill"])
+def test_a_restart_of_one_process_leaves_the_other_processes_work_alone(
+    tmp_path: Path, empty_database: str, how: str
+) -> None:
+    fleet = Fleet(tmp_path, empty_database, think=(1.0, 1.0))
+    fleet.start("a")
+    fleet.start("b")
+    mine, theirs = _lane_events("a", 4, 3), _lane_events("b", 4, 2)
+    fleet.deliver("a", mine)
+    fleet.deliver("b", theirs)
+    fleet.wait_for(lambda: len(fleet.acked()) == len(mine) + len(theirs), "acknowledgements")
+    started = [line for line in fleet.turns() if line["kind"] == "start"]
+    assert {line["name"] for line in started} == {"a", "b"}  # both have turns in flight
+    ours = tuple(f"=a{n}" for n in range(4))
+    waiting = _query(empty_database, "SELECT session_key FROM queued_events WHERE dead_at IS NULL")
+    assert any(str(row[0]).endswith(ours) for row in waiting)  # a's rows wait behind its turns
+    if how == "clean":
+        fleet.stop("b")
+    else:
+        fleet.kill("b")
+    fleet.start("b")  # recovery, ledger sweep and resume of the new boot of b
+    fleet.wait_for(lambda: not fleet.unanswered(mine + theirs), "every message answered")
+    fleet.stop_all()
+    answers = fleet.answers(mine + theirs)
+    assert all(answers[str(item["message_id"])] == (1, 0) for item in mine)  # once, plainly
+    to_a = [line for line in fleet.sent() if str(line["chat"]).startswith("a")]
+    assert {line["name"] for line in to_a} == {"a"}  # nothing of a's re-sent by b
+    runs = [line for line in fleet.turns() if str(line["key"]).endswith(ours)]
+    assert {line["name"] for line in runs} == {"a"}  # a's queue was never restored by b
+    assert not any(line["resume"] for line in runs)
+    assert Counter(line["id"] for line in runs if line["kind"] == "start") == Counter(
+        str(item["message_id"]) for item in mine
+    )  # each of a's items run once, its in-flight turns finished where they ran
+    assert all(plain <= 1 and marked <= 1 for plain, marked in answers.values())
+    resumed = [line for line in fleet.turns() if line["resume"] and line["kind"] == "start"]
+    assert len(resumed) == (4 if how == "sigkill" else 0)  # b's cut turns, each resumed once
+    assert _overlaps(fleet.workdir) == 0
+
+
+def _more(fleet: Fleet, before: int) -> bool:
+    return len(fleet.sent()) > before
+
+
+def test_new_through_one_process_holds_on_the_next_message_through_another(
+    tmp_path: Path, empty_database: str
+) -> None:
+    fleet = Fleet(tmp_path, empty_database, think=(0.05, 0.05))
+    fleet.start("a")
+    fleet.start("b")
+    steps = [("a", "hello", "m1"), ("b", "/new", "m2"), ("a", "after", "m3"), ("b", "more", "m4")]
+    for name, words, message_id in steps:
+        before = len(fleet.sent())
+        fleet.deliver(name, [event("c0", words, message_id)])
+        fleet.wait_for(functools.partial(_more, fleet, before), f"the answer to {words}")
+    assert "New session" in fleet.sent()[1]["text"]
+    fleet.stop_all()
+    sessions = {line["id"]: line["session"] for line in fleet.turns() if line["kind"] == "start"}
+    assert sessions["m1"] != sessions["m3"] == sessions["m4"]
+    open_sessions = _query(empty_database, "SELECT count(*) FROM sessions WHERE end_reason IS NULL")
+    assert open_sessions[0][0] == 1

@@ -5,22 +5,36 @@ Child ``shared_child(home, url, workdir, name, events)``: a gateway whose agent 
 turn's start and end (monotonic clock of the host, lane key) in ``spans-<name>.jsonl``; it hands
 over its events with small gaps, then keeps serving until every reply the test expects is in
 the outboxes of all children, and stops.
+
+:class:`Fleet`: named children that can be started, SIGKILLed, stopped cleanly and restarted
+(same ``$HERMES_HOME``, so the same instance id, with a new boot), each fed through
+``inbox-<name>.jsonl`` (what it did not acknowledge in ``acks-<name>.jsonl`` is handed over
+again when it restarts), logging each turn's start and end in ``turns-<name>.jsonl`` and each
+reply in ``outbox-<name>.jsonl``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import multiprocessing
+import multiprocessing.process
+import os
+import random
+import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from hermes_core import GatewayConfig, MessageEvent, SessionEntry, SessionSource
 from hermes_core.agents import EchoAgent, TurnRequest
-from hermes_core.ledger import SendResult
+from hermes_core.errors import MessageNotStoredError
+from hermes_core.instance import instance_id
+from hermes_core.ledger import RESTART_PREFIX, SendResult
 from hermes_core.runtime import Gateway
-from support.gateway_driver import append_line, read_lines
+from support.gateway_driver import FORKS, append_line, read_lines
 
 SPAWN = multiprocessing.get_context("spawn")
 
@@ -39,7 +53,8 @@ class OutboxAdapter:
     async def send(
         self, source: SessionSource, text: str, *, reply_to: str | None = None
     ) -> SendResult:
-        append_line(self.outbox, {"chat": source.chat_id, "text": text, "reply_to": reply_to})
+        record = {"chat": source.chat_id, "text": text, "reply_to": reply_to, "t": time.time()}
+        append_line(self.outbox, record)
         return SendResult(ok=True)
 
 
@@ -113,3 +128,229 @@ def shared_child(
 ) -> None:  # fmt: skip
     """A child process's body (see the module docstring)."""
     asyncio.run(_serve(Path(home), Path(workdir), name, events, expected, think))
+
+
+# -- a fleet of restartable children fed through inbox files ----------------------------------
+
+
+class TurnLog(EchoAgent):
+    """Echo after a random think time, logging each turn's start and end (event id, whether it
+    is an internal resume, session, wall clock) in ``turns-<name>.jsonl``."""
+
+    def __init__(self, log: Path, think: tuple[float, float], rng: random.Random) -> None:
+        super().__init__()
+        self.log = log
+        self.think = think
+        self.rng = rng
+
+    async def run_turn(self, request: TurnRequest) -> str | None:
+        record = {"key": request.session_key, "id": request.event.message_id,
+                  "resume": request.event.internal, "session": request.session_id}  # fmt: skip
+        append_line(self.log, {**record, "kind": "start", "t": time.time()})
+        self.delay = self.rng.uniform(*self.think)
+        reply = await super().run_turn(request)
+        append_line(self.log, {**record, "kind": "end", "t": time.time()})
+        return reply
+
+
+class Inbox:
+    """The platform's side of one child: the events written to ``inbox-<name>.jsonl`` that were
+    not acknowledged in ``acks-<name>.jsonl`` (read as the file grows)."""
+
+    def __init__(self, workdir: Path, name: str) -> None:
+        self.path = workdir / f"inbox-{name}.jsonl"
+        self.acks = workdir / f"acks-{name}.jsonl"
+        self.offset = 0
+        self.done = {str(line["id"]) for line in read_lines(self.acks)}
+        self.waiting: list[MessageEvent] = []
+
+    def poll(self) -> list[MessageEvent]:
+        """The unacknowledged events, new ones appended (only whole lines are read)."""
+        if self.path.exists():
+            with self.path.open("rb") as handle:
+                handle.seek(self.offset)
+                chunk = handle.read()
+            whole = chunk[: chunk.rfind(b"\n") + 1]
+            self.offset += len(whole)
+            for line in whole.decode("utf-8").splitlines():
+                item = MessageEvent.from_dict(json.loads(line))
+                if str(item.message_id) not in self.done:
+                    self.waiting.append(item)
+        return list(self.waiting)
+
+    def ack(self, item: MessageEvent) -> None:
+        append_line(self.acks, {"id": item.message_id, "t": time.time()})
+        self.done.add(str(item.message_id))
+        self.waiting.remove(item)
+
+
+async def _serve_inbox(
+    home: Path, workdir: Path, name: str, think: tuple[float, float], seed: int
+) -> None:
+    config = GatewayConfig.from_dict(
+        json.loads((home / "config.yaml").read_text()), environ={"HERMES_HOME": str(home)}
+    )
+    rng = random.Random(seed)
+    log = workdir / f"turns-{name}.jsonl"
+
+    def agents(entry: SessionEntry) -> TurnLog:
+        return TurnLog(log, think, rng)
+
+    gateway = Gateway(config, None, agents, [OutboxAdapter(workdir / f"outbox-{name}.jsonl")])
+    await gateway.start()
+    append_line(workdir / "started.jsonl", {"name": name, "pid": os.getpid(), "t": time.time()})
+    inbox = Inbox(workdir, name)
+    stop = workdir / f"stop-{name}"
+    while not stop.exists():
+        for item in inbox.poll():
+            try:
+                await gateway.handle_message(item)
+            except MessageNotStoredError:
+                continue  # not acknowledged: handed over again at the next poll
+            inbox.ack(item)
+        await asyncio.sleep(0.02)
+    await gateway.stop()
+    append_line(workdir / "stopped.jsonl", {"name": name, "pid": os.getpid(), "t": time.time()})
+
+
+def inbox_child(
+    home: str, workdir: str, name: str, think: tuple[float, float], seed: int, log: str
+) -> None:
+    """A fleet child's body: serve ``inbox-<name>.jsonl`` until ``stop-<name>`` exists."""
+    output = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    os.dup2(output, 1)
+    os.dup2(output, 2)
+    logging.basicConfig(level=logging.WARNING, stream=sys.stderr, force=True)
+    asyncio.run(_serve_inbox(Path(home), Path(workdir), name, think, seed))
+
+
+class Fleet:
+    """Gateway processes on one shared database, each named, with its own ``$HERMES_HOME``
+    (``home-<name>``, so its own instance id that survives its restarts) and inbox."""
+
+    def __init__(
+        self, root: Path, url: str, *, lease_secs: float = 4.0, think: tuple[float, float] = (
+            0.05, 0.2)
+    ) -> None:  # fmt: skip
+        self.root = root
+        self.url = url
+        self.lease_secs = lease_secs
+        self.think = think
+        self.workdir = root / "work"
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.children: dict[str, multiprocessing.process.BaseProcess] = {}
+        self.runs = 0
+
+    def home(self, name: str) -> Path:
+        return self.root / f"home-{name}"
+
+    def instance(self, name: str) -> str:
+        """The child's instance id (the lease owner it writes)."""
+        return instance_id(self.home(name))
+
+    def start(self, name: str, *, wait: bool = True) -> None:
+        """Start (or restart) the child; with ``wait``, until its gateway has started."""
+        home = self.home(name)
+        if not home.exists():
+            configure(home, self.url, lease_secs=self.lease_secs)
+        (self.workdir / f"stop-{name}").unlink(missing_ok=True)
+        before = self.started(name)
+        self.runs += 1
+        log = self.workdir / f"child-{name}-{self.runs:03d}.log"
+        process = FORKS.Process(
+            target=inbox_child,
+            args=(str(home), str(self.workdir), name, self.think, self.runs, str(log)),
+        )
+        process.start()
+        self.children[name] = process
+        if wait:
+            self.wait_for(lambda: self.started(name) > before, f"{name} to start", 60)
+
+    def started(self, name: str) -> int:
+        return sum(1 for line in read_lines(self.workdir / "started.jsonl") if line["name"] == name)
+
+    def alive(self, name: str) -> bool:
+        process = self.children.get(name)
+        return process is not None and process.is_alive()
+
+    def kill(self, name: str) -> None:
+        """SIGKILL the child and wait until it is gone."""
+        process = self.children[name]
+        process.kill()
+        process.join(10)
+
+    def stop(self, name: str, timeout: float = 60) -> None:
+        """A clean stop (the gateway drains and stops), then wait for the exit."""
+        (self.workdir / f"stop-{name}").touch()
+        process = self.children[name]
+        process.join(timeout)
+        if process.exitcode != 0:
+            process.kill()
+            raise AssertionError(f"{name} did not stop cleanly ({process.exitcode})")
+
+    def stop_all(self) -> None:
+        for name in list(self.children):
+            if self.alive(name):
+                (self.workdir / f"stop-{name}").touch()
+        for name in list(self.children):
+            if self.alive(name):
+                self.stop(name)
+
+    def deliver(self, name: str, events: list[dict[str, Any]]) -> None:
+        """New messages for the child reach the platform."""
+        for item in events:
+            append_line(self.workdir / f"inbox-{name}.jsonl", item)
+
+    def turns(self) -> list[dict[str, Any]]:
+        """Every turn start and end any child logged, each with the child's name."""
+        return [
+            {**line, "name": path.stem.removeprefix("turns-")}
+            for path in sorted(self.workdir.glob("turns-*.jsonl"))
+            for line in read_lines(path)
+        ]
+
+    def sent(self) -> list[dict[str, Any]]:
+        """Every reply any child sent, each with the child's name, in the order sent."""
+        sent = [
+            {**line, "name": path.stem.removeprefix("outbox-")}
+            for path in sorted(self.workdir.glob("outbox-*.jsonl"))
+            for line in read_lines(path)
+        ]
+        return sorted(sent, key=lambda line: float(line["t"]))
+
+    def acked(self) -> set[str]:
+        return {str(line["id"]) for path in self.workdir.glob("acks-*.jsonl")
+                for line in read_lines(path)}  # fmt: skip
+
+    def answers(self, events: list[dict[str, Any]]) -> dict[str, tuple[int, int]]:
+        """Per message id of ``events``: how often it was answered plainly and how often marked
+        as a possible duplicate. A resumed turn answers the interrupted message without
+        replying to it (``reply_to`` empty; the echo names the message)."""
+        marker = f"{RESTART_PREFIX}\n\n"
+        counts: dict[str, list[int]] = {str(item["message_id"]): [0, 0] for item in events}
+        texts = {(str(item["source"]["chat_id"]), f"echo: {item['text']}"): str(item["message_id"])
+                 for item in events}  # fmt: skip
+        for line in self.sent():
+            body = str(line["text"])
+            marked = body.startswith(marker)
+            reply_to = line["reply_to"] or texts.get((str(line["chat"]), body.removeprefix(marker)))
+            if reply_to in counts:
+                counts[reply_to][marked] += 1
+        return {key: (plain, marked) for key, (plain, marked) in counts.items()}
+
+    def unanswered(self, events: list[dict[str, Any]]) -> list[str]:
+        return [key for key, counts in self.answers(events).items() if sum(counts) == 0]
+
+    def wait_for(self, done: Callable[[], bool], what: str, timeout: float = 60) -> None:
+        deadline = time.monotonic() + timeout
+        while not done():
+            if time.monotonic() > deadline:
+                raise AssertionError(f"timed out waiting for {what}:\n{self.logs()}")
+            time.sleep(0.05)
+
+    def logs(self) -> str:
+        return "\n".join(
+            f"== {path.name}\n{path.read_text(errors='replace')[-3000:]}"
+            for path in sorted(self.workdir.glob("child-*.log"))
+            if path.stat().st_size
+        )
