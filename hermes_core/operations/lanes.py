@@ -131,24 +131,24 @@ def _dead_letter_ids(args: argparse.Namespace, config: GatewayConfig) -> list[in
 
 def requeue_command(args: argparse.Namespace, config: GatewayConfig) -> int:
     """``requeue EVENT_ID... | --all``."""
-    ids = _dead_letter_ids(args, config)
-    backend = open_operator(config, write=True)
-    try:
-        count = backend.revive_queued(ids)
-    finally:
-        backend.close()
-    return _report(args, {"requeued": ids}, f"requeued {count} event(s)")
+    return _dead_letters(args, config, "requeued")
 
 
 def drop_command(args: argparse.Namespace, config: GatewayConfig) -> int:
     """``drop EVENT_ID... | --all``."""
+    return _dead_letters(args, config, "dropped")
+
+
+def _dead_letters(args: argparse.Namespace, config: GatewayConfig, done: str) -> int:
+    """Requeue or drop the dead-lettered events ``args`` names, reporting what was ``done``."""
     ids = _dead_letter_ids(args, config)
     backend = open_operator(config, write=True)
     try:
-        count = backend.remove_queued(ids)
+        change = backend.revive_queued if done == "requeued" else backend.remove_queued
+        count = change(ids)
     finally:
         backend.close()
-    return _report(args, {"dropped": ids}, f"dropped {count} event(s)")
+    return _report(args, {done: ids}, f"{done} {count} event(s)")
 
 
 def prune_command(args: argparse.Namespace, config: GatewayConfig) -> int:
