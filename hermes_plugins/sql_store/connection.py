@@ -142,6 +142,8 @@ class SqlConnection:
             with self._engine.connect() as conn:
                 if self.name == "sqlite":
                     self._tighten_sidecars()
+                elif not read_only:
+                    self._check_connections(conn, config)
                 if read_only:
                     self._check_schema(conn)
                 else:
@@ -175,7 +177,10 @@ class SqlConnection:
             # A plain postgresql:// means psycopg 3 here (SQLAlchemy's default is psycopg2).
             url = self.url.set(drivername="postgresql+psycopg")
             try:
-                return create_engine(url, pool_pre_ping=True, connect_args=settings)
+                return create_engine(
+                    url, pool_pre_ping=True, connect_args=settings,
+                    pool_size=config.storage.read_connections, max_overflow=0,
+                )  # fmt: skip
             except ImportError as exc:  # the driver is imported when the engine is created
                 raise StoreUnavailableError(
                     f"{self.display}: the PostgreSQL driver psycopg cannot be imported ({exc}); "
@@ -228,6 +233,19 @@ class SqlConnection:
             dbapi_connection.execute(f"PRAGMA cache_size=-{SQLITE_CACHE_KIB}")
 
         return engine
+
+    def _check_connections(self, conn: Connection, config: GatewayConfig) -> None:
+        """A writable PostgreSQL store needs its writer and its readers within the server's
+        ``max_connections``: refused if they can never fit, a warning if not beside the
+        connections open now."""
+        need = 1 + config.storage.read_connections
+        row = conn.exec_driver_sql(exclusive.CONNECTION_LIMITS).one()
+        conn.rollback()
+        limits = (row[0], row[1], row[2])
+        # Open already: the writer's connection and the one this check reads on.
+        warning = exclusive.check_connections(self.display, need, limits, ours=2)
+        if warning is not None:
+            logger.warning("%s", warning)
 
     def _tighten_sidecars(self) -> None:
         """Mode 0600 on SQLite's -wal/-shm/-journal files, by path, after the first connection."""

@@ -19,8 +19,8 @@ from pathlib import Path
 from typing import Any
 
 from hermes_core.config import GatewayConfig
-from hermes_core.errors import GatewayLockedError, HermesError
-from hermes_core.instance import LockFile
+from hermes_core.errors import ConfigError, GatewayLockedError, HermesError
+from hermes_core.instance import LockFile, instance_id
 from hermes_core.timeutil import format_utc, utc_now
 
 LOCK_SUFFIX = ".lock"
@@ -67,10 +67,51 @@ def lock_sqlite(database: Path, display: str, config: GatewayConfig) -> LockFile
 
 
 def application_name(config: GatewayConfig) -> str:
-    """``application_name`` of a store's PostgreSQL connections: the identity, shortened."""
+    """``application_name`` of a store's PostgreSQL connections: the identity, shortened; in
+    shared mode the instance id comes first, so an operator tells the gateways apart."""
     who = identity(config)
     name = f"hermes-sessions pid={who['pid']} host={who['host']}"
+    if config.storage.instances == "shared":
+        name = f"hermes {instance_id(config.hermes_home, config.gateway.instance_id)} " + name
     return name.encode("utf-8")[:_APPLICATION_NAME_MAX].decode("utf-8", "ignore")
+
+
+CONNECTION_LIMITS = """
+SELECT current_setting('max_connections')::int,
+       current_setting('superuser_reserved_connections')::int
+       + coalesce(current_setting('reserved_connections', true)::int, 0),
+       (SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'client backend')::int
+"""
+"""The server's connection limit, the slots reserved for superusers and roles, and the client
+connections open now."""
+
+
+def check_connections(
+    display: str, need: int, limits: tuple[int, int, int], *, ours: int
+) -> str | None:
+    """Compare the connections a process needs with the server's ``(max_connections,
+    reserved, in use)``: raise :class:`ConfigError` if they can never fit; return a warning
+    when they do not fit beside the connections open now (other processes may close theirs),
+    else None. ``ours``: how many of those in use this process has opened already."""
+    limit, reserved, in_use = limits
+    usable = limit - reserved
+    if need > usable:
+        raise ConfigError(
+            "storage.read_connections",
+            f"{display}: this gateway needs {need} connections (1 writer + "
+            f"{need - 1} readers, storage.read_connections), but the server allows "
+            f"{usable} ({limit} max_connections, {reserved} reserved); lower "
+            "storage.read_connections or raise the server's max_connections.",
+        )
+    free = usable - (in_use - ours)
+    if need > free:
+        return (
+            f"{display}: this gateway may need {need} connections (1 writer + {need - 1} "
+            f"readers) but only {free} of the server's {usable} are free now ({in_use - ours} "
+            "open elsewhere); reads will fail when the server runs out: lower "
+            "storage.read_connections or raise max_connections."
+        )
+    return None
 
 
 TRY_LOCK = f"SELECT pg_try_advisory_lock({LOCK_KEYS[0]}, {LOCK_KEYS[1]})"
