@@ -351,9 +351,13 @@ class StorageConfig(_Section):
     lease_scan_secs: _Secs = 2.0
     """Shared mode: how often a gateway looks for lanes whose lease expired (a dead or hung
     holder) or that wait with queued messages and no holder."""
+    writer_connections: int = Field(2, ge=1, le=16, description="an integer from 1 to 16")
+    """PostgreSQL: connections the store's writer commits on in parallel, one thread each, with
+    each lane's steps always on the same one (SQLite has one writer connection)."""
     read_connections: int = Field(8, ge=1, le=64, description="an integer from 1 to 64")
-    """PostgreSQL: pooled read connections per process, beside its one writer connection (a
-    process needs ``1 + read_connections`` of the server's ``max_connections``)."""
+    """PostgreSQL: pooled read connections per process, beside its writer connections (a
+    process needs ``writer_connections + read_connections`` of the server's
+    ``max_connections``)."""
 
 
 class BusyQueueConfig(_Section):

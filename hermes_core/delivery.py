@@ -53,7 +53,7 @@ class Delivery(GatewayCore):
             ledger = self.store.ledger
             if not claimed and ident and ledger is not None:
                 claim = functools.partial(ledger.claim, marked=prefix is not None)
-                claimed_row = await self.store.arun(claim, row)
+                claimed_row = await self.store.arun(claim, row, lane=row.session_key)
                 if claimed_row is None:  # no attempt left: abandoned
                     if turn is not None:
                         await self._close(turn, success=success)
@@ -76,7 +76,9 @@ class Delivery(GatewayCore):
         """Settle a send (the turn's last commit) without holding up the lane: the step is
         handed to the writer now, so the lane's next step queues behind it and can never
         overtake it; ``idle`` and ``stop`` wait for it."""
-        settling = self.store.submit(self._settle_step, row, result, turn, success, close)
+        settling = self.store.submit(
+            self._settle_step, row, result, turn, success, close, lane=row.session_key
+        )
         self._background.add(settling)
         settling.add_done_callback(functools.partial(self._settled, row, result))
         return settling

@@ -86,9 +86,9 @@ class LaneCommands(GatewayCore):
         """Interrupt, discard human items, clean up the agent, new session, reply."""
         await self._halt(key, "user")
         await self._interrupt_background(key)
-        await self.store.arun(self._queue.discard_humans, key)
+        await self.store.arun(self._queue.discard_humans, key, lane=key)
         await asyncio.to_thread(self.cache.discard, key)  # full cleanup runs off the loop
-        await self.store.arun(self._new_session, key, event.source)
+        await self.store.arun(self._new_session, key, event.source, lane=key)
         await self._reply(event.source, NEW_SESSION)
         if rest.strip():
             await self._enqueue(key, event.replace(text=rest))
@@ -106,7 +106,7 @@ class LaneCommands(GatewayCore):
         follow-up, keep the overflow (``/queue`` items and internal wakes), say what happened."""
         stopped = await self._halt(key, "user")
         stopped = await self._interrupt_background(key) or stopped
-        discarded = await self.store.arun(self._queue.discard_slot, key)
+        discarded = await self.store.arun(self._queue.discard_slot, key, lane=key)
         if stopped or discarded:
             text = STOPPED
             if discarded:
@@ -137,7 +137,7 @@ class LaneCommands(GatewayCore):
         """A command that was queued (behind the start-up gate or a drain) reaches the head:
         take it out of the queue and carry it out."""
         try:
-            item = await self.store.arun(self._take_head, key)
+            item = await self.store.arun(self._take_head, key, lane=key)
             if item is not None:
                 await self._run_command(key, item.event)
         except Exception:

@@ -100,7 +100,7 @@ class LaneRunner(GatewayCore):
         head when it can be dispatched now; None when there is nothing to start."""
         if first is not None:
             try:
-                turn = await self.store.arun(self._pipeline.begin, key, first, None)
+                turn = await self.store.arun(self._pipeline.begin, key, first, None, lane=key)
             except Exception as exc:
                 if begun is None:
                     logger.exception("a resumed turn could not start; it resumes next start")
@@ -119,10 +119,10 @@ class LaneRunner(GatewayCore):
                 return None  # waits for the platform, never dropped
             if not await self._wake_current(key, head.event):
                 logger.warning("dropped an internal wake bound to an earlier session")
-                await self.store.arun(self._take_head, key)
+                await self.store.arun(self._take_head, key, lane=key)
                 continue
             try:
-                turn = await self.store.arun(self._begin_head, key)
+                turn = await self.store.arun(self._begin_head, key, lane=key)
             except LeaseLostError as exc:
                 logger.warning("a lane's turn did not start: %s", exc)
                 return None
@@ -166,7 +166,7 @@ class LaneRunner(GatewayCore):
         as a dead letter (the sender is told), else try again after a pause."""
         logger.error("a queued message could not start its turn: %s", error)
         try:
-            dead = await self.store.arun(self._fail_head, key, head, repr(error))
+            dead = await self.store.arun(self._fail_head, key, head, repr(error), lane=key)
         except Exception:
             logger.exception("the failed start could not be recorded")
             dead = False
@@ -241,7 +241,7 @@ class LaneRunner(GatewayCore):
         success = not failed and not lane.interrupted
         try:
             owed = await self.store.arun(
-                self._pipeline.finish, turn, None if failed else reply, success
+                self._pipeline.finish, turn, None if failed else reply, success, lane=turn.key
             )
         except LeaseLostError as exc:  # another gateway took the lane over and resumes it
             logger.warning("a turn stopped without writing its reply: %s", exc)
@@ -268,7 +268,7 @@ class LaneRunner(GatewayCore):
         turn is resumed after the next restart rather than lost."""
         try:
             close = functools.partial(self.store.close_turn, success=success)
-            await self.store.arun(close, turn.key, turn.token)
+            await self.store.arun(close, turn.key, turn.token, lane=turn.key)
         except Exception:
             logger.exception("a turn could not be closed; its marker stays set")
 

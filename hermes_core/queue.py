@@ -252,7 +252,7 @@ class TurnQueue:
         when the commit fails and ``"duplicate"`` for a platform message the lane already has;
         a refused event is neither stored nor kept.
         """
-        return self._store.run(self._enqueue, session_key, event)
+        return self._store.run(self._enqueue, session_key, event, lane=session_key)
 
     def _write(self, session_key: str, event: MessageEvent, tail: QueuedItem | None) -> int | None:
         """Store a new item, or a follow-up of ``tail`` as a row of its own (nothing for a
@@ -323,7 +323,7 @@ class TurnQueue:
 
     def pop_head(self, session_key: str) -> QueuedItem | None:
         """Take the slot item out of memory; the runtime deletes its row with the turn marker."""
-        return self._store.run(self._pop_head, session_key)
+        return self._store.run(self._pop_head, session_key, lane=session_key)
 
     def _pop_head(self, session_key: str) -> QueuedItem | None:
         with self._lock:
@@ -347,14 +347,14 @@ class TurnQueue:
 
     def push_front(self, session_key: str, item: QueuedItem) -> None:
         """Put back a head that could not be dispatched (its row was never deleted)."""
-        self._store.run(self._push_front, session_key, item)
+        self._store.run(self._push_front, session_key, item, lane=session_key)
 
     def _push_front(self, session_key: str, item: QueuedItem) -> None:
         with self._lock:
             self._lanes.setdefault(session_key, []).insert(0, item)
 
     def _discard(self, session_key: str, slot_only: bool) -> int:
-        return self._store.run(self._discard_now, session_key, slot_only)
+        return self._store.run(self._discard_now, session_key, slot_only, lane=session_key)
 
     def _discard_now(self, session_key: str, slot_only: bool) -> int:
         with self._lock:
@@ -459,19 +459,25 @@ class TurnQueue:
 
 class SeenMessages:
     """Platform messages recently seen per lane, so a redelivery (e.g. of a message whose
-    acknowledgement a crash prevented) is not answered twice. Bounded (least recent forgotten)."""
+    acknowledgement a crash prevented) is not answered twice. Bounded (least recent forgotten);
+    locked, since several writer threads note messages of their lanes."""
 
     def __init__(self, size: int = 10_000) -> None:
         self._seen: LRUCache[tuple[str, str], bool] = LRUCache(maxsize=size)
+        self._lock = threading.Lock()
 
     def seen_before(self, session_key: str, event: MessageEvent) -> bool:
         """Whether the event's platform message was already seen on the lane."""
-        return bool(event.message_id) and (session_key, str(event.message_id)) in self._seen
+        if not event.message_id:
+            return False
+        with self._lock:
+            return (session_key, str(event.message_id)) in self._seen
 
     def remember(self, session_key: str, message_id: object) -> None:
         """Note a platform message id as seen on the lane (empty ids are ignored)."""
         if message_id:
-            self._seen[(session_key, str(message_id))] = True
+            with self._lock:
+                self._seen[(session_key, str(message_id))] = True
 
     def remember_event(self, session_key: str, event: MessageEvent) -> None:
         """Note a human event's platform message."""

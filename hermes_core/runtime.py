@@ -265,7 +265,7 @@ class Gateway(LaneCommands, LaneRunner, Delivery):
     async def _enqueue(self, key: str, event: MessageEvent) -> EnqueueResult:
         """Queue an event durably; a refusal is answered (and raised when not saved)."""
         try:
-            result = await self.store.arun(self._queue.enqueue, key, event)
+            result = await self.store.arun(self._queue.enqueue, key, event, lane=key)
         except HermesError as exc:  # the store is closed or its commit failed twice
             await self._not_stored(event, exc)
         if result.refused == "duplicate":
@@ -365,7 +365,7 @@ class Gateway(LaneCommands, LaneRunner, Delivery):
             try:
                 await self.store.arun(
                     functools.partial(self.store.mark_resume_pending, only_if_running=True),
-                    key, reason,
+                    key, reason, lane=key,
                 )  # fmt: skip
             except Exception:
                 logger.exception("a running turn could not be flagged to resume")

@@ -128,6 +128,9 @@ class StoreSpec(BaseModel):
     group several callers' steps into one commit; otherwise each step commits on its own."""
     single_instance: bool = True
     """True when the backend has no turn leases, so one gateway may use it at a time."""
+    parallel_writers: bool = False
+    """The backend implements ``ParallelWriters``: it may commit on several writer connections
+    in parallel (one writer thread each, different lanes' steps) and says how many."""
     local: bool = False
     """The state is a file on this machine: the sessions.json mirror is written by default, and
     when the backend cannot be opened the store falls back to the core's JSONL store."""

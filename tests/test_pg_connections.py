@@ -19,22 +19,22 @@ from hermes_plugins.sql_store.exclusive import check_connections
 
 def test_a_process_that_can_never_fit_is_refused_naming_the_setting() -> None:
     with pytest.raises(ConfigError) as caught:
-        check_connections("db", 17, (20, 4, 2), ours=2)
+        check_connections("db", 2, 15, (20, 4, 2), ours=2)
     message = str(caught.value)
-    assert "needs 17 connections" in message
+    assert "needs 17 connections (2 writers" in message
     assert "allows 16" in message
     assert "storage.read_connections" in message
 
 
 def test_a_process_that_fits_only_once_others_close_gets_a_warning() -> None:
-    warning = check_connections("db", 9, (20, 3, 12), ours=2)
+    warning = check_connections("db", 1, 8, (20, 3, 12), ours=2)
     assert warning is not None
     assert "only 7 of the server's 17 are free now (10 open elsewhere)" in warning
 
 
 def test_a_process_that_fits_gets_nothing() -> None:
-    assert check_connections("db", 9, (100, 3, 5), ours=2) is None
-    assert check_connections("db", 17, (20, 3, 2), ours=2) is None  # exactly the usable slots
+    assert check_connections("db", 1, 8, (100, 3, 5), ours=2) is None
+    assert check_connections("db", 2, 15, (20, 3, 2), ours=2) is None  # exactly the usable slots
 
 
 def _open(url: str, home: Path, storage: dict[str, object]) -> SessionStore:

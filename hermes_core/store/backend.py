@@ -435,6 +435,19 @@ class RestartCountRows(Protocol):
         """Forget a lane's count (a successful turn, a reset, a suspension replacement)."""
 
 
+class ParallelWriters(Protocol):
+    """What a backend with ``StoreSpec.parallel_writers`` implements: a writer connection per
+    writer thread, each carrying its own transactions."""
+
+    def writer_connections(self) -> int:
+        """How many writer connections the store's writer may use in parallel (at least 1)."""
+
+    def bind_writer(self, index: int) -> None:
+        """Give the calling thread writer connection ``index`` (``0 <= index <
+        writer_connections()``); its writes and ``transaction()`` use that connection from now
+        on. Threads never bound share connection 0."""
+
+
 class TurnLeases(Protocol):
     """What a backend without ``StoreSpec.single_instance`` implements: lane leases shared by
     every process using the store (times on the backend's clock)."""

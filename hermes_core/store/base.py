@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
 from datetime import datetime
 from pathlib import Path
-from typing import Any, Concatenate, ParamSpec, TypeVar
+from typing import Any, Concatenate, ParamSpec, TypeVar, cast
 
 from hermes_core.config import GatewayConfig
 from hermes_core.errors import (
@@ -35,7 +35,7 @@ from hermes_core.keys import KeySchema, resolve_for_config
 from hermes_core.models import SessionEntry, SessionSource
 from hermes_core.plugins import HermesPluginManager, default_plugin_manager
 from hermes_core.specs import LifecycleEvent, LifecycleKind, StoreCapability, StoreSpec
-from hermes_core.store.backend import Maintenance, StoreBackend
+from hermes_core.store.backend import Maintenance, ParallelWriters, StoreBackend
 from hermes_core.store.capabilities import WITHOUT, BoundBackend, bind_backend
 from hermes_core.store.jsonl import JsonlBackend
 from hermes_core.store.mirror import MirrorWriter, load_mirror, read_mirror, writes_mirror
@@ -55,6 +55,10 @@ REKEYING = "v1>v2"
 _S = TypeVar("_S", bound="StoreBase")
 _P = ParamSpec("_P")
 _T = TypeVar("_T")
+
+
+def _bind_nothing(index: int) -> None:
+    """A backend with one writer connection: every thread shares it."""
 
 
 def new_session_id(now: datetime) -> str:
@@ -132,12 +136,21 @@ class StoreBase:
             except BaseException:
                 self._backend.close()
                 raise
-        self._writer = StoreWriter(
-            self._transaction, self._drop_cache, atomic=lambda: self._bound.spec.atomic_batches,
-            read_only=read_only,
-        )  # fmt: skip
+        self._writer = self._open_writer(read_only)
         if meta is not None and not read_only:
             self._import_mirror_once(meta)
+
+    def _open_writer(self, read_only: bool) -> StoreWriter:
+        """The writer: one thread per writer connection of the backend, each bound to its
+        connection (the JSONL fallback, degraded or not, is written by one thread)."""
+        lanes, bind = 1, _bind_nothing
+        if self._bound.spec.parallel_writers:
+            parallel = cast(ParallelWriters, self._backend)
+            lanes, bind = parallel.writer_connections(), parallel.bind_writer
+        return StoreWriter(
+            self._transaction, self._drop_cache, atomic=lambda: self._bound.spec.atomic_batches,
+            read_only=read_only, lanes=lanes, bind=bind,
+        )  # fmt: skip
 
     def _transaction(self) -> AbstractContextManager[object]:
         return self._backend.transaction()
@@ -537,19 +550,24 @@ class StoreBase:
             "capabilities": bound.offers(),
         }
 
-    def run(self, function: Callable[..., _T], *args: Any) -> _T:
+    def run(self, function: Callable[..., _T], *args: Any, lane: str | None = None) -> _T:
         """Run ``function(*args)`` as one step of the store's writer (its writes commit
-        together, possibly with other callers' steps) and return once committed."""
-        return self._writer.run(function, *args)
+        together, possibly with other callers' steps) and return once committed. ``lane``:
+        the session key whose state it changes, so other lanes' steps may commit beside it on
+        another writer connection; None: it runs alone, ordered against every step."""
+        return self._writer.run(function, *args, lane=lane)
 
-    async def arun(self, function: Callable[..., _T], *args: Any) -> _T:
+    async def arun(self, function: Callable[..., _T], *args: Any, lane: str | None = None) -> _T:
         """:meth:`run` for asyncio: the event loop stays free until the commit is done."""
-        return await self._writer.arun(function, *args)
+        return await self._writer.arun(function, *args, lane=lane)
 
-    def submit(self, function: Callable[..., _T], *args: Any) -> asyncio.Future[_T]:
-        """Hand ``function(*args)`` to the writer now, in order with every other step, without
-        waiting (asyncio): the returned future settles after its commit."""
-        return self._writer.submit(function, *args)
+    def submit(
+        self, function: Callable[..., _T], *args: Any, lane: str | None = None
+    ) -> asyncio.Future[_T]:
+        """Hand ``function(*args)`` to the writer now, in order with the lane's other steps
+        (and every step without a lane), without waiting (asyncio): the returned future
+        settles after its commit."""
+        return self._writer.submit(function, *args, lane=lane)
 
     def after_commit(self, callback: Callable[[], None]) -> None:
         """Within a writer step: run ``callback`` once the step is committed (else at once)."""

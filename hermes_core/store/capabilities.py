@@ -20,6 +20,7 @@ from hermes_core.store.backend import (
     DurableQueue,
     LedgerRows,
     Maintenance,
+    ParallelWriters,
     Pruning,
     RestartCountRows,
     SearchCapable,
@@ -103,12 +104,19 @@ def bind_backend(spec: StoreSpec, backend: Any, plugin: str, *, warn: bool = Tru
             for name in protocol_methods(TurnLeases)
             if not _has(backend, name)
         ]
+    if spec.parallel_writers:
+        missing += [
+            f"{name} (parallel writers)"
+            for name in protocol_methods(ParallelWriters)
+            if not _has(backend, name)
+        ]
     if missing:
         raise StoreContractError(
             f"storage plugin {plugin!r} opened a {spec.name!r} backend that lacks "
             f"{', '.join(missing)}: implement them in the backend (or remove the capability from "
-            f"its StoreSpec.capabilities; turn leases are needed unless StoreSpec.single_instance"
-            f"), or disable the plugin and choose another storage.url."
+            "its StoreSpec.capabilities; turn leases are needed unless "
+            "StoreSpec.single_instance, ParallelWriters with StoreSpec.parallel_writers), or "
+            "disable the plugin and choose another storage.url."
         )
     if warn:
         for capability in STORE_CAPABILITIES:

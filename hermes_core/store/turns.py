@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
+import threading
 import time
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass
@@ -43,30 +44,36 @@ _CLEARED_MARKER = {"active_turn_token": None, "active_turn_started_at": None}
 
 
 class StoredRestartCounts:
-    """Stuck-loop counts kept in the store, tagged with this instance."""
+    """Stuck-loop counts kept in the store, tagged with this instance (the in-memory copy is
+    locked: writer threads of different lanes clear their counts at once)."""
 
     def __init__(self, rows: RestartCountRows, owner: str) -> None:
         self.rows = rows
         self.owner = owner
         self._counts: dict[str, int] | None = None
+        self._lock = threading.RLock()
 
     def load(self) -> dict[str, int]:
         """The counts of the lanes this instance struck last (read once, then kept)."""
-        if self._counts is None:
-            self._counts = self.rows.restart_counts(self.owner)
-        return dict(self._counts)
+        with self._lock:
+            if self._counts is None:
+                self._counts = self.rows.restart_counts(self.owner)
+            return dict(self._counts)
 
     def save(self, counts: Mapping[str, int]) -> None:
         """Replace this instance's counts."""
-        self.rows.save_restart_counts(self.owner, counts)
-        self._counts = dict(counts)
+        with self._lock:
+            self.rows.save_restart_counts(self.owner, counts)
+            self._counts = dict(counts)
 
     def remove(self, session_key: str) -> None:
         """Forget a lane's count; no write when it has none."""
-        counts = self.load()
-        if counts.pop(session_key, None) is not None:
+        with self._lock:
+            if session_key not in self.load():
+                return
             self.rows.remove_restart_count(session_key)
-            self._counts = counts
+            if self._counts is not None:
+                self._counts.pop(session_key, None)
 
 
 @dataclass(frozen=True)

@@ -1,11 +1,18 @@
-"""The store's one writer: a thread that runs every mutation, many callers' steps per commit.
+"""The store's writer: threads that run every mutation, many callers' steps per commit.
 
-Every mutating store operation is a *step* (a function) handed to :class:`StoreWriter`. The
+Every mutating store operation is a *step* (a function) handed to :class:`StoreWriter`. A
 writer thread takes all steps waiting, runs them inside one backend transaction and commits once
-(group commit); each caller resumes only after the commit that holds its step. Because one
-thread runs every mutation, a read-modify-write of a lane never races another, and no caller
-waits on a lock, the disk or the network on its own thread: an asyncio host awaits
+(group commit); each caller resumes only after the commit that holds its step. No caller waits
+on a lock, the disk or the network on its own thread: an asyncio host awaits
 :meth:`StoreWriter.arun` and its event loop stays free.
+
+A backend with several writer connections (PostgreSQL) gets one writer thread per connection
+(*lanes* of the writer). A step that names its lane (the session key) runs on the thread that
+lane hashes to, so one lane's steps stay in order and its read-modify-writes never race, while
+other lanes' steps commit in parallel on other connections. A step without a lane runs alone:
+every writer thread finishes what was handed over before it, one of them runs it while the
+others wait, and only then do they go on, so it is ordered against every other step. With one
+writer thread all of this reduces to one queue.
 
 A step that raises spoils its batch: the transaction is rolled back, ``on_abort`` runs (the
 store drops its entry cache, which may hold the batch's uncommitted state), and every step of the
@@ -21,6 +28,7 @@ import asyncio
 import logging
 import queue
 import threading
+import zlib
 from collections.abc import Callable
 from concurrent.futures import Future
 from contextlib import AbstractContextManager
@@ -45,6 +53,9 @@ class _Step:
     """The event loop of an awaiting coroutine (its future is settled there)."""
     alone: bool = False
     """Run outside any batch (its writes commit one by one, so its own reads see them)."""
+    barrier: threading.Barrier | None = None
+    """Several writer threads: the step runs while every thread waits here (twice: before and
+    after it), so it is ordered against every step of every lane."""
     deferred: list[Callable[[], None]] = field(default_factory=list)
     undo: list[Callable[[], None]] = field(default_factory=list)
 
@@ -60,53 +71,79 @@ class StoreWriter:
         atomic: Callable[[], bool] = lambda: True,
         name: str = "hermes-store-writer",
         read_only: bool = False,
+        lanes: int = 1,
+        bind: Callable[[int], None] = lambda index: None,
     ) -> None:
+        """``lanes``: writer threads; thread ``i`` calls ``bind(i)`` first (the backend gives it
+        writer connection ``i``)."""
         self._transaction = transaction
         self._atomic = atomic
         """Whether a transaction can be rolled back now; if not, steps run one by one (a
         batch's steps could not run again after a failure without repeating their writes)."""
         self._on_abort = on_abort
-        self._queue: queue.SimpleQueue[_Step | None] = queue.SimpleQueue()
-        self._current: _Step | None = None
+        self._bind = bind
+        self._queues: list[queue.SimpleQueue[_Step | None]] = [
+            queue.SimpleQueue() for _ in range(lanes)
+        ]
+        self._local = threading.local()
         self._closed = False
-        self._batches = 0
-        self._steps = 0
+        self._counts = [[0, 0] for _ in range(lanes)]
+        """Batches committed and steps run, per writer thread (each counts its own)."""
         self._read_only = read_only
         """A read-only store's writer runs nothing: every step is refused, no thread runs."""
-        self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
+        self._threads = [
+            threading.Thread(
+                target=self._loop, args=(index,), daemon=True,
+                name=name if lanes == 1 else f"{name}-{index}",
+            )
+            for index in range(lanes)
+        ]  # fmt: skip
         if not read_only:
-            self._thread.start()
+            for thread in self._threads:
+                thread.start()
 
     @property
     def on_writer_thread(self) -> bool:
-        """Whether the caller is the writer thread (inside a step)."""
-        return threading.current_thread() is self._thread
+        """Whether the caller is a writer thread (inside a step)."""
+        return threading.current_thread() in self._threads
 
-    def run(self, function: Callable[..., _T], *args: Any, alone: bool = False) -> _T:
+    @property
+    def _current(self) -> _Step | None:
+        """The step the calling writer thread runs now."""
+        step: _Step | None = getattr(self._local, "step", None)
+        return step
+
+    def run(
+        self, function: Callable[..., _T], *args: Any, alone: bool = False, lane: str | None = None
+    ) -> _T:
         """Run ``function(*args)`` as a step and return its result once committed (blocking).
 
-        ``alone``: outside any batch, for maintenance that reads back what it wrote through
-        other connections. Called from a step (the writer thread) it runs inline, as part of
-        that step.
+        ``lane``: the session key whose state the step changes (None: it runs alone, ordered
+        against every lane). ``alone``: outside any batch, for maintenance that reads back what
+        it wrote through other connections. Called from a step (a writer thread) it runs
+        inline, as part of that step.
         """
         if self.on_writer_thread:
             return function(*args)
         future: Future[_T] = Future()
-        self._put(_Step(lambda: function(*args), future, alone=alone))
+        self._put(_Step(lambda: function(*args), future, alone=alone), lane)
         return future.result()
 
-    async def arun(self, function: Callable[..., _T], *args: Any) -> _T:
-        """Run ``function(*args)`` as a step; the awaiting coroutine resumes after the commit
-        (a cancelled caller does not undo the step: it runs and commits all the same)."""
-        return await self.submit(function, *args)
+    async def arun(self, function: Callable[..., _T], *args: Any, lane: str | None = None) -> _T:
+        """Run ``function(*args)`` as a step of ``lane``; the awaiting coroutine resumes after
+        the commit (a cancelled caller does not undo the step: it runs and commits all the
+        same)."""
+        return await self.submit(function, *args, lane=lane)
 
-    def submit(self, function: Callable[..., _T], *args: Any) -> asyncio.Future[_T]:
-        """Hand over ``function(*args)`` as a step now (steps run in the order handed over),
-        without waiting: the returned future of the running event loop settles after the
-        commit."""
+    def submit(
+        self, function: Callable[..., _T], *args: Any, lane: str | None = None
+    ) -> asyncio.Future[_T]:
+        """Hand over ``function(*args)`` as a step of ``lane`` now (one lane's steps, and steps
+        without a lane, run in the order handed over), without waiting: the returned future
+        of the running event loop settles after the commit."""
         loop = asyncio.get_running_loop()
         future: asyncio.Future[_T] = loop.create_future()
-        self._put(_Step(lambda: function(*args), future, loop))
+        self._put(_Step(lambda: function(*args), future, loop), lane)
         return future
 
     def after_commit(self, callback: Callable[[], None]) -> None:
@@ -126,18 +163,23 @@ class StoreWriter:
 
     def stats(self) -> dict[str, int]:
         """Batches committed and steps run so far (steps per batch shows the grouping)."""
-        return {"batches": self._batches, "steps": self._steps}
+        return {
+            "batches": sum(count[0] for count in self._counts),
+            "steps": sum(count[1] for count in self._counts),
+        }
 
     def close(self) -> None:
-        """Finish the steps already handed over, then stop the thread (idempotent)."""
+        """Finish the steps already handed over, then stop the threads (idempotent)."""
         if self._closed:
             return
         self._closed = True
-        self._queue.put(None)
+        for waiting in self._queues:
+            waiting.put(None)
         if not self.on_writer_thread and not self._read_only:
-            self._thread.join()
+            for thread in self._threads:
+                thread.join()
 
-    def _put(self, step: _Step) -> None:
+    def _put(self, step: _Step, lane: str | None) -> None:
         if self._read_only:
             raise ReadOnlyStoreError(
                 "the session store was opened read-only, so nothing was changed; open it "
@@ -145,72 +187,101 @@ class StoreWriter:
             )
         if self._closed:
             raise StoreUnavailableError("the session store is closed; open it again to write.")
-        self._queue.put(step)
+        if len(self._queues) == 1:
+            self._queues[0].put(step)
+        elif lane is None or step.alone:
+            step.barrier = threading.Barrier(len(self._queues))
+            for waiting in self._queues:
+                waiting.put(step)
+        else:
+            self._queues[zlib.crc32(lane.encode("utf-8", "surrogatepass")) % len(self._queues)].put(
+                step
+            )
 
     # -- the writer thread ---------------------------------------------------------------------
 
-    def _loop(self) -> None:
+    def _loop(self, index: int) -> None:
+        self._bind(index)
+        waiting = self._queues[index]
+        counts = self._counts[index]
         pending: _Step | None = None
         while True:
-            first = pending if pending is not None else self._queue.get()
+            first = pending if pending is not None else waiting.get()
             pending = None
             if first is None:
                 return
+            if first.barrier is not None:
+                self._exclusive(first, first.barrier, counts)
+                continue
             if first.alone or not self._atomic():
-                self._alone(first)
+                self._alone(first, counts)
                 continue
             batch = [first]
             while len(batch) < MAX_BATCH:
                 try:
-                    step = self._queue.get_nowait()
+                    step = waiting.get_nowait()
                 except queue.Empty:
                     break
-                if step is None or step.alone:
+                if step is None or step.alone or step.barrier is not None:
                     pending = step
                     break
                 batch.append(step)
-            self._commit(batch)
-            if pending is None and self._closed and self._queue.empty():
+            self._commit(batch, counts)
+            if pending is None and self._closed and waiting.empty():
                 return
 
-    def _commit(self, batch: list[_Step]) -> None:
+    def _exclusive(self, step: _Step, barrier: threading.Barrier, counts: list[int]) -> None:
+        """Run a step without a lane once every writer thread has reached it (each has it in
+        its queue), while the others wait: it sees and precedes nothing half-done."""
+        if barrier.wait() == 0:
+            try:
+                if step.alone or not self._atomic():
+                    self._alone(step, counts)
+                else:
+                    self._commit([step], counts)
+            finally:
+                barrier.wait()
+        else:
+            barrier.wait()
+
+    def _commit(self, batch: list[_Step], counts: list[int]) -> None:
         """Run the batch in one transaction; on any failure run each step alone."""
         results: list[Any] = []
         try:
             with self._transaction():
                 for step in batch:
-                    results.append(self._execute(step))
+                    results.append(self._execute(step, counts))
         except BaseException as exc:  # noqa: BLE001 - isolated per step below
             for step in reversed(batch):
                 self._undo(step)
             self._abort(exc)
             for step in batch:
-                self._alone(step)
+                self._alone(step, counts)
             return
-        self._batches += 1
+        counts[0] += 1
         self._finish([(step, result, None) for step, result in zip(batch, results, strict=True)])
 
-    def _alone(self, step: _Step) -> None:
+    def _alone(self, step: _Step, counts: list[int]) -> None:
         """Run a step outside any batch: each of its writes commits on its own, so a backend's
         own fault handling (a full-text index failing open) applies as it does without a
         writer."""
         try:
-            result = self._execute(step)
+            result = self._execute(step, counts)
         except BaseException as exc:  # noqa: BLE001 - handed to the step's caller
             self._undo(step)
             self._abort(exc)
             self._finish([(step, None, exc)])
             return
-        self._batches += 1
+        counts[0] += 1
         self._finish([(step, result, None)])
 
-    def _execute(self, step: _Step) -> Any:
-        self._current = step
+    def _execute(self, step: _Step, counts: list[int]) -> Any:
+        self._local.step = step
         try:
             return step.run()
         finally:
-            self._current = None
-            self._steps += 1
+            self._local.step = None
+            counts[1] += 1
 
     @staticmethod
     def _undo(step: _Step) -> None:

@@ -50,6 +50,7 @@ def hermes_register_stores(config: GatewayConfig) -> list[StoreSpec]:
         ),
         StoreSpec(
             name="postgresql", schemes=("postgresql", "postgresql+psycopg"),
-            capabilities=_LOCAL | {"restart_counts"}, single_instance=not shared, **common,
+            capabilities=_LOCAL | {"restart_counts"}, single_instance=not shared,
+            parallel_writers=True, **common,
         ),
     ]  # fmt: skip

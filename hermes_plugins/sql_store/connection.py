@@ -1,15 +1,17 @@
 """Connections, transactions, schema upgrades and the derived search index of the SQL store.
 
-One writer connection, guarded by a lock, carries every write (SQLite has one writer anyway; on
-PostgreSQL it keeps commit order simple); reads use pooled connections so they never wait for it.
+Writes go over writer connections: one on SQLite (it has one writer anyway), on PostgreSQL
+``storage.writer_connections``, one per writer thread of the store (:meth:`bind_writer`; threads
+never bound share the first); reads use pooled connections so they never wait for a writer.
 Each write method is one transaction committed before it returns, unless it runs inside
 :meth:`SqlConnection.transaction`, where the store's writer groups many steps into one commit.
 
 A store opened for writing holds the database's one-writer lock (``exclusive``) from before the
-schema is created or upgraded until it closes. When the writer's connection is lost (PostgreSQL)
-the store refuses writes, reconnects at the next write (at most once per back-off interval) and
-takes the lock again before writing. A store opened read-only holds no lock, never creates or
-upgrades the schema, and refuses every write.
+schema is created or upgraded until it closes: on PostgreSQL every writer connection holds it
+(shared among them). When a writer connection is lost (PostgreSQL) its writes are refused; it
+reconnects at its next write (at most once per back-off interval) and takes the lock again
+before writing. A store opened read-only holds no lock, never creates or upgrades the schema,
+and refuses every write.
 
 One module on purpose: the writer connection, its lock, reconnecting and the schema and index
 steps all act on the same connection state; tables' rows are in sibling modules.
@@ -95,8 +97,32 @@ def display_url(url: URL) -> str:
     return url.set(username=None, password=None).render_as_string(hide_password=True)
 
 
+class _Slot:
+    """One writer connection and the transaction open on it (used by one thread at a time)."""
+
+    __slots__ = (
+        "backend_pid", "counters", "cursor", "depth", "lock", "lost", "owner", "spoiled", "writer",
+    )  # fmt: skip
+
+    def __init__(self) -> None:
+        self.lock = threading.RLock()
+        self.writer: PoolProxiedConnection | None = None
+        """None until first used, while read-only, or after a loss (see ``_live``)."""
+        self.cursor: _CountingCursor | None = None
+        self.backend_pid: int | None = None
+        """PostgreSQL's server process of the connection (to tell our lock holders apart)."""
+        self.lost = False
+        """The connection was found lost and is not open again yet."""
+        self.depth = 0
+        """Nesting of :meth:`SqlConnection.transaction` (0: none open)."""
+        self.owner: int | None = None
+        """The thread holding the open transaction."""
+        self.spoiled = False
+        self.counters = {"commits": 0, "statements": 0}
+
+
 class SqlConnection:
-    """The engine, the writer connection and schema of one SQL store."""
+    """The engine, the writer connections and schema of one SQL store."""
 
     def __init__(self, url: str, config: GatewayConfig, *, read_only: bool = False) -> None:
         self.url = make_url(url)
@@ -113,19 +139,17 @@ class SqlConnection:
                 "remove storage.instances, or move the state to PostgreSQL (hermes-sessions "
                 "migrate) and point storage.url at it.",
             )
-        self._lock = threading.RLock()
-        self._batch_depth = 0
-        self._batch_owner: int | None = None
-        self._spoiled = False
-        self.counters = {"commits": 0, "statements": 0, "reads": 0}
-        """Write commits, statements sent by the writer and read transactions, for benchmarks."""
+        writers = config.storage.writer_connections if self.name == "postgresql" else 1
+        self._slots = [_Slot() for _ in range(writers)]
+        self._bound = threading.local()
+        self._connecting = threading.Lock()
+        """Writer connections are opened one at a time: each checks the lock's holders."""
+        self._reads = 0
+        """Read transactions, for benchmarks (the slots count commits and statements)."""
         self._warned_fts = False
         self._index: DeferredIndex | None = None
         """SQLite's full-text watermark while its index is in use (see ``fts.py``)."""
         self._closed = False
-        self._writer: PoolProxiedConnection | None = None
-        """The connection of every write; None while read-only or lost (see :meth:`_live`)."""
-        self._cursor: _CountingCursor | None = None
         self._file_lock: LockFile | None = None
         self._lost_at: float | None = None
         self._retry_at = 0.0
@@ -138,7 +162,7 @@ class SqlConnection:
             if not read_only:  # the lock comes first: only its holder creates or upgrades schema
                 if self.name == "sqlite":
                     self._file_lock = exclusive.lock_sqlite(self.path, self.display, config)
-                self._connect_writer()
+                self._connect_writer(self._slots[0], first=True)
             with self._engine.connect() as conn:
                 if self.name == "sqlite":
                     self._tighten_sidecars()
@@ -238,12 +262,13 @@ class SqlConnection:
         """A writable PostgreSQL store needs its writer and its readers within the server's
         ``max_connections``: refused if they can never fit, a warning if not beside the
         connections open now."""
-        need = 1 + config.storage.read_connections
         row = conn.exec_driver_sql(exclusive.CONNECTION_LIMITS).one()
         conn.rollback()
-        limits = (row[0], row[1], row[2])
-        # Open already: the writer's connection and the one this check reads on.
-        warning = exclusive.check_connections(self.display, need, limits, ours=2)
+        # Open already: the first writer connection and the one this check reads on.
+        warning = exclusive.check_connections(
+            self.display, len(self._slots), config.storage.read_connections,
+            (row[0], row[1], row[2]), ours=2,
+        )  # fmt: skip
         if warning is not None:
             logger.warning("%s", warning)
 
@@ -262,39 +287,56 @@ class SqlConnection:
     def transaction(self) -> Iterator[None]:
         """One transaction around several write methods (the store's group commit): the writes
         inside join it and it commits once at the end; nothing is committed if it raises."""
-        with self._lock:
-            if self._batch_depth == 0:
+        slot = self._slot
+        with slot.lock:
+            if slot.depth == 0:
                 self._live()  # reconnected before the batch starts, or the batch is refused
-            self._batch_depth += 1
-            if self._batch_depth == 1:
-                self._spoiled = False
-                self._batch_owner = threading.get_ident()
+                if self._lost_at is not None:
+                    self._revive()
+            slot.depth += 1
+            if slot.depth == 1:
+                slot.spoiled = False
+                slot.owner = threading.get_ident()
             try:
                 yield
-                if self._batch_depth == 1 and self._spoiled:
+                if slot.depth == 1 and slot.spoiled:
                     raise StoreError(f"{self.display}: a write of the batch failed")
-                if self._batch_depth == 1:
+                if slot.depth == 1:
                     self._live()[0].commit()
-                    self.counters["commits"] += 1
+                    slot.counters["commits"] += 1
             except BaseException as exc:
-                if self._batch_depth == 1:
+                if slot.depth == 1:
                     self._rollback()
                 if isinstance(exc, self._driver_error):
                     raise self._translate(exc, "committing") from exc
                 raise
             finally:
-                self._batch_depth -= 1
-                if self._batch_depth == 0:
-                    self._batch_owner = None
-            if self._batch_depth == 0:
+                slot.depth -= 1
+                if slot.depth == 0:
+                    slot.owner = None
+            if slot.depth == 0:
                 self._index_behind()
+
+    def writer_connections(self) -> int:
+        """Writer connections: ``storage.writer_connections`` on PostgreSQL, 1 on SQLite."""
+        return len(self._slots)
+
+    def bind_writer(self, index: int) -> None:
+        """Writes of the calling thread go over writer connection ``index`` from now on."""
+        self._bound.slot = self._slots[index]
+
+    @property
+    def _slot(self) -> _Slot:
+        """The calling thread's writer connection (the first unless it was bound)."""
+        slot: _Slot = getattr(self._bound, "slot", self._slots[0])
+        return slot
 
     @property
     def _in_batch(self) -> bool:
         """Whether the calling thread holds the open :meth:`transaction`: its reads then go
         through the writer's connection, which sees the batch's own writes and costs no pool
         checkout."""
-        return self._batch_owner == threading.get_ident()
+        return self._slot.owner == threading.get_ident()
 
     def _fetch(self, statement: Prepared, params: Mapping[str, Any], what: str) -> Any:
         """One row of a read in the open batch (on the writer's cursor) as a mapping, or
@@ -303,7 +345,7 @@ class SqlConnection:
             cursor = statement.run(self._live()[1], params)
             row = cursor.fetchone()
         except self._driver_error as exc:
-            self._spoiled = True
+            self._slot.spoiled = True
             raise self._translate(exc, what) from exc
         if row is None:
             return None
@@ -312,14 +354,15 @@ class SqlConnection:
     @property
     def _batched(self) -> bool:
         """Whether writes now join an open :meth:`transaction` (on the thread holding it)."""
-        return self._batch_depth > 0
+        return self._slot.depth > 0
 
     def _rollback(self) -> None:
         """Roll back the writer's transaction; a connection found lost is dropped (with it
         PostgreSQL's writer lock), so the next write reconnects."""
         if self._index is not None:
             self._index.rolled_back()
-        writer = self._writer
+        slot = self._slot
+        writer = slot.writer
         if writer is None:
             return
         try:
@@ -330,23 +373,35 @@ class SqlConnection:
                 logger.debug("rollback after a failed write also failed", exc_info=True)
                 return
             writer.invalidate(exc)
-            self._writer = self._cursor = None
-            self._lost_at = time.monotonic()
+            slot.writer = slot.cursor = slot.backend_pid = None
+            slot.lost = True
+            if self._lost_at is None:
+                self._lost_at = time.monotonic()
             logger.warning(
                 "%s: the connection to the database was lost (%s); writes are refused until it "
                 "is back", self.display, type(exc).__name__,
             )  # fmt: skip
 
     def _live(self) -> tuple[PoolProxiedConnection, _CountingCursor]:
-        """The writer's connection and cursor; after a loss, a new connection that has taken
-        the writer lock again (one attempt per back-off interval, else the write is refused)."""
-        if self._writer is not None and self._cursor is not None:
-            return self._writer, self._cursor
+        """The calling thread's writer connection and cursor; opened at first use, and after a
+        loss a new connection that has taken the writer lock again (one attempt per back-off
+        interval, else the write is refused)."""
+        slot = self._slot
+        if slot.writer is not None and slot.cursor is not None:
+            return slot.writer, slot.cursor
         if self.read_only:
             raise ReadOnlyStoreError(
                 f"{self.display}: this store was opened read-only and changes nothing; open it "
                 "for writing (one writer per database at a time) to change it."
             )
+        self._reopen(slot)
+        self._revive()
+        return self._live()
+
+    def _reopen(self, slot: _Slot) -> None:
+        """Open ``slot``'s connection (first use, or after a loss), or raise: refused within
+        the back-off interval after a failed attempt, fenced for good if another process
+        took the writer lock meanwhile."""
         if self._fenced is not None:
             raise self._fenced
         now = time.monotonic()
@@ -356,7 +411,7 @@ class SqlConnection:
                 f"(the next reconnect is in {self._retry_at - now:.1f} s)."
             )
         try:
-            self._connect_writer()
+            self._connect_writer(slot)
         except GatewayLockedError as exc:
             self._fenced = StoreUnavailableError(
                 f"{self.display}: the writer lock was taken by another process while this "
@@ -370,30 +425,62 @@ class SqlConnection:
             self._backoff = min(max(2 * self._backoff, first), bound)
             self._retry_at = now + self._backoff
             raise self._translate(exc, "reconnecting to the database", unavailable=True) from exc
-        if self._lost_at is not None:
+        slot.lost = False
+        self._backoff, self._retry_at = 0.0, 0.0
+        if self._lost_at is not None and not any(other.lost for other in self._slots):
             logger.warning(
                 "%s: the connection to the database is back after %.1f s; writes work again",
                 self.display, now - self._lost_at,
             )  # fmt: skip
-        self._lost_at, self._backoff, self._retry_at = None, 0.0, 0.0
-        return self._live()
+            self._lost_at = None
 
-    def _connect_writer(self) -> None:
-        """Open the writer's connection; on PostgreSQL take the writer lock on it first."""
-        writer = self._engine.raw_connection()
-        try:
-            if self.name == "postgresql" and not self.shared:
-                cursor = writer.cursor()
-                try:
-                    exclusive.lock_postgres(cursor, self.display)
-                finally:
-                    cursor.close()
-                writer.commit()
-        except BaseException:
-            writer.close()
-            raise
-        self._writer = writer
-        self._cursor = _CountingCursor(writer.cursor(), self.counters)
+    def _revive(self) -> None:
+        """Reopen the other writer connections found lost, so the store is whole again (and
+        ``health`` says so) even while their threads have nothing to write; a connection in
+        use by its thread is left to it."""
+        for other in self._slots:
+            if not other.lost or not other.lock.acquire(blocking=False):
+                continue
+            try:
+                if other.lost:
+                    self._reopen(other)
+            except StoreError:
+                logger.debug("reopening another writer connection failed", exc_info=True)
+                return
+            finally:
+                other.lock.release()
+
+    def _connect_writer(self, slot: _Slot, *, first: bool = False) -> None:
+        """Open a writer connection; on PostgreSQL (one writer per database) it holds the
+        writer lock before it is used. ``first``: the store's first connection, which proves
+        that no other process writes; every later one (another writer thread's, or one
+        replacing a lost connection) joins the lock and checks that it shares it only with
+        this store's own connections."""
+        with self._connecting:
+            writer = self._engine.raw_connection()
+            try:
+                backend_pid = None
+                if self.name == "postgresql":
+                    cursor = writer.cursor()
+                    try:
+                        backend_pid = int(cursor.execute("SELECT pg_backend_pid()").fetchone()[0])
+                        if not self.shared:
+                            ours = {
+                                slot.backend_pid
+                                for slot in self._slots
+                                if slot.backend_pid is not None
+                            }
+                            exclusive.lock_postgres(
+                                cursor, self.display, first=first, ours=ours | {backend_pid}
+                            )
+                    finally:
+                        cursor.close()
+                    writer.commit()
+            except BaseException:
+                writer.close()
+                raise
+            slot.writer, slot.backend_pid = writer, backend_pid
+            slot.cursor = _CountingCursor(writer.cursor(), slot.counters)
 
     @contextmanager
     def _write(self, what: str, *, ddl: bool = False) -> Iterator[Any]:
@@ -403,14 +490,15 @@ class SqlConnection:
         Statements are Core, compiled once (``Statements``); executing them on the driver
         directly keeps a one-row transaction close to the cost of raw SQL.
         """
-        with self._lock:
+        slot = self._slot
+        with slot.lock:
             writer, cursor = self._live()
-            if self._batched:
+            if slot.depth > 0:
                 try:
                     yield cursor
                 except BaseException as exc:
                     # Even if the caller swallows it, the transaction is not to be trusted now.
-                    self._spoiled = True
+                    slot.spoiled = True
                     if isinstance(exc, self._driver_error):
                         raise self._translate(exc, what) from exc
                     raise
@@ -422,7 +510,7 @@ class SqlConnection:
                     cursor.execute("BEGIN IMMEDIATE")
                 yield cursor
                 writer.commit()
-                self.counters["commits"] += 1
+                slot.counters["commits"] += 1
             except BaseException as exc:
                 self._rollback()
                 if isinstance(exc, self._driver_error):
@@ -433,7 +521,7 @@ class SqlConnection:
     @contextmanager
     def _read(self, what: str) -> Iterator[Connection]:
         """A pooled read connection (never blocked by the writer)."""
-        self.counters["reads"] += 1
+        self._reads += 1
         try:
             with self._engine.connect() as conn:
                 yield conn
@@ -456,23 +544,27 @@ class SqlConnection:
     def close(self) -> None:
         """Close the writer and every pooled connection, then release the writer lock
         (idempotent)."""
-        with self._lock:
+        with self._connecting:
             if self._closed:
                 return
             self._closed = True
-            self._release()
+        self._release()
 
     def _release(self) -> None:
         """Close the connections (PostgreSQL's writer lock ends with the writer's session),
         then let go of SQLite's lock file."""
         try:
-            if self._cursor is not None and self._writer is not None:
-                if self.name == "postgresql" and not self.shared:
-                    self._unlock(self._writer, self._cursor)
-                self._cursor.close()
-                self._writer.close()
+            for slot in self._slots:
+                with slot.lock:
+                    writer, cursor = slot.writer, slot.cursor
+                    slot.writer = slot.cursor = slot.backend_pid = None
+                    if writer is None or cursor is None:
+                        continue
+                    if self.name == "postgresql" and not self.shared:
+                        self._unlock(writer, cursor)
+                    cursor.close()
+                    writer.close()
         finally:
-            self._writer = self._cursor = None
             self._engine.dispose()
             if self._file_lock is not None:
                 self._file_lock.release()
@@ -482,7 +574,7 @@ class SqlConnection:
         locks only once its process notices, and the next writer may be starting already."""
         try:
             writer.rollback()
-            cursor.execute(exclusive.UNLOCK)
+            cursor.execute(exclusive.UNLOCK_SHARED)
             writer.commit()
         except self._driver_error:
             logger.debug(
@@ -589,7 +681,7 @@ class SqlConnection:
                 logger.exception("%s: marking the full-text index stale failed", self.display)
                 self._fts, self._index = "stale", None
             return
-        self.counters["commits"] += 1
+        self._slot.counters["commits"] += 1
         index.committed()
 
     def _disable_fts(self, error: StoreError) -> None:
@@ -681,7 +773,11 @@ class SqlConnection:
         """Counters for benchmarks: ``commits``, ``statements`` (writer), ``reads``, and
         ``round_trips`` (all three: on PostgreSQL each is one exchange with the server; a read
         also returns its connection to the pool, which SQLAlchemy ends with a rollback)."""
-        counters = dict(self.counters)
+        counters = {
+            name: sum(slot.counters[name] for slot in self._slots)
+            for name in ("commits", "statements")
+        }
+        counters["reads"] = self._reads
         counters["round_trips"] = counters["commits"] + counters["statements"]
         counters["round_trips"] += 2 * counters["reads"]
         return counters

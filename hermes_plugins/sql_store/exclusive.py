@@ -87,41 +87,55 @@ connections open now."""
 
 
 def check_connections(
-    display: str, need: int, limits: tuple[int, int, int], *, ours: int
+    display: str, writers: int, readers: int, limits: tuple[int, int, int], *, ours: int
 ) -> str | None:
-    """Compare the connections a process needs with the server's ``(max_connections,
-    reserved, in use)``: raise :class:`ConfigError` if they can never fit; return a warning
-    when they do not fit beside the connections open now (other processes may close theirs),
-    else None. ``ours``: how many of those in use this process has opened already."""
+    """Compare the connections a process needs (``writers + readers``) with the server's
+    ``(max_connections, reserved, in use)``: raise :class:`ConfigError` if they can never fit;
+    return a warning when they do not fit beside the connections open now (other processes may
+    close theirs), else None. ``ours``: how many of those in use this process opened already."""
     limit, reserved, in_use = limits
-    usable = limit - reserved
+    need, usable, elsewhere = writers + readers, limit - reserved, in_use - ours
+    needs = (
+        f"{need} connections ({writers} writers, storage.writer_connections, and {readers} "
+        "readers, storage.read_connections)"
+    )
     if need > usable:
         raise ConfigError(
             "storage.read_connections",
-            f"{display}: this gateway needs {need} connections (1 writer + "
-            f"{need - 1} readers, storage.read_connections), but the server allows "
-            f"{usable} ({limit} max_connections, {reserved} reserved); lower "
-            "storage.read_connections or raise the server's max_connections.",
+            f"{display}: this gateway needs {needs}, but the server allows {usable} ({limit} "
+            f"max_connections, {reserved} reserved); lower those settings or raise the "
+            "server's max_connections.",
         )
-    free = usable - (in_use - ours)
-    if need > free:
+    if need > usable - elsewhere:
         return (
-            f"{display}: this gateway may need {need} connections (1 writer + {need - 1} "
-            f"readers) but only {free} of the server's {usable} are free now ({in_use - ours} "
-            "open elsewhere); reads will fail when the server runs out: lower "
-            "storage.read_connections or raise max_connections."
+            f"{display}: this gateway may need {needs}, but only {usable - elsewhere} of the "
+            f"server's {usable} are free now ({elsewhere} open elsewhere); connections fail "
+            "once the server runs out: lower those settings or raise max_connections."
         )
     return None
 
 
-TRY_LOCK = f"SELECT pg_try_advisory_lock({LOCK_KEYS[0]}, {LOCK_KEYS[1]})"
-"""Take the writer lock on this session; returns whether it was free."""
+_KEY = f"{LOCK_KEYS[0]}, {LOCK_KEYS[1]}"
+
+TRY_LOCK = f"SELECT pg_try_advisory_lock({_KEY})"
+"""Take the writer lock alone on this session; returns whether nobody held it."""
+
+SHARE_LOCK = f"SELECT pg_advisory_lock_shared({_KEY})"
+"""Keep a shared hold of the writer lock (the first connection, which holds it alone)."""
+
+JOIN_LOCK = f"SELECT pg_try_advisory_lock_shared({_KEY})"
+"""Hold the writer lock beside the store's other writer connections; false while a starting
+writer holds it alone."""
 
 MIGRATION_LOCK = f"SELECT pg_advisory_xact_lock({LOCK_KEYS[0]}, 2)"
 """Shared mode: schema creation and upgrades wait for each other (released at commit)."""
 
-UNLOCK = f"SELECT pg_advisory_unlock({LOCK_KEYS[0]}, {LOCK_KEYS[1]})"
-"""Release the writer lock at once (a closed session's locks end only once the server notices)."""
+UNLOCK = f"SELECT pg_advisory_unlock({_KEY})"
+"""Release the lone hold of the writer lock (the first connection keeps its shared one)."""
+
+UNLOCK_SHARED = f"SELECT pg_advisory_unlock_shared({_KEY})"
+"""Release a writer connection's hold at once (a closed session's locks end only once the
+server notices, and the next writer may be starting already)."""
 
 HOLDER = f"""
 SELECT a.application_name, host(a.client_addr), a.pid
@@ -129,18 +143,37 @@ FROM pg_locks AS l JOIN pg_stat_activity AS a ON a.pid = l.pid
 WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 2
   AND l.classid = {LOCK_KEYS[0]} AND l.objid = {LOCK_KEYS[1]}
   AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
+  AND NOT (l.pid = ANY(%(ours)s))
 """
-"""Who holds the writer lock: (application name, client address, server process id)."""
+"""Who else holds the writer lock: (application name, client address, server process id)."""
 
 
-def lock_postgres(cursor: Any, display: str) -> None:
-    """Take the writer lock on the session of ``cursor`` (the writer's own connection), or
-    raise :class:`GatewayLockedError` naming the holder."""
-    cursor.execute(TRY_LOCK)
-    if cursor.fetchone()[0]:
-        return
-    cursor.execute(HOLDER)
+def lock_postgres(cursor: Any, display: str, *, first: bool, ours: set[int]) -> None:
+    """Make the session of ``cursor`` (a writer connection) hold the writer lock, or raise
+    :class:`GatewayLockedError` naming the holder.
+
+    Every writer connection of a store holds the lock shared. ``first``: the store's first
+    connection takes it alone first, which succeeds only if no connection of any other
+    process holds it, then keeps a shared hold. A later connection joins with a shared hold
+    and checks that only ``ours`` (the store's connections, server process ids) hold it:
+    otherwise another process became the writer while this store's connections were lost.
+    """
+    if first:
+        cursor.execute(TRY_LOCK)
+        if cursor.fetchone()[0]:
+            cursor.execute(SHARE_LOCK)  # granted at once: the session holds the lock already
+            cursor.execute(UNLOCK)
+            return
+        joined = False
+    else:
+        cursor.execute(JOIN_LOCK)
+        joined = bool(cursor.fetchone()[0])
+    cursor.execute(HOLDER, {"ours": sorted(ours)})
     row = cursor.fetchone()
+    if joined and row is None:
+        return
+    if joined:
+        cursor.execute(UNLOCK_SHARED)
     if row is None:  # released between the two statements: say so rather than guess
         raise _refusal(display, "a process that has just stopped; try again")
     name, address, backend = row

@@ -1,0 +1,215 @@
+"""The store's writer with several writer threads (one per writer connection, PostgreSQL)."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+import zlib
+from contextlib import AbstractContextManager, nullcontext
+from pathlib import Path
+
+import pytest
+from sqlalchemy import create_engine, text
+from support.tcp_proxy import proxied
+
+from conftest import POSTGRES_SKIP_REASON, POSTGRES_URL
+from hermes_core import GatewayConfig
+from hermes_core.errors import GatewayLockedError, StoreUnavailableError
+from hermes_core.store import SessionStore
+from hermes_core.store.writer import StoreWriter
+from hermes_core.testing import fresh_plugin_manager, telegram_dm
+
+LANES = 3
+
+
+def _lanes_on_distinct_threads(count: int) -> list[str]:
+    """Session keys that hash to ``count`` different writer threads of :data:`LANES`."""
+    found: dict[int, str] = {}
+    number = 0
+    while len(found) < count:
+        key = f"agent:main:telegram:dm:c={number}"
+        found.setdefault(zlib.crc32(key.encode()) % LANES, key)
+        number += 1
+    return list(found.values())
+
+
+def _writer(bound: list[tuple[int, str]] | None = None) -> StoreWriter:
+    def transaction() -> AbstractContextManager[object]:
+        return nullcontext()
+
+    def bind(index: int) -> None:
+        if bound is not None:
+            bound.append((index, threading.current_thread().name))
+
+    return StoreWriter(transaction, lambda: None, lanes=LANES, bind=bind)
+
+
+def test_each_writer_thread_is_bound_to_its_own_connection() -> None:
+    bound: list[tuple[int, str]] = []
+    writer = _writer(bound)
+    writer.close()
+    assert sorted(index for index, _ in bound) == list(range(LANES))
+    assert len({name for _, name in bound}) == LANES
+
+
+async def test_one_lanes_steps_commit_in_the_order_handed_over() -> None:
+    writer = _writer()
+    seen: list[int] = []
+    lane = "agent:main:telegram:dm:c=1"
+    futures = [writer.submit(seen.append, number, lane=lane) for number in range(300)]
+    await asyncio.gather(*futures)
+    writer.close()
+    assert seen == list(range(300))
+
+
+async def test_steps_of_different_lanes_run_at_the_same_time() -> None:
+    """A step of one lane waits for a step of another: only parallel threads let both end."""
+    writer = _writer()
+    first, second = _lanes_on_distinct_threads(2)
+    started = threading.Event()
+
+    def waits() -> bool:
+        started.set()
+        return meets.wait(5)
+
+    meets = threading.Event()
+    waiting = writer.submit(waits, lane=first)
+    await asyncio.to_thread(started.wait, 5)
+    await writer.arun(meets.set, lane=second)
+    assert await waiting is True
+    writer.close()
+
+
+async def test_a_step_without_a_lane_runs_between_every_lanes_earlier_and_later_steps() -> None:
+    writer = _writer()
+    lanes = _lanes_on_distinct_threads(LANES)
+    log: list[str] = []
+
+    def slow(tag: str) -> None:
+        time.sleep(0.02)
+        log.append(tag)
+
+    before = [writer.submit(slow, f"before {n}", lane=lane) for n, lane in enumerate(lanes * 3)]
+    snapshot = writer.submit(lambda: list(log))
+    after = [writer.submit(slow, f"after {n}", lane=lane) for n, lane in enumerate(lanes * 3)]
+    await asyncio.gather(*before, *after)
+    seen = await snapshot
+    writer.close()
+    assert sorted(seen) == sorted(f"before {n}" for n in range(len(before)))
+    assert writer.stats()["steps"] == len(before) + 1 + len(after)
+
+
+async def test_a_failing_step_fails_only_its_caller_on_its_lane() -> None:
+    writer = _writer()
+    lane = "agent:main:telegram:dm:c=7"
+
+    def fails() -> None:
+        raise ValueError("bad step")
+
+    good = writer.submit(lambda: "kept", lane=lane)
+    bad = writer.submit(fails, lane=lane)
+    other = writer.submit(lambda: "other", lane="agent:main:telegram:dm:c=8")
+    assert await good == "kept"
+    with pytest.raises(ValueError, match="bad step"):
+        await bad
+    assert await other == "other"
+    writer.close()
+
+
+# -- PostgreSQL: every writer connection holds the writer lock -------------------------------------
+
+
+def _open(url: str, home: Path) -> SessionStore:
+    config = GatewayConfig.from_dict(
+        {"storage": {"url": url, "writer_connections": LANES}},
+        environ={"HERMES_HOME": str(home)},
+    )
+    return SessionStore.open(config, plugins=fresh_plugin_manager(home))
+
+
+def _holders(url: str) -> list[int]:
+    """Server processes holding the writer lock."""
+    engine = create_engine(url)
+    with engine.connect() as conn:
+        rows = conn.execute(
+            text(
+                "SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND granted "
+                "AND objsubid = 2 AND objid = 1 "
+                "AND database = (SELECT oid FROM pg_database WHERE datname = current_database())"
+            )
+        ).all()
+    engine.dispose()
+    return sorted(row[0] for row in rows)
+
+
+def _terminate(url: str, pid: int) -> None:
+    engine = create_engine(url)
+    with engine.connect() as conn:
+        conn.execute(text("SELECT pg_terminate_backend(:pid)"), {"pid": pid})
+    engine.dispose()
+
+
+def _write(store: SessionStore, lane: str, chat: str) -> None:
+    """A write on ``lane``'s writer thread (so on its writer connection)."""
+    store.run(store.get_or_create_session, telegram_dm(chat), lane=lane)
+
+
+@pytest.mark.postgres
+@pytest.mark.skipif(not POSTGRES_URL, reason=POSTGRES_SKIP_REASON)
+def test_every_writer_connection_holds_the_lock_and_a_lost_one_comes_back(
+    empty_database: str, tmp_path: Path
+) -> None:
+    lanes = _lanes_on_distinct_threads(LANES)
+    store = _open(empty_database, tmp_path / "a")
+    try:
+        for number, lane in enumerate(lanes):
+            _write(store, lane, f"1{number}")
+        holders = _holders(empty_database)
+        assert len(holders) == LANES
+        # One writer connection lost: the others still hold the lock, so no one else writes;
+        # the lost one's write is run again on a new connection that joins the lock.
+        _terminate(empty_database, holders[-1])
+        with pytest.raises(GatewayLockedError):
+            _open(empty_database, tmp_path / "b")
+        for number, lane in enumerate(lanes):
+            _write(store, lane, f"2{number}")
+        assert len(_holders(empty_database)) == LANES
+        assert store.health()["available"] is True
+    finally:
+        store.close()
+    assert _holders(empty_database) == []
+
+
+@pytest.mark.postgres
+@pytest.mark.skipif(not POSTGRES_URL, reason=POSTGRES_SKIP_REASON)
+def test_a_lost_writer_connection_is_reopened_by_another_lanes_write(
+    empty_database: str, tmp_path: Path
+) -> None:
+    """After an outage, a write of any lane reopens every connection found lost, so the store
+    is whole again (and says so) while the lane that found the loss writes nothing."""
+    first, second, _ = _lanes_on_distinct_threads(LANES)
+    with proxied(empty_database) as proxy:
+        store = _open(proxy.url, tmp_path)
+        try:
+            _write(store, first, "1")
+            _write(store, second, "2")
+            proxy.down = True
+            for pid in _holders(empty_database):
+                _terminate(empty_database, pid)
+            with pytest.raises(StoreUnavailableError):
+                _write(store, first, "3")
+            assert store.health()["available"] is False
+            proxy.down = False
+            deadline = time.monotonic() + 10
+            while True:  # the first reconnect waits out the back-off
+                try:
+                    _write(store, second, "4")
+                    break
+                except StoreUnavailableError:
+                    assert time.monotonic() < deadline, "the store never reconnected"
+                    time.sleep(0.1)
+            assert len(_holders(empty_database)) == 2  # the second lane's and the first's
+            assert store.health()["available"] is True
+        finally:
+            store.close()
