@@ -90,6 +90,15 @@ def test_a_shared_backend_must_implement_turn_leases(hermes_home: Path) -> None:
     assert "StoreSpec.single_instance" in message
 
 
+def test_a_backend_declaring_parallel_writers_must_implement_them(hermes_home: Path) -> None:
+    with pytest.raises(StoreContractError) as info:
+        _open(hermes_home, _Backends(hermes_home, parallel_writers=True))
+    message = str(info.value)
+    for name in ("bind_writer", "writer_connections"):
+        assert f"{name} (parallel writers)" in message
+    assert "StoreSpec.parallel_writers" in message
+
+
 def test_a_missing_required_method_is_an_error_naming_the_plugin(hermes_home: Path) -> None:
     with pytest.raises(StoreContractError) as info:
         _open(hermes_home, _Backends(hermes_home, wrap=_WithoutGetRoute))
