@@ -7,8 +7,10 @@ spawn), each with its own ``$HERMES_HOME`` (so its own instance id), on the data
 (the gateway's ``send``); every message must get exactly one reply, ``echo: <text>``, or the run
 fails. The agent echoes after ``think`` seconds (asyncio wait; no CPU). Housekeeping, busy
 acknowledgements, the ``sessions.json`` mirror and third-party plugins are off; busy input is
-queued (never merged); leases run at their defaults (``turn_lease_secs`` 120, so renewal every
-30 s; a scan for expired leases every 2 s).
+queued (never merged); ``turn_lease_secs`` is the default 120 (renewal every 30 s), but
+``storage.lease_scan_secs`` is 3,600, so the scan for expired or missing leases never runs: at the
+default 2 s (``--lease-scan-secs 2``), runs fail because a scan took over a lane whose turn was
+starting in a live process and its reply was sent a second time, as a recovered reply.
 
 Traffic over 1,000 lanes (DM chats): each process has ``K`` slots; a free slot of process ``p``
 sends the next message to ``p``. A lane has at most one message in flight. When a lane's reply
@@ -53,7 +55,7 @@ process (CPU per turn); each runs 1 process with ``storage.instances: single`` a
 processes with ``shared``.
 
 Run: ``python -m benchmarks.bench_instances [--url URL] [--quick]``; ``--url`` defaults to
-``$HERMES_TEST_POSTGRES_URL``. ``--quick`` is a smoke run with a quarter of the turns.
+``$HERMES_TEST_POSTGRES_URL``. ``--quick`` is a smoke run with an eighth of the turns.
 """
 
 from __future__ import annotations
@@ -616,7 +618,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         help="PostgreSQL URL of a database whose public schema may be emptied "
         "(default: $HERMES_TEST_POSTGRES_URL)",
     )  # fmt: skip
-    parser.add_argument("--quick", action="store_true", help="smoke run: a quarter of the turns")
+    parser.add_argument("--quick", action="store_true", help="smoke run: an eighth of the turns")
     parser.add_argument(
         "--lease-scan-secs", type=float, default=SCAN_SECS,
         help=f"storage.lease_scan_secs of the gateways (default {SCAN_SECS:g}: see the docstring)",
@@ -624,7 +626,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     args = parser.parse_args(argv)
     if not args.url or not args.url.startswith("postgresql"):
         parser.error("--url postgresql+psycopg://... (or $HERMES_TEST_POSTGRES_URL) is required")
-    share = 4 if args.quick else 1
+    share = 8 if args.quick else 1
     scenarios = (
         Scenario("think 400 ms, 8 in flight per process", 0.4, 8, 240 // share),
         Scenario("think 50 ms, 32 in flight per process", 0.05, 32, 1_200 // share),
