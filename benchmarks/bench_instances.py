@@ -21,11 +21,12 @@ no follow-up is waiting for them. So a lane's messages arrive at different proce
 half of them right after the previous reply (while the previous process may still hold the
 lane's lease) and half long after it released it.
 
-A run: the processes start; a warm-up turn on each lane (no think time, 32 slots per process,
-excluded); the driver waits until every process is idle (no lane running or leased); then the
-measured phase of ``turns`` turns per process; the clock runs from the first message to the
-last reply; then the driver waits until all are idle again (the turns' last commits and lease
-releases count in their CPU), and the processes stop.
+A run: the processes start; warm-up turns, excluded, with no think time and 32 slots per
+process (the benchmark's first run: one turn on each lane, which creates its session; later
+runs: 32 turns per process); the driver waits until every process is idle (no lane running or
+leased); then the measured phase of ``turns`` turns per process; the clock runs from the first
+message to the last reply; then the driver waits until all are idle again (the turns' last
+commits and lease releases count in their CPU), and the processes stop.
 
 Figures of a run:
 
@@ -39,6 +40,7 @@ Figures of a run:
   measured turns. "x single": against the run of one process with ``storage.instances: single``
   (no leases; the writer lock) of the same scenario.
 - round trips per turn: the gateways' ``store.stats()`` ``round_trips`` differences.
+- ours: the CPU of the gateways and backends per wall second of the measured phase (cores).
 - busy: the machine's busy share from ``/proc/stat`` over the measured phase (all processes,
   others' work included), in cores of ``os.cpu_count()``.
 - hand-off latency: for a measured message of a lane whose previous message was also measured,
