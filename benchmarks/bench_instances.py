@@ -21,24 +21,25 @@ no follow-up is waiting for them. So a lane's messages arrive at different proce
 half of them right after the previous reply (while the previous process may still hold the
 lane's lease) and half long after it released it.
 
-A run: the processes start; warm-up turns, excluded, with no think time and 32 slots per
-process (the benchmark's first run: one turn on each lane, which creates its session; later
-runs: 32 turns per process); the driver waits until every process is idle (no lane running or
-leased); then the measured phase of ``turns`` turns per process; the clock runs from the first
-message to the last reply; then the driver waits until all are idle again (the turns' last
-commits and lease releases count in their CPU), and the processes stop.
+A run is one fleet of processes, for both scenarios: the processes start; warm-up turns,
+excluded, with no think time and 32 slots per process (the benchmark's first run: one turn on
+each lane, which creates its session; later runs: 32 turns per process); then, for each
+scenario, the driver waits until every process is idle (no lane running or leased) and runs the
+measured phase of ``turns`` turns per process; the clock runs from the first message to the
+last reply; the driver waits until all are idle again (the turns' last commits and lease
+releases count in their CPU). Then the processes stop.
 
-Figures of a run:
+Figures of a scenario in a run:
 
-- turns/s: measured turns / wall seconds; "x 1 proc": against the 1-process run of the same
-  scenario and the same ``storage.instances``.
+- turns/s: measured turns / wall seconds; "x 1proc": against 1 process with the same
+  ``storage.instances``.
 - CPU per turn: user + system time of the gateway processes (all threads; ``psutil``, which
   reads ``/proc/<pid>/stat``) and of the PostgreSQL backends serving the database (the pids in
   ``pg_stat_activity`` for it, the driver's own connection excluded, read every 0.5 s and at
   both ends; a backend that exits loses at most its last 0.5 s; server-wide processes such as
   the WAL writer and checkpointer are not counted), between the two idle points, divided by the
-  measured turns. "x single": against the run of one process with ``storage.instances: single``
-  (no leases; the writer lock) of the same scenario.
+  measured turns. "x single": against one process with ``storage.instances: single`` (no
+  leases; the writer lock).
 - round trips per turn: the gateways' ``store.stats()`` ``round_trips`` differences.
 - ours: the CPU of the gateways and backends per wall second of the measured phase (cores).
 - busy: the machine's busy share from ``/proc/stat`` over the measured phase (all processes,
@@ -53,11 +54,12 @@ Figures of a run:
   messages (received where the previous turn ran).
 
 Scenarios: think 400 ms with 8 slots per process (throughput), and think 50 ms with 32 slots per
-process (CPU per turn); each runs 1 process with ``storage.instances: single`` and 1, 2 and 4
+process (CPU per turn); runs: 1 process with ``storage.instances: single``, then 1, 2 and 4
 processes with ``shared``.
 
-Run: ``python -m benchmarks.bench_instances [--url URL] [--quick]``; ``--url`` defaults to
-``$HERMES_TEST_POSTGRES_URL``. ``--quick`` is a smoke run with an eighth of the turns.
+Run: ``python -m benchmarks.bench_instances [--url URL] [--quick] [--lease-scan-secs S]``;
+``--url`` defaults to ``$HERMES_TEST_POSTGRES_URL``; ``--quick`` is a smoke run with an eighth
+of the turns.
 """
 
 from __future__ import annotations
@@ -120,7 +122,6 @@ class Setup:
 
     url: str
     instances: str
-    think: float
     lease_scan_secs: float
 
 
@@ -148,18 +149,18 @@ def _config(home: Path, setup: Setup) -> GatewayConfig:
 
 
 class ThinkingAgent(EchoAgent):
-    """Echo after ``think`` seconds (none for warm-up messages, ids ``w...``), recording when
+    """Echo after the think time the message id names (``m<number>-<milliseconds>``: the
+    process that runs a turn may not be the one that received its message), recording when
     each turn started."""
 
-    def __init__(self, think: float, starts: dict[str, float]) -> None:
+    def __init__(self, starts: dict[str, float]) -> None:
         super().__init__()
-        self.think = think
         self.starts = starts
 
     async def run_turn(self, request: TurnRequest) -> str | None:
         message_id = str(request.event.message_id)
         self.starts[message_id] = time.monotonic()
-        self.delay = 0.0 if message_id.startswith("w") else self.think
+        self.delay = int(message_id.rpartition("-")[2]) / 1000
         return await super().run_turn(request)
 
 
@@ -191,7 +192,7 @@ async def _serve(home: Path, setup: Setup, conn: Connection) -> None:
     arrivals: dict[str, float] = {}
 
     def agent(entry: SessionEntry) -> ThinkingAgent:
-        return ThinkingAgent(setup.think, starts)
+        return ThinkingAgent(starts)
 
     plugins = create_plugin_manager(config, load_entrypoints=False, strict=True)
     gateway = Gateway(config, plugins, agent, [PipeAdapter(conn)])
@@ -387,9 +388,8 @@ class Fleet:
                 return lane
         return self.idle_lanes.popleft() if self.idle_lanes else None
 
-    def _send(self, process: int, lane: int, warm: bool, sent: dict[str, Message]) -> None:
-        number = next(NUMBERS)
-        message_id = f"{'w' if warm else 'm'}{number}"
+    def _send(self, process: int, lane: int, think: float, sent: dict[str, Message]) -> None:
+        message_id = f"m{next(NUMBERS)}-{round(think * 1000)}"
         chat = str(CHAT_BASE + lane)
         words = f"{message_id}: what is the weather like in Kuala Lumpur this afternoon?"
         sent[message_id] = Message(lane, process, words, self.last.get(lane))
@@ -398,10 +398,11 @@ class Fleet:
         self.conns[process].send(("message", message_id, chat, words))
 
     def phase(
-        self, turns: int, slots: int, warm: bool, tick: Callable[[], None]
+        self, turns: int, slots: int, think: float, tick: Callable[[], None]
     ) -> dict[str, Message]:
-        """Run ``turns`` turns with ``slots`` per process (warm: no follow-ups, no think time);
-        the messages sent, by id."""
+        """Run ``turns`` turns with ``slots`` per process and ``think`` seconds per turn (none:
+        a warm-up, without follow-ups); the messages sent, by id."""
+        warm = not think
         sent: dict[str, Message] = {}
         self.last = {}
         free = [slots] * len(self.conns)
@@ -414,7 +415,7 @@ class Fleet:
                     lane = self._next_lane(process) if issued < turns else None
                     if lane is None:
                         break
-                    self._send(process, lane, warm, sent)
+                    self._send(process, lane, think, sent)
                     free[process] -= 1
                     issued += 1
 
@@ -497,41 +498,51 @@ def _latencies(
             figures.relayed += message.runner == previous.runner
 
 
-def run(
-    root: Path, engine: Engine, scenario: Scenario, setup: Setup, processes: int, warm: int
-) -> Figures:
-    """One run, after ``warm`` warm-up turns (see the module docstring)."""
-    fleet = Fleet(Path(tempfile.mkdtemp(dir=root)), setup, processes)
-    figures = Figures(scenario, setup.instances, processes)
+def _measure(
+    fleet: Fleet, engine: Engine, scenario: Scenario, instances: str
+) -> tuple[Figures, dict[str, Message]]:
+    """One scenario's measured phase on an idle fleet, which is left idle."""
+    processes = len(fleet.conns)
+    figures = Figures(scenario, instances, processes)
     backends = Backends(engine)
+    before = fleet.idle()
+    backends.start()
+    cpu = fleet.cpu()
+    busy, total = _machine_ticks()
+    started = time.monotonic()
+    turns = figures.turns = scenario.turns * processes
+    sent = fleet.phase(turns, scenario.slots, scenario.think, backends.sample)
+    figures.seconds = time.monotonic() - started
+    busy_after, total_after = _machine_ticks()
+    after = fleet.idle()
+    figures.gateway_cpu = fleet.cpu() - cpu
+    backends.sample()
+    figures.postgres_cpu = backends.used()
+    figures.busy_cores = (busy_after - busy) / (total_after - total) * (os.cpu_count() or 1)
+    pairs = zip(before, after, strict=True)
+    figures.round_trips = sum(b["round_trips"] - a["round_trips"] for a, b in pairs) / turns
+    return figures, sent
+
+
+def run(
+    root: Path, engine: Engine, scenarios: Sequence[Scenario], setup: Setup, processes: int,
+    warm: int,
+) -> list[Figures]:  # fmt: skip
+    """One fleet: ``warm`` warm-up turns, then each scenario (see the module docstring)."""
+    fleet = Fleet(Path(tempfile.mkdtemp(dir=root)), setup, processes)
     try:
-        fleet.phase(warm, WARM_SLOTS, True, lambda: None)
-        before = fleet.idle()
-        backends.start()
-        cpu = fleet.cpu()
-        busy, total = _machine_ticks()
-        started = time.monotonic()
-        turns = scenario.turns * processes
-        sent = fleet.phase(turns, scenario.slots, False, backends.sample)
-        figures.seconds = time.monotonic() - started
-        busy_after, total_after = _machine_ticks()
-        after = fleet.idle()
-        figures.gateway_cpu = fleet.cpu() - cpu
-        backends.sample()
-        figures.postgres_cpu = backends.used()
-        figures.turns = turns
-        figures.busy_cores = (busy_after - busy) / (total_after - total) * (os.cpu_count() or 1)
-        pairs = zip(before, after, strict=True)
-        figures.round_trips = sum(b["round_trips"] - a["round_trips"] for a, b in pairs) / turns
+        fleet.phase(warm, WARM_SLOTS, 0.0, lambda: None)
+        measured = [_measure(fleet, engine, scenario, setup.instances) for scenario in scenarios]
         starts, arrivals = fleet.stop()
     except BaseException:
         fleet.kill()
         raise
-    replied = sum(1 for message in sent.values() if message.runner >= 0)
-    if replied != turns or len(sent) != turns:
-        raise DriverError(f"{turns} turns, {len(sent)} messages sent, {replied} replied")
-    _latencies(figures, sent, starts, arrivals)
-    return figures
+    for figures, sent in measured:
+        replied = sum(1 for message in sent.values() if message.runner >= 0)
+        if replied != figures.turns or len(sent) != figures.turns:
+            raise DriverError(f"{figures.turns} turns, {len(sent)} sent, {replied} replied")
+        _latencies(figures, sent, starts, arrivals)
+    return [figures for figures, _ in measured]
 
 
 def _empty(engine: Engine) -> None:
@@ -580,14 +591,13 @@ def run_all(url: str, scenarios: Sequence[Scenario], lease_scan_secs: float) -> 
     _empty(engine)
     results: dict[tuple[str, str, int], Figures] = {}
     with tempfile.TemporaryDirectory() as directory:
-        for scenario in scenarios:
-            for instances, processes in PLAN:
-                setup = Setup(url, instances, scenario.think, lease_scan_secs)
-                warm = WARM_SLOTS * processes if results else LANES
-                figures = run(Path(directory), engine, scenario, setup, processes, warm)
-                results[scenario.label, instances, processes] = figures
-                print(f"  {scenario.label}: {instances} x {processes}: {figures.rate:.1f} turns/s",
-                      flush=True)  # fmt: skip
+        for instances, processes in PLAN:
+            setup = Setup(url, instances, lease_scan_secs)
+            warm = WARM_SLOTS * processes if results else LANES
+            for figures in run(Path(directory), engine, scenarios, setup, processes, warm):
+                results[figures.scenario.label, instances, processes] = figures
+                print(f"  {figures.scenario.label}: {instances} x {processes}: "
+                      f"{figures.rate:.1f} turns/s", flush=True)  # fmt: skip
     engine.dispose()
     where = make_url(url).render_as_string(hide_password=True)
     print(f"\nGateway processes on PostgreSQL ({where}), {LANES:,} lanes, "
