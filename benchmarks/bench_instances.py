@@ -284,7 +284,8 @@ class Backends:
 
 def _machine_ticks() -> tuple[int, int]:
     """(busy, total) jiffies of all CPUs from ``/proc/stat``."""
-    fields = [int(value) for value in Path("/proc/stat").read_text().split("\n")[0].split()[1:]]
+    line = Path("/proc/stat").read_text().split("\n")[0]
+    fields = [int(value) for value in line.split()[1:9]]  # guest time is within user time
     idle = fields[3] + fields[4]  # idle + iowait
     return sum(fields) - idle, sum(fields)
 
