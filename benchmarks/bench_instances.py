@@ -9,8 +9,8 @@ fails. The agent echoes after ``think`` seconds (asyncio wait; no CPU). Housekee
 acknowledgements, the ``sessions.json`` mirror and third-party plugins are off; busy input is
 queued (never merged); ``turn_lease_secs`` is the default 120 (renewal every 30 s), but
 ``storage.lease_scan_secs`` is 3,600, so the scan for expired or missing leases never runs: at the
-default 2 s (``--lease-scan-secs 2``), runs fail because a scan took over a lane whose turn was
-starting in a live process and its reply was sent a second time, as a recovered reply.
+default 2 s (``--lease-scan-secs 2``), most runs fail: a reply is sent a second time, as a
+recovered reply (most likely a scan took over a lane whose turn a live process was starting).
 
 Traffic over 1,000 lanes (DM chats): each process has ``K`` slots; a free slot of process ``p``
 sends the next message to ``p``. A lane has at most one message in flight. When a lane's reply
