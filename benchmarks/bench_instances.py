@@ -1,0 +1,653 @@
+"""Several gateway processes on one PostgreSQL database (``storage.instances: shared``).
+
+Each run starts ``N`` real ``hermes_core.runtime.Gateway`` processes (``multiprocessing``,
+spawn), each with its own ``$HERMES_HOME`` (so its own instance id), on the database named by
+``--url``, whose ``public`` schema is dropped and created once before the first run. The driver
+(this process) feeds them through pipes and counts a turn when its reply reached an adapter
+(the gateway's ``send``); every message must get exactly one reply, ``echo: <text>``, or the run
+fails. The agent echoes after ``think`` seconds (asyncio wait; no CPU). Housekeeping, busy
+acknowledgements, the ``sessions.json`` mirror and third-party plugins are off; busy input is
+queued (never merged); ``turn_lease_secs`` is the default 120 (renewal every 30 s), but
+``storage.lease_scan_secs`` is 3,600, so the scan for expired or missing leases never runs: at the
+default 2 s (``--lease-scan-secs 2``), most runs fail: a reply is sent a second time, as a
+recovered reply (most likely a scan took over a lane whose turn a live process was starting).
+
+Traffic over 1,000 lanes (DM chats): each process has ``K`` slots; a free slot of process ``p``
+sends the next message to ``p``. A lane has at most one message in flight. When a lane's reply
+arrives, the lane is, with probability 1/2, *followed up*: its next message goes at once to the
+next free slot of a process other than the one that ran the reply (with one process, to that
+process); otherwise it goes to the back of the queue of idle lanes, which free slots take when
+no follow-up is waiting for them. So a lane's messages arrive at different processes over time,
+half of them right after the previous reply (while the previous process may still hold the
+lane's lease) and half long after it released it.
+
+A run is one fleet of processes, for both scenarios: the processes start; warm-up turns,
+excluded, with no think time and 32 slots per process (the benchmark's first run: one turn on
+each lane, which creates its session; later runs: 32 turns per process); then, for each
+scenario, the driver waits until every process is idle (no lane running or leased) and runs the
+measured phase of ``turns`` turns per process; the clock runs from the first message to the
+last reply; the driver waits until all are idle again (the turns' last commits and lease
+releases count in their CPU). Then the processes stop.
+
+Figures of a scenario in a run:
+
+- turns/s: measured turns / wall seconds; "x 1proc": against 1 process with the same
+  ``storage.instances``.
+- CPU per turn: user + system time of the gateway processes (all threads; ``psutil``, which
+  reads ``/proc/<pid>/stat``) and of the PostgreSQL backends serving the database (the pids in
+  ``pg_stat_activity`` for it, the driver's own connection excluded, read every 0.5 s and at
+  both ends; a backend that exits loses at most its last 0.5 s; server-wide processes such as
+  the WAL writer and checkpointer are not counted), between the two idle points, divided by the
+  measured turns. "x single": against one process with ``storage.instances: single`` (no
+  leases; the writer lock).
+- round trips per turn: the gateways' ``store.stats()`` ``round_trips`` differences.
+- ours: the CPU of the gateways and backends per wall second of the measured phase (cores).
+- busy: the machine's busy share from ``/proc/stat`` over the measured phase (all processes,
+  others' work included), in cores of ``os.cpu_count()``.
+- hand-off latency: for a measured message of a lane whose previous message was also measured,
+  ``ready`` is the later of its arrival (the receiving process called ``handle_message``) and
+  the previous reply's send, and its latency is the start of its agent turn minus ``ready``
+  (one host, ``CLOCK_MONOTONIC``). A *hand-off* is a message received by a process other than
+  the one that ran the lane's previous turn; it runs either there (the lease moved) or, when
+  the previous process still held the lease and saw the queued message before releasing, in
+  the previous process. Latencies of hand-offs (p50, p95) are printed beside those of the other
+  messages (received where the previous turn ran).
+
+Scenarios: think 400 ms with 8 slots per process (throughput), and think 50 ms with 32 slots per
+process (CPU per turn); runs: 1 process with ``storage.instances: single``, then 1, 2 and 4
+processes with ``shared``.
+
+Run: ``python -m benchmarks.bench_instances [--url URL] [--quick] [--lease-scan-secs S]``;
+``--url`` defaults to ``$HERMES_TEST_POSTGRES_URL``; ``--quick`` is a smoke run with an eighth
+of the turns.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import itertools
+import logging
+import multiprocessing
+import multiprocessing.connection
+import os
+import random
+import tempfile
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from multiprocessing.connection import Connection
+from pathlib import Path
+from typing import Any
+
+import psutil
+from sqlalchemy import Engine, create_engine, make_url, text
+
+from hermes_core import GatewayConfig, MessageEvent, SessionEntry, SessionSource
+from hermes_core.agents import EchoAgent, TurnRequest
+from hermes_core.ledger import SendResult
+from hermes_core.plugins import create_plugin_manager
+from hermes_core.runtime import Gateway
+
+SPAWN = multiprocessing.get_context("spawn")
+LANES = 1_000
+CHAT_BASE = 3_000_000
+WARM_SLOTS = 32
+FOLLOW_UP = 0.5
+"""Share of replies after which the lane's next message goes at once to another process."""
+STALL_SECS = 60.0
+"""A phase fails when no reply arrived for this long."""
+SAMPLE_SECS = 0.5
+"""How often the PostgreSQL backends' CPU is read during a phase."""
+IDLE_SECS = 60.0
+NUMBERS = itertools.count()
+"""Message numbers, never reused in one benchmark run (a reused message id is a duplicate)."""
+SCAN_SECS = 3600.0
+"""``storage.lease_scan_secs``: in effect no scan for expired leases (see the docstring)."""
+
+
+@dataclass(frozen=True)
+class Scenario:
+    label: str
+    think: float
+    slots: int
+    turns: int
+    """Measured turns per process."""
+
+
+@dataclass(frozen=True)
+class Setup:
+    """What every gateway process of a run is given."""
+
+    url: str
+    instances: str
+    lease_scan_secs: float
+
+
+class DriverError(RuntimeError):
+    """A reply was missing, doubled, unexpected or wrong, or a process failed."""
+
+
+# -- a gateway process -----------------------------------------------------------------------
+
+
+def _config(home: Path, setup: Setup) -> GatewayConfig:
+    storage = {"url": setup.url, "instances": setup.instances}
+    settings = {
+        "storage": {**storage, "lease_scan_secs": setup.lease_scan_secs},
+        "gateway": {
+            "housekeeping": {"initial_delay_secs": 1e6},
+            "busy_ack_enabled": False,
+            "write_sessions_json": False,
+            "busy_queue": {"burst_window_secs": 0},
+        },
+        "display": {"busy_input_mode": "queue"},
+        "plugins": {"autoload": False},
+    }
+    return GatewayConfig.from_dict(settings, environ={"HERMES_HOME": str(home)})
+
+
+class ThinkingAgent(EchoAgent):
+    """Echo after the think time the message id names (``m<number>-<milliseconds>``: the
+    process that runs a turn may not be the one that received its message), recording when
+    each turn started."""
+
+    def __init__(self, starts: dict[str, float]) -> None:
+        super().__init__()
+        self.starts = starts
+
+    async def run_turn(self, request: TurnRequest) -> str | None:
+        message_id = str(request.event.message_id)
+        self.starts[message_id] = time.monotonic()
+        self.delay = int(message_id.rpartition("-")[2]) / 1000
+        return await super().run_turn(request)
+
+
+class PipeAdapter:
+    """Tells the driver of every reply sent (chat, text, when)."""
+
+    platform = "telegram"
+
+    def __init__(self, conn: Connection) -> None:
+        self.conn = conn
+
+    def is_connected(self) -> bool:
+        return True
+
+    async def send(
+        self, source: SessionSource, text: str, *, reply_to: str | None = None
+    ) -> SendResult:
+        self.conn.send(("reply", source.chat_id, text, time.monotonic()))
+        return SendResult(ok=True)
+
+
+def _source(chat: str) -> SessionSource:
+    return SessionSource(platform="telegram", chat_id=chat, chat_type="dm", user_id=chat)
+
+
+async def _serve(home: Path, setup: Setup, conn: Connection) -> None:
+    config = _config(home, setup)
+    starts: dict[str, float] = {}
+    arrivals: dict[str, float] = {}
+
+    def agent(entry: SessionEntry) -> ThinkingAgent:
+        return ThinkingAgent(starts)
+
+    plugins = create_plugin_manager(config, load_entrypoints=False, strict=True)
+    gateway = Gateway(config, plugins, agent, [PipeAdapter(conn)])
+    await gateway.start()
+    loop = asyncio.get_running_loop()
+    commands: asyncio.Queue[tuple[Any, ...]] = asyncio.Queue()
+
+    def readable() -> None:
+        try:
+            while conn.poll():
+                commands.put_nowait(conn.recv())
+        except EOFError:  # the driver is gone
+            loop.remove_reader(conn.fileno())
+            commands.put_nowait(("stop",))
+
+    async def handle(message_id: str, chat: str, words: str) -> None:
+        arrivals[message_id] = time.monotonic()
+        event = MessageEvent(source=_source(chat), text=words, message_id=message_id)
+        try:
+            await gateway.handle_message(event)
+        except Exception as exc:  # noqa: BLE001 - the driver fails the run with it
+            conn.send(("error", f"{message_id}: {exc!r}"))
+
+    tasks: set[asyncio.Task[None]] = set()
+    loop.add_reader(conn.fileno(), readable)
+    conn.send(("ready", os.getpid()))
+    while (command := await commands.get())[0] != "stop":
+        if command[0] == "message":
+            task = asyncio.create_task(handle(*command[1:]))
+            tasks.add(task)
+            task.add_done_callback(tasks.discard)
+        else:  # "idle": every turn closed, every lease given back
+            deadline = time.monotonic() + IDLE_SECS
+            await gateway.idle()
+            while (tasks or gateway.store.held_lanes()) and time.monotonic() < deadline:
+                await asyncio.sleep(0.01)
+                await gateway.idle()
+            conn.send(("idle", gateway.store.stats(), len(gateway.store.held_lanes())))
+    loop.remove_reader(conn.fileno())
+    await gateway.stop()
+    conn.send(("done", starts, arrivals))
+
+
+def gateway_process(home: str, setup: Setup, conn: Connection) -> None:
+    """A gateway process's body: serve the driver's messages until told to stop."""
+    logging.basicConfig(level=logging.WARNING)
+    asyncio.run(_serve(Path(home), setup, conn))
+
+
+# -- the driver ------------------------------------------------------------------------------
+
+
+def _cpu_seconds(pid: int) -> float | None:
+    try:
+        times = psutil.Process(pid).cpu_times()
+    except psutil.Error:
+        return None
+    return times.user + times.system
+
+
+class Backends:
+    """CPU seconds of the PostgreSQL backends serving the database, read from time to time."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+        self.seen: dict[int, float] = {}
+        self.first: dict[int, float] = {}
+
+    def sample(self) -> None:
+        with self.engine.connect() as conn:
+            pids = conn.execute(text(
+                "SELECT pid FROM pg_stat_activity "
+                "WHERE datname = current_database() AND pid <> pg_backend_pid()"
+            )).scalars().all()  # fmt: skip
+        for pid in pids:
+            seconds = _cpu_seconds(pid)
+            if seconds is not None:
+                self.seen[pid] = seconds
+
+    def start(self) -> None:
+        self.seen = {}
+        self.sample()
+        self.first = dict(self.seen)
+
+    def used(self) -> float:
+        """Seconds used since :meth:`start` (a backend started since counts from zero)."""
+        return sum(seconds - self.first.get(pid, 0.0) for pid, seconds in self.seen.items())
+
+
+def _machine_ticks() -> tuple[int, int]:
+    """(busy, total) jiffies of all CPUs from ``/proc/stat``."""
+    line = Path("/proc/stat").read_text().split("\n")[0]
+    fields = [int(value) for value in line.split()[1:9]]  # guest time is within user time
+    idle = fields[3] + fields[4]  # idle + iowait
+    return sum(fields) - idle, sum(fields)
+
+
+@dataclass
+class Message:
+    lane: int
+    to: int
+    text: str
+    previous: str | None
+    """The lane's previous message id of the same phase."""
+    reply_at: float = 0.0
+    runner: int = -1
+
+
+@dataclass
+class Figures:
+    """What one run measured."""
+
+    scenario: Scenario
+    instances: str
+    processes: int
+    turns: int = 0
+    seconds: float = 0.0
+    gateway_cpu: float = 0.0
+    postgres_cpu: float = 0.0
+    round_trips: float = 0.0
+    busy_cores: float = 0.0
+    handoffs: list[float] = field(default_factory=list)
+    relayed: int = 0
+    local: list[float] = field(default_factory=list)
+
+    @property
+    def rate(self) -> float:
+        return self.turns / self.seconds
+
+    @property
+    def cpu_ms(self) -> float:
+        return 1000 * (self.gateway_cpu + self.postgres_cpu) / self.turns
+
+
+def _percentile(values: Sequence[float], share: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(share * len(ordered)))]
+
+
+class Fleet:
+    """``processes`` gateway processes and the traffic the driver sends them."""
+
+    def __init__(self, root: Path, setup: Setup, processes: int) -> None:
+        self.conns: list[Connection] = []
+        self.children: list[multiprocessing.process.BaseProcess] = []
+        self.pids: list[int] = []
+        for index in range(processes):
+            mine, theirs = SPAWN.Pipe()
+            home = root / f"home-{index}"
+            home.mkdir(mode=0o700)
+            child = SPAWN.Process(target=gateway_process, args=(str(home), setup, theirs))
+            child.start()
+            theirs.close()
+            self.conns.append(mine)
+            self.children.append(child)
+        for conn in self.conns:
+            self.pids.append(int(self._expect(conn, "ready")[1]))
+        self.rng = random.Random(14)
+        self.idle_lanes = deque(self.rng.sample(range(LANES), LANES))
+        self.follow_ups: deque[tuple[int, int]] = deque()
+        """(lane, the process that ran its last turn), oldest first."""
+        self.waiting: dict[str, str] = {}
+        """Chat -> the id of its message in flight."""
+        self.last: dict[int, str] = {}
+        """Lane -> its last message id of this phase."""
+
+    def _expect(self, conn: Connection, kind: str) -> tuple[Any, ...]:
+        if not conn.poll(IDLE_SECS + 60):
+            raise DriverError(f"a gateway process sent no {kind!r} in time")
+        item: tuple[Any, ...] = conn.recv()
+        if item[0] != kind:
+            raise DriverError(f"a gateway process sent {item!r}, expected {kind!r}")
+        return item
+
+    def idle(self) -> list[dict[str, int]]:
+        """Wait until every process has no turn running and no lease held; their stats."""
+        for conn in self.conns:
+            conn.send(("idle",))
+        stats = []
+        for conn in self.conns:
+            _, counters, held = self._expect(conn, "idle")
+            if held:
+                raise DriverError(f"a gateway process still holds {held} leases")
+            stats.append(counters)
+        return stats
+
+    def cpu(self) -> float:
+        return sum(_cpu_seconds(pid) or 0.0 for pid in self.pids)
+
+    def _next_lane(self, process: int) -> int | None:
+        for index, (lane, ran) in enumerate(self.follow_ups):
+            if ran != process or len(self.conns) == 1:
+                del self.follow_ups[index]
+                return lane
+        return self.idle_lanes.popleft() if self.idle_lanes else None
+
+    def _send(self, process: int, lane: int, think: float, sent: dict[str, Message]) -> None:
+        message_id = f"m{next(NUMBERS)}-{round(think * 1000)}"
+        chat = str(CHAT_BASE + lane)
+        words = f"{message_id}: what is the weather like in Kuala Lumpur this afternoon?"
+        sent[message_id] = Message(lane, process, words, self.last.get(lane))
+        self.last[lane] = message_id
+        self.waiting[chat] = message_id
+        self.conns[process].send(("message", message_id, chat, words))
+
+    def phase(
+        self, turns: int, slots: int, think: float, tick: Callable[[], None]
+    ) -> dict[str, Message]:
+        """Run ``turns`` turns with ``slots`` per process and ``think`` seconds per turn (none:
+        a warm-up, without follow-ups); the messages sent, by id."""
+        warm = not think
+        sent: dict[str, Message] = {}
+        self.last = {}
+        free = [slots] * len(self.conns)
+        issued = replied = 0
+
+        def fill() -> None:
+            nonlocal issued
+            for process, slots_free in enumerate(free):
+                for _ in range(slots_free):
+                    lane = self._next_lane(process) if issued < turns else None
+                    if lane is None:
+                        break
+                    self._send(process, lane, think, sent)
+                    free[process] -= 1
+                    issued += 1
+
+        fill()
+        sampled = time.monotonic()
+        while replied < turns:
+            ready = multiprocessing.connection.wait(self.conns, timeout=STALL_SECS)
+            if not ready:
+                raise DriverError(f"no reply for {STALL_SECS:g} s ({len(self.waiting)} awaited)")
+            for runner, conn in enumerate(self.conns):
+                while conn in ready and conn.poll():
+                    replied += self._on_reply(runner, conn.recv(), sent, free, warm)
+            fill()
+            if time.monotonic() - sampled > SAMPLE_SECS:
+                tick()
+                sampled = time.monotonic()
+        return sent
+
+    def _on_reply(
+        self,
+        runner: int,
+        item: tuple[Any, ...],
+        sent: dict[str, Message],
+        free: list[int],
+        warm: bool,
+    ) -> int:
+        if item[0] != "reply":
+            raise DriverError(f"gateway process {runner}: {item!r}")
+        _, chat, words, at = item
+        message_id = self.waiting.pop(chat, None)
+        if message_id is None:
+            raise DriverError(f"a reply nobody awaited (chat {chat}): {words!r}")
+        message = sent[message_id]
+        if words != f"echo: {message.text}":
+            raise DriverError(f"chat {chat}: expected the echo of {message.text!r}: {words!r}")
+        message.reply_at, message.runner = at, runner
+        free[message.to] += 1
+        if not warm and self.rng.random() < FOLLOW_UP:
+            self.follow_ups.append((message.lane, runner))
+        else:
+            self.idle_lanes.append(message.lane)
+        return 1
+
+    def stop(self) -> tuple[dict[str, float], dict[str, float]]:
+        """Stop every process; the turn starts and message arrivals they recorded."""
+        starts: dict[str, float] = {}
+        arrivals: dict[str, float] = {}
+        for conn in self.conns:
+            conn.send(("stop",))
+        for conn in self.conns:
+            _, begun, arrived = self._expect(conn, "done")
+            starts.update(begun)
+            arrivals.update(arrived)
+        for child in self.children:
+            child.join(60)
+            if child.exitcode != 0:
+                raise DriverError(f"a gateway process exited with {child.exitcode}")
+        return starts, arrivals
+
+    def kill(self) -> None:
+        for child in self.children:
+            if child.is_alive():
+                child.kill()
+                child.join(10)
+
+
+def _latencies(
+    figures: Figures, sent: dict[str, Message], starts: dict[str, float], arrivals: dict[str, float]
+) -> None:
+    """Hand-off and local latencies (see the module docstring)."""
+    for message_id, message in sent.items():
+        if message.previous is None:
+            continue
+        previous = sent[message.previous]
+        latency = starts[message_id] - max(arrivals[message_id], previous.reply_at)
+        if message.to == previous.runner:
+            figures.local.append(latency)
+        else:
+            figures.handoffs.append(latency)
+            figures.relayed += message.runner == previous.runner
+
+
+def _measure(
+    fleet: Fleet, engine: Engine, scenario: Scenario, instances: str
+) -> tuple[Figures, dict[str, Message]]:
+    """One scenario's measured phase on an idle fleet, which is left idle."""
+    processes = len(fleet.conns)
+    figures = Figures(scenario, instances, processes)
+    backends = Backends(engine)
+    before = fleet.idle()
+    backends.start()
+    cpu = fleet.cpu()
+    busy, total = _machine_ticks()
+    started = time.monotonic()
+    turns = figures.turns = scenario.turns * processes
+    sent = fleet.phase(turns, scenario.slots, scenario.think, backends.sample)
+    figures.seconds = time.monotonic() - started
+    busy_after, total_after = _machine_ticks()
+    after = fleet.idle()
+    figures.gateway_cpu = fleet.cpu() - cpu
+    backends.sample()
+    figures.postgres_cpu = backends.used()
+    figures.busy_cores = (busy_after - busy) / (total_after - total) * (os.cpu_count() or 1)
+    pairs = zip(before, after, strict=True)
+    figures.round_trips = sum(b["round_trips"] - a["round_trips"] for a, b in pairs) / turns
+    return figures, sent
+
+
+def run(
+    root: Path, engine: Engine, scenarios: Sequence[Scenario], setup: Setup, processes: int,
+    warm: int,
+) -> list[Figures]:  # fmt: skip
+    """One fleet: ``warm`` warm-up turns, then each scenario (see the module docstring)."""
+    fleet = Fleet(Path(tempfile.mkdtemp(dir=root)), setup, processes)
+    try:
+        fleet.phase(warm, WARM_SLOTS, 0.0, lambda: None)
+        measured = [_measure(fleet, engine, scenario, setup.instances) for scenario in scenarios]
+        starts, arrivals = fleet.stop()
+    except BaseException:
+        fleet.kill()
+        raise
+    for figures, sent in measured:
+        replied = sum(1 for message in sent.values() if message.runner >= 0)
+        if replied != figures.turns or len(sent) != figures.turns:
+            raise DriverError(f"{figures.turns} turns, {len(sent)} sent, {replied} replied")
+        _latencies(figures, sent, starts, arrivals)
+    return [figures for figures, _ in measured]
+
+
+def _empty(engine: Engine) -> None:
+    with engine.begin() as conn:
+        conn.execute(text("DROP SCHEMA IF EXISTS public CASCADE"))
+        conn.execute(text("CREATE SCHEMA public"))
+
+
+HEADER = (
+    f"{'instances':9} {'procs':>5} {'turns':>6} {'turns/s':>8} {'x 1proc':>7} {'gw ms':>6} "
+    f"{'pg ms':>6} {'CPU ms':>6} {'x single':>8} {'rtrips':>6} {'ours':>5} {'busy':>5} "
+    f"{'hand-offs':>9} "
+    f"{'relayed':>7} {'p50':>6} {'p95':>6} {'local p50':>9} {'p95':>6}"
+)
+
+
+def _ms(values: Sequence[float], share: float) -> str:
+    return f"{1000 * _percentile(values, share):6.1f}" if values else f"{'-':>6}"
+
+
+def _row(figures: Figures, one: Figures, single: Figures) -> str:
+    return (
+        f"{figures.instances:9} {figures.processes:5} {figures.turns:6} {figures.rate:8.1f} "
+        f"{figures.rate / one.rate:7.2f} {1000 * figures.gateway_cpu / figures.turns:6.2f} "
+        f"{1000 * figures.postgres_cpu / figures.turns:6.2f} {figures.cpu_ms:6.2f} "
+        f"{figures.cpu_ms / single.cpu_ms:8.2f} {figures.round_trips:6.2f} "
+        f"{(figures.gateway_cpu + figures.postgres_cpu) / figures.seconds:5.2f} "
+        f"{figures.busy_cores:5.2f} {len(figures.handoffs):9} {figures.relayed:7} "
+        f"{_ms(figures.handoffs, 0.5)} {_ms(figures.handoffs, 0.95)} "
+        f"{_ms(figures.local, 0.5):>9} {_ms(figures.local, 0.95)}"
+    )
+
+
+def _target(label: str, value: float, target: float, at_most: bool = False) -> str:
+    met = value <= target if at_most else value >= target
+    sign = "<=" if at_most else ">="
+    return f"{label:58} {value:6.2f}   target {sign} {target:<4g} {'met' if met else 'MISSED'}"
+
+
+PLAN = (("single", 1), ("shared", 1), ("shared", 2), ("shared", 4))
+
+
+def run_all(url: str, scenarios: Sequence[Scenario], lease_scan_secs: float) -> None:
+    """Every scenario's runs, then one table and the targets."""
+    engine = create_engine(url, pool_size=1)
+    _empty(engine)
+    results: dict[tuple[str, str, int], Figures] = {}
+    with tempfile.TemporaryDirectory() as directory:
+        for instances, processes in PLAN:
+            setup = Setup(url, instances, lease_scan_secs)
+            warm = WARM_SLOTS * processes if results else LANES
+            for figures in run(Path(directory), engine, scenarios, setup, processes, warm):
+                results[figures.scenario.label, instances, processes] = figures
+                print(f"  {figures.scenario.label}: {instances} x {processes}: "
+                      f"{figures.rate:.1f} turns/s", flush=True)  # fmt: skip
+    engine.dispose()
+    where = make_url(url).render_as_string(hide_password=True)
+    print(f"\nGateway processes on PostgreSQL ({where}), {LANES:,} lanes, "
+          f"{os.cpu_count()} cores; CPU in ms per turn")  # fmt: skip
+    print(HEADER)
+    for scenario in scenarios:
+        print(f"-- {scenario.label}")
+        single = results[scenario.label, "single", 1]
+        for instances, processes in PLAN:
+            one = results[scenario.label, instances, 1]
+            print(_row(results[scenario.label, instances, processes], one, single))
+    print()
+    throughput, cpu = scenarios[0].label, scenarios[1].label
+    for baseline in ("shared", "single"):
+        rate = results[throughput, "shared", 4].rate / results[throughput, baseline, 1].rate
+        print(_target(f"{throughput}: turns/s, 4 shared / 1 {baseline}", rate, 3.0))
+    single_ms = results[cpu, "single", 1].cpu_ms
+    for processes in (1, 2, 4):
+        ratio = results[cpu, "shared", processes].cpu_ms / single_ms
+        print(_target(f"{cpu}: CPU/turn, {processes} shared / 1 single", ratio, 1.25, True))
+    handoffs = results[throughput, "shared", 4].handoffs
+    if handoffs:
+        print(f"{throughput}, 4 shared: hand-off latency p95 {_ms(handoffs, 0.95).strip()} ms")
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument(
+        "--url", default=os.environ.get("HERMES_TEST_POSTGRES_URL"),
+        help="PostgreSQL URL of a database whose public schema may be emptied "
+        "(default: $HERMES_TEST_POSTGRES_URL)",
+    )  # fmt: skip
+    parser.add_argument("--quick", action="store_true", help="smoke run: an eighth of the turns")
+    parser.add_argument(
+        "--lease-scan-secs", type=float, default=SCAN_SECS,
+        help=f"storage.lease_scan_secs of the gateways (default {SCAN_SECS:g}: see the docstring)",
+    )  # fmt: skip
+    args = parser.parse_args(argv)
+    if not args.url or not args.url.startswith("postgresql"):
+        parser.error("--url postgresql+psycopg://... (or $HERMES_TEST_POSTGRES_URL) is required")
+    share = 8 if args.quick else 1
+    scenarios = (
+        Scenario("think 400 ms, 8 in flight per process", 0.4, 8, 240 // share),
+        Scenario("think 50 ms, 32 in flight per process", 0.05, 32, 1_200 // share),
+    )
+    started = time.perf_counter()
+    run_all(args.url, scenarios, args.lease_scan_secs)
+    print(f"whole run: {time.perf_counter() - started:.0f} s")
+
+
+if __name__ == "__main__":
+    main()
