@@ -7,7 +7,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from sqlalchemy import delete, insert, select, update
+from sqlalchemy import delete, select, update
 
 from hermes_core.store.backend import DeadLetter
 from hermes_plugins.sql_store.ledger import LedgerRows
@@ -29,16 +29,14 @@ class QueueRows(LedgerRows):
         """Append an event to the lane's queue; returns its id, or None (nothing written) when
         ``seen``, the platform message id, was seen on the lane already."""
         now = time.time()
-        statement = insert(queued_events).values(
-            session_key=session_key, internal=int(internal), bound_session_id=bound,
-            event_json=event, enqueued_at=now, updated_at=now,
-        )  # fmt: skip
-        if self.name != "sqlite":
-            statement = statement.returning(queued_events.c.id)
+        params = {
+            "session_key": session_key, "internal": int(internal), "bound_session_id": bound,
+            "event_json": event, "enqueued_at": now, "updated_at": now,
+        }  # fmt: skip
         with self._write("queueing an event") as cursor:
             if seen is not None and not self._mark_seen(cursor, session_key, seen):
                 return None
-            self._execute(cursor, statement)
+            self._sql.insert_queued.run(cursor, params)
             return int(cursor.lastrowid if self.name == "sqlite" else cursor.fetchone()[0])
 
     def fail_queued(self, event_id: int, error: str, max_attempts: int) -> bool:
@@ -90,17 +88,16 @@ class QueueRows(LedgerRows):
     def queued(self, session_key: str | None = None) -> list[tuple[int, str, str]]:
         """Every queued event (or one lane's), oldest first. A lane's is read on the writer's
         connection: it sees the writer's open batch."""
+        if session_key is not None:
+            with self._write("reading a lane's queue") as cursor:
+                rows = self._sql.lane_queued.run(cursor, {"session_key": session_key}).fetchall()
+            return [(int(row[0]), row[1], row[2]) for row in rows]
         table = queued_events
         query = (
             select(table.c.id, table.c.session_key, table.c.event_json)
             .where(table.c.dead_at.is_(None))
             .order_by(table.c.id)
         )
-        if session_key is None:
-            with self._read("reading the queue") as conn:
-                rows = conn.execute(query).all()
-        else:
-            with self._write("reading a lane's queue") as cursor:
-                query = query.where(table.c.session_key == session_key)
-                rows = self._execute(cursor, query).fetchall()
+        with self._read("reading the queue") as conn:
+            rows = conn.execute(query).all()
         return [(int(row[0]), row[1], row[2]) for row in rows]
