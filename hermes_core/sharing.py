@@ -182,11 +182,17 @@ class SharedLanes:
             await self._take_over(key)
         except Exception:
             logger.exception("taking over a lane failed; its lease is left to expire")
-            await self.store.arun(self._abandon_step, key)
+            await self._abandon(key)
             return
         finally:
             self._recovering.discard(key)
         self._dispatch(key)
+
+    async def _abandon(self, key: str) -> None:
+        try:
+            await self.store.arun(self._abandon_step, key)
+        except Exception:
+            logger.exception("a lane whose takeover failed could not be let go")
 
     def _abandon_step(self, key: str) -> None:
         """Writer step: stop renewing the lane's lease and forget its queue here; once the lease

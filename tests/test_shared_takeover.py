@@ -5,6 +5,7 @@ own instance id)."""
 from __future__ import annotations
 
 import asyncio
+import functools
 import os
 import time
 from collections.abc import Callable, Iterator
@@ -42,9 +43,12 @@ def empty_database() -> str:
     return URL
 
 
-def _config(root: Path, name: str, url: str, lease_secs: float = SHORT) -> GatewayConfig:
-    """A process's settings; its scan runs rarely, so only what a test does takes lanes over."""
-    return configure(root / name, url, lease_secs=lease_secs, scan_secs=3600)
+def _config(
+    root: Path, name: str, url: str, lease_secs: float = SHORT, scan_secs: float = 3600
+) -> GatewayConfig:
+    """A process's settings; by default its scan runs rarely, so only what a test does takes
+    lanes over."""
+    return configure(root / name, url, lease_secs=lease_secs, scan_secs=scan_secs)
 
 
 @pytest.fixture
@@ -121,9 +125,10 @@ class Held(EchoAgent):
 
 
 def _gateway(
-    root: Path, name: str, url: str, agent: Callable[[], EchoAgent], lease_secs: float = SHORT
-) -> tuple[Gateway, InMemoryAdapter]:
-    config = _config(root, name, url, lease_secs)
+    root: Path, name: str, url: str, agent: Callable[[], EchoAgent], lease_secs: float = SHORT,
+    scan_secs: float = 3600,
+) -> tuple[Gateway, InMemoryAdapter]:  # fmt: skip
+    config = _config(root, name, url, lease_secs, scan_secs)
     adapter = InMemoryAdapter(platform="telegram")
 
     def agents(entry: SessionEntry) -> EchoAgent:
@@ -156,15 +161,29 @@ async def _wait(condition: Callable[[], bool], what: str, timeout: float = 15) -
         await asyncio.sleep(0.05)
 
 
+@pytest.mark.parametrize("first_takeover", ["works", "fails"])
 def test_a_message_for_a_hung_holders_lane_first_resumes_the_cut_turn(
-    tmp_path: Path, empty_database: str
+    tmp_path: Path, empty_database: str, first_takeover: str
 ) -> None:
+    failures: list[str] = []
+
+    def recover_after_a_failure(recover: Callable[[str], None], key: str) -> None:
+        if not failures:
+            failures.append(key)
+            raise RuntimeError("the takeover's recovery failed")
+        recover(key)
+
     async def scenario() -> list[str]:
         release, started = asyncio.Event(), asyncio.Event()
         hung, _ = _gateway(tmp_path, "hung", empty_database, lambda: Held(release, started))
-        taker, adapter = _gateway(tmp_path, "taker", empty_database, EchoAgent)
+        scan = 0.2 if first_takeover == "fails" else 3600  # a lane let go is found again
+        taker, adapter = _gateway(tmp_path, "taker", empty_database, EchoAgent, scan_secs=scan)
         await hung.start()
         await taker.start()
+        if first_takeover == "fails":  # the lane is let go, then taken over again
+            assert taker.shared is not None
+            recover = functools.partial(recover_after_a_failure, taker.shared.recover)
+            taker.shared.recover = recover  # type: ignore[method-assign]
         await hung.handle_message(_message("first", "m1"))
         await started.wait()
         assert hung.shared is not None
@@ -179,6 +198,7 @@ def test_a_message_for_a_hung_holders_lane_first_resumes_the_cut_turn(
         return adapter.texts()
 
     assert asyncio.run(scenario()) == ["echo: first", "echo: second"]
+    assert len(failures) == (first_takeover == "fails")
 
 
 def test_a_starting_gateway_leaves_the_owed_replies_of_lanes_held_elsewhere_alone(
