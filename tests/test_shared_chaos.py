@@ -5,7 +5,9 @@ meanwhile processes are SIGKILLed at random and restarted (what they had not ack
 platform hands over again). The harness records acknowledgements, turn spans and deliveries in
 files; the promises are checked on those: no acknowledged message lost, no queued item run
 twice, each reply delivered at most once plainly and once marked as a possible duplicate, and
-every turn a kill cut short resumed exactly once within the lease plus the scan interval.
+every turn a kill cut short resumed exactly once, before anything else runs on its lane, within
+the lease plus the scan interval (and some slack) of the last kill before the resume. The counts
+are printed. ``HERMES_TEST_CHAOS_SEED`` picks another random schedule.
 """
 
 from __future__ import annotations
@@ -39,9 +41,10 @@ KILL_GAP = (0.8, 2.0)
 RESTART_AFTER = (0.2, 1.0)
 """Seconds a killed process stays dead before it is restarted."""
 RESUME_SLACK = 12.0
-"""Seconds beyond lease plus scan interval a takeover may take to start the resumed turn (the
-recovery of every lane the dead process held, on a loaded two-core machine)."""
-DEADLINE = float(os.environ.get("CHAOS_DEADLINE", "150"))
+"""Seconds beyond lease plus scan interval a takeover may take to start the resumed turn: the
+recovery of every lane the dead process held, on a loaded two-core machine (up to 9 s were seen
+with two copies of this test running at once)."""
+DEADLINE = 150.0
 SEED = int(os.environ.get("HERMES_TEST_CHAOS_SEED", "14"))
 
 
@@ -301,7 +304,7 @@ def _check_resumes(chaos: Chaos, turns: list[Turn], counts: Counts) -> None:
             if later and later[0].resume:
                 counts.resumed += 1
                 # A later kill may hit the process taking the lane over: the clock restarts.
-                last = max(k.t for k in chaos.kills if k.t < later[0].start)
+                last = max((k.t for k in chaos.kills if k.t < later[0].start), default=kill.t)
                 latency = later[0].start - last
                 counts.slowest_resume = max(counts.slowest_resume, latency)
                 if latency > bound:
