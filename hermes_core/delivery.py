@@ -116,7 +116,7 @@ class Delivery(GatewayCore):
         if ledger is None or not platforms:
             return
         try:
-            mine = self.store.holds if self.shared is not None else None
+            mine = self.store.holds if self.store.shared else None  # start-up's sweep too
             due = await self.store.arun(
                 ledger.due, occasion, platforms, frozenset(self._sending), lanes or mine
             )

@@ -41,7 +41,9 @@ class LaneCommands(GatewayCore):
     async def _run_command(self, key: str, event: MessageEvent) -> None:
         """Carry out a command; a failure is logged and answered, never raised to the host."""
         command, rest = self._command(event)
-        if self.shared is not None and not self.store.holds(key):  # runs where the lane runs
+        shared = self.shared
+        if shared is not None and (not self.store.holds(key) or shared.recovering(key)):
+            # runs where the lane runs, after its takeover
             result = await self._enqueue(key, event)
             if result.accepted:
                 self._dispatch_next(key)

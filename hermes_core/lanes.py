@@ -49,9 +49,12 @@ class LaneRunner(GatewayCore):
         lane.task = asyncio.create_task(self._run_lane(key, lane, first, begun))
 
     def _dispatch_next(self, key: str) -> None:
-        """Start the lane's queue head if the lane is idle and the gateway dispatches."""
+        """Start the lane's queue head if the lane is idle (and not being taken over) and the
+        gateway dispatches."""
         if self._busy(key) or key in self._retrying or self._gate or self._stopping is not None:
             return
+        if self.shared is not None and self.shared.recovering(key):
+            return  # the takeover dispatches the lane once its resumed turn has started
         head = self._queue.head(key)
         if self.shared is not None and not self.store.holds(key):
             if head is not None:

@@ -103,17 +103,19 @@ class Gateway(LaneCommands, LaneRunner, Delivery):
                 self.queue = TurnQueue(store, self.config, notify=self._notify)
         finally:
             self._ready.set()  # messages waiting for the queue go on (or fail, if start did)
+        if store.shared:  # the leases start-up took are renewed while its turns resume
+            self.shared = SharedLanes(
+                self.config, store, self._queue, dispatch=self._dispatch_next,
+                take_over=self._take_over, diagnostic_muted=self.callbacks.diagnostic_muted,
+            )  # fmt: skip
+            self.shared.renew()
         connected = [name for name, adapter in self.adapters.items() if adapter.is_connected()]
         await self._send_due("boot", connected)
         await self._resume(None)
         await self._resumed(self.config.gateway.startup_restore_timeout_secs)
         self._gate = False
-        if store.shared:
-            self.shared = SharedLanes(
-                self.config, store, self._queue, dispatch=self._dispatch_next,
-                take_over=self._take_over, diagnostic_muted=self.callbacks.diagnostic_muted,
-            )  # fmt: skip
-            self.shared.start()
+        if self.shared is not None:
+            self.shared.scan()
         for key in self._queue.lanes():
             self._dispatch_next(key)
         for key in store.held_lanes():  # recovered lanes with nothing left to run go back
@@ -138,21 +140,25 @@ class Gateway(LaneCommands, LaneRunner, Delivery):
         entries = await asyncio.to_thread(
             functools.partial(
                 resume_candidates, self.store, self.config.agent.gateway_auto_continue_freshness,
-                platform=platform, connected=self._connected, busy=self._busy,
+                platform=platform, connected=self._connected, busy=self._occupied,
                 authorised=self.callbacks.authorised,
             )
         )  # fmt: skip
         for entry in entries:
-            if not self._busy(entry.session_key):
+            if not self._occupied(entry.session_key):
                 self._start_lane(entry.session_key, resume_event(entry))
         return len(entries)
 
+    def _occupied(self, key: str) -> bool:
+        """Busy here, or being taken over here (its takeover resumes it)."""
+        return self._busy(key) or (self.shared is not None and self.shared.recovering(key))
+
     async def _take_over(self, key: str) -> None:
-        """A lane whose holder let its lease expire, now held here: recover it once, send what
-        it owes (marked where it may be a duplicate), resume its interrupted turn once, then
-        run its queue (see ``sharing``)."""
+        """A lane whose holder let its lease expire, now held here (and kept from dispatch
+        meanwhile): recover it once, send what it owes (marked where it may be a duplicate),
+        resume its interrupted turn once; its queue runs next (see ``sharing``)."""
         shared = self.shared
-        if shared is None or self._busy(key):
+        if shared is None or self._busy(key):  # a lane of ours whose lease was renewed late
             return
         await asyncio.to_thread(shared.recover, key)
         connected = [name for name, adapter in self.adapters.items() if adapter.is_connected()]
@@ -165,8 +171,6 @@ class Gateway(LaneCommands, LaneRunner, Delivery):
             and self._connected(origin.platform) and not self._busy(key)
         ):  # fmt: skip
             self._start_lane(key, resume_event(entry))
-            return
-        self._dispatch_next(key)
 
     async def platform_connected(self, platform: str) -> None:
         """After (re)connecting a platform: send its owed replies, resume its lanes and

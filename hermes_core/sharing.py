@@ -6,10 +6,15 @@ holding the lane's lease, which reloads the lane's durable queue when it takes t
 events other processes queued run here, in order) and, when the lane runs dry, releases the
 lease unless events wait (then it runs them). A message for a lane leased elsewhere is only
 queued: the holder sees it before it can release. Two tasks run beside the lanes: one renews
-the held leases every quarter of ``storage.turn_lease_secs``; one looks every
-``storage.lease_scan_secs`` for lanes whose holder let the lease expire (it died or hung) and
-takes them over once: crash-left replies recorded, the interrupted turn armed and resumed once,
-owed replies sent (marked where they may be duplicates), queued events run.
+the held leases every quarter of ``storage.turn_lease_secs`` (from the moment the store is
+open: start-up recovery and resumed turns run under leases too); one looks every
+``storage.lease_scan_secs`` for lanes whose holder let the lease expire (it died or hung).
+
+Such a lane is taken over once, whether the scan finds it or a message for it finds its lease
+expired: crash-left replies recorded, the interrupted turn armed and resumed once, owed replies
+sent (marked where they may be duplicates), then its queued events run. Until the takeover has
+started the resumed turn, nothing else is dispatched on the lane: a queued message run first
+would carry the interrupted turn's resume away with it.
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ from hermes_core.config import GatewayConfig
 from hermes_core.queue import TurnQueue
 from hermes_core.recovery import marker_max_age, record_crash_left_replies
 from hermes_core.store import SessionStore
+from hermes_core.store.backend import LeaseGrant
 
 logger = logging.getLogger(__name__)
 
@@ -47,12 +53,20 @@ class SharedLanes:
         self._take_over = take_over
         self._muted = diagnostic_muted
         self._busy: set[str] = set()
+        self._recovering: set[str] = set()
         self._tasks: set[asyncio.Task[Any]] = set()
 
-    def start(self) -> None:
-        """Start renewing and scanning."""
+    def renew(self) -> None:
+        """Start renewing the held leases (as soon as the store is open)."""
         self._spawn(self._renew_loop())
+
+    def scan(self) -> None:
+        """Start looking for lanes to take over (once the gateway dispatches)."""
         self._spawn(self._scan_loop())
+
+    def recovering(self, key: str) -> bool:
+        """Whether the lane is being taken over here: nothing may be dispatched on it yet."""
+        return key in self._recovering
 
     async def stop(self) -> None:
         """Stop the loops and pending hand-offs (leases left held expire or are taken back by
@@ -70,28 +84,36 @@ class SharedLanes:
 
     def take(self, key: str) -> None:
         """Try to take the lane's lease (its queue waits here); on success dispatch its head."""
-        if key not in self._busy:
+        if key not in self._busy and key not in self._recovering:
             self._busy.add(key)
             self._spawn(self._take(key))
 
     async def _take(self, key: str) -> None:
         try:
-            taken = await self.store.arun(self._take_step, key)
+            grant = await self.store.arun(self._take_step, key)
         except Exception:
             logger.exception("a lane's lease could not be taken; the scan tries again")
-            taken = False
+            grant = None
         finally:
             self._busy.discard(key)
-        if taken:
+        if grant == "unreleased":  # its holder died or hung: take it over, as the scan would
+            await self._recover_lanes([key])
+        elif grant is not None:
             self._dispatch(key)
 
-    def _take_step(self, key: str) -> bool:
-        """Writer step: the lease and the lane's durable queue, or (held elsewhere) nothing."""
-        if not self.store.take_lease(key):
+    def _take_step(self, key: str) -> LeaseGrant | None:
+        """Writer step: the lease and the lane's durable queue, or (held elsewhere, or being
+        taken over here since the scan claimed it) nothing."""
+        if key in self._recovering:
+            return None
+        grant = self.store.take_lease(key)
+        if grant is None:
             self.queue.forget(key)
-            return False
+            return None
         self.queue.reload(key)
-        return True
+        if grant == "unreleased":
+            self._recovering.add(key)  # before the writer lets anything else near the lane
+        return grant
 
     def release(self, key: str) -> None:
         """The lane ran dry here: give its lease up, or run what waits in its queue."""
@@ -136,15 +158,47 @@ class SharedLanes:
         while True:
             await asyncio.sleep(self.config.storage.lease_scan_secs)
             try:
-                taken = await self.store.arun(lambda: self.store.claim_orphaned_lanes(expired=True))
+                taken = await self.store.arun(self._claim_step)
             except Exception:
                 logger.exception("looking for lanes to take over failed")
                 continue
-            for key in taken:
-                try:
-                    await self._take_over(key)
-                except Exception:
-                    logger.exception("taking over a lane failed; its lease expires again")
+            await self._recover_lanes(taken)
+
+    def _claim_step(self) -> list[str]:
+        """Writer step: the leases of the lanes to take over, each marked as recovering (one
+        being taken over here already is left to that takeover)."""
+        claimed = self.store.claim_orphaned_lanes(expired=True)
+        taken = [key for key in claimed if key not in self._recovering]
+        self._recovering.update(taken)
+        return taken
+
+    async def _recover_lanes(self, keys: list[str]) -> None:
+        """Take over lanes marked as recovering, concurrently; each is dispatched once its
+        takeover has started its resumed turn (or found none to resume)."""
+        await asyncio.gather(*(self._recover_lane(key) for key in keys))
+
+    async def _recover_lane(self, key: str) -> None:
+        try:
+            await self._take_over(key)
+        except Exception:
+            logger.exception("taking over a lane failed; its lease is left to expire")
+            await self._abandon(key)
+            return
+        finally:
+            self._recovering.discard(key)
+        self._dispatch(key)
+
+    async def _abandon(self, key: str) -> None:
+        try:
+            await self.store.arun(self._abandon_step, key)
+        except Exception:
+            logger.exception("a lane whose takeover failed could not be let go")
+
+    def _abandon_step(self, key: str) -> None:
+        """Writer step: stop renewing the lane's lease and forget its queue here; once the lease
+        expires the lane is taken over again (by the next scan, here or elsewhere)."""
+        self.store.abandon_lease(key)
+        self.queue.forget(key)
 
     def recover(self, key: str) -> None:
         """Writer-side recovery of one taken-over lane (in a worker thread): a reply the dead

@@ -17,7 +17,7 @@ import time
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from hermes_core.errors import InvalidValueError
 from hermes_core.text import clean_value
@@ -448,13 +448,22 @@ class ParallelWriters(Protocol):
         on. Threads never bound share connection 0."""
 
 
+LeaseGrant = Literal["free", "unreleased"]
+"""How a lane's lease was granted: ``free``, the lane had none (its last holder released it);
+``unreleased``, it replaced a lease its holder never gave back (expired: the holder died or hung;
+or already this boot's), so the holder may have left a turn cut short or a reply unsent."""
+
+
 class TurnLeases(Protocol):
     """What a backend without ``StoreSpec.single_instance`` implements: lane leases shared by
     every process using the store (times on the backend's clock)."""
 
-    def take_lease(self, session_key: str, owner: str, boot: str, token: str, ttl: float) -> bool:
+    def take_lease(
+        self, session_key: str, owner: str, boot: str, token: str, ttl: float
+    ) -> LeaseGrant | None:
         """Grant the lane's lease to ``(owner, boot)`` under ``token`` for ``ttl`` seconds
-        (absent, expired or already this boot's); False while another boot holds it."""
+        (absent, expired or already this boot's) and say how; None while another boot holds
+        it."""
 
     def check_lease(self, session_key: str, token: str) -> bool:
         """Whether ``token`` still holds the lane's lease, keeping it so until the enclosing
@@ -468,7 +477,8 @@ class TurnLeases(Protocol):
 
     def orphaned_lanes(self, owner: str, boot: str, expired: bool) -> list[str]:
         """Lanes with a turn marker, queued events or unsettled replies whose lease is absent
-        or held by an earlier boot of ``owner`` (or, with ``expired``, expired)."""
+        or held by an earlier boot of ``owner`` (or, with ``expired``, expired); also lanes
+        armed to resume whose lease, never released, is so held or expired."""
 
 
 class BacklogTarget(Protocol):

@@ -3,8 +3,10 @@ false).
 
 A process runs a lane's turn only while it holds the lane's lease: :meth:`LeaseStore.take_lease`
 grants it with a new token (and drops the lane's cached entry, so the entry is read afresh under
-the lease), the runtime renews its leases every quarter of ``storage.turn_lease_secs`` and
-releases a lane when nothing waits in its durable queue. Every write of a turn (its start, reply
+the lease) and says whether it took over a lease its holder never released (then the lane needs
+the takeover's recovery before anything runs on it); the runtime renews its leases every
+quarter of ``storage.turn_lease_secs`` and releases a lane when nothing waits in its durable
+queue. Every write of a turn (its start, reply
 and ledger row, marker clear, dequeue) is *fenced*: it checks, in its own transaction, that the
 token still holds the lease, else raises :class:`~hermes_core.errors.LeaseLostError` and writes
 nothing. On a single-instance store every call here is a no-op that grants.
@@ -16,6 +18,7 @@ import secrets
 
 from hermes_core.errors import LeaseLostError
 from hermes_core.instance import instance_id
+from hermes_core.store.backend import LeaseGrant
 from hermes_core.store.base import StoreBase, serialised
 
 
@@ -53,24 +56,26 @@ class LeaseStore(StoreBase):
         return list(self._leases)
 
     @serialised
-    def take_lease(self, session_key: str) -> bool:
-        """Take the lane's lease (a new token), unless another live process holds it. The
+    def take_lease(self, session_key: str) -> LeaseGrant | None:
+        """Take the lane's lease (a new token), unless another live process holds it (None);
+        ``unreleased`` when it replaced a lease never given back (see :data:`LeaseGrant`). The
         lane's cached entry is dropped: what another process wrote is read afresh."""
         rows = self._bound.leases
         if rows is None:
-            return True
+            return "free"
         token = secrets.token_hex(16)
         owner, boot = self.owner
         ttl = self.config.storage.turn_lease_secs
         with self._canonical():
-            if not rows.take_lease(session_key, owner, boot, token, ttl):
-                return False
+            grant = rows.take_lease(session_key, owner, boot, token, ttl)
+        if grant is None:
+            return None
         held = self._leases
         previous = held.get(session_key)
         held[session_key] = token
         self._writer.on_rollback(lambda: self._restore(session_key, previous))
         self._forget(session_key)
-        return True
+        return grant
 
     def _restore(self, session_key: str, token: str | None) -> None:
         if token is None:
@@ -94,6 +99,12 @@ class LeaseStore(StoreBase):
         return released
 
     @serialised
+    def abandon_lease(self, session_key: str) -> None:
+        """Stop renewing the lane's lease without releasing it (its takeover failed): it expires
+        and the lane is taken over again, recovery included."""
+        self._leases.pop(session_key, None)
+
+    @serialised
     def renew_leases(self) -> list[str]:
         """Extend every lease this process holds; the lanes whose lease was lost (they are
         dropped: their turns' next writes raise :class:`LeaseLostError`)."""
@@ -114,13 +125,15 @@ class LeaseStore(StoreBase):
         """Take the lease of every lane with a marker, queued events or unsettled replies that
         has no lease or was held by an earlier boot of this instance (start-up recovery works
         on these) or, with ``expired``, whose holder let its lease expire (the takeover of a
-        dead process's lanes); the lanes taken ([] on a single-instance store)."""
+        dead process's lanes), and of every lane armed to resume whose holder so left it
+        unreleased (it died between arming and starting the resumed turn); the lanes taken
+        ([] on a single-instance store)."""
         rows = self._bound.leases
         if rows is None:
             return []
         with self._canonical():
             orphaned = rows.orphaned_lanes(*self.owner, expired)
-        return [key for key in orphaned if self.take_lease(key)]
+        return [key for key in orphaned if self.take_lease(key) is not None]
 
     def _fence(self, session_key: str) -> None:
         """Within a write's transaction: raise :class:`LeaseLostError` unless this process's

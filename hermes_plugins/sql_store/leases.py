@@ -2,9 +2,10 @@
 
 A lane's lease is one row of ``session_turn_leases``: its owner (instance and boot), a token that
 is new with every grant, and an expiry on the server's clock (so the hosts' clocks never matter).
-A grant succeeds when the lane has no lease, its lease expired, or this boot holds it; the
-conflicting row is locked by the grant either way, so a grant and a release of one lane
-serialise on that row. A turn's writes are fenced: :meth:`LeaseRows.check_lease` locks the
+A grant succeeds when the lane has no lease, its lease expired, or this boot holds it, and
+says whether it replaced a row (a lease never released: the takeover of a dead or hung holder's
+lane); the conflicting row is locked by the grant either way, so a grant and a release of one
+lane serialise on that row. A turn's writes are fenced: :meth:`LeaseRows.check_lease` locks the
 lease row in the write's own transaction and says whether the token still holds it.
 """
 
@@ -13,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from hermes_core.store.backend import LeaseGrant
 from hermes_plugins.sql_store.connection import SqlConnection
 
 _NOW = "extract(epoch from clock_timestamp())"
@@ -25,8 +27,9 @@ ON CONFLICT (session_key) DO UPDATE SET
     owner_instance = EXCLUDED.owner_instance, owner_boot = EXCLUDED.owner_boot,
     token = EXCLUDED.token, acquired_at = EXCLUDED.acquired_at, expires_at = EXCLUDED.expires_at
 WHERE l.expires_at < EXCLUDED.acquired_at OR l.owner_boot = EXCLUDED.owner_boot
-RETURNING token
+RETURNING l.xmax <> 0
 """
+# An inserted row has no xmax; a row the conflict clause updated carries the updater's.
 
 _FENCE = """
 SELECT 1 FROM session_turn_leases WHERE session_key = %(key)s AND token = %(token)s FOR SHARE
@@ -56,20 +59,33 @@ SELECT lanes.session_key FROM lanes
 LEFT JOIN session_turn_leases AS l ON l.session_key = lanes.session_key
 WHERE l.session_key IS NULL OR (l.owner_instance = %(owner)s AND l.owner_boot <> %(boot)s)
    OR (%(expired)s AND l.expires_at < {_NOW})
-ORDER BY lanes.session_key
+UNION
+SELECT r.session_key FROM gateway_routing AS r
+JOIN session_turn_leases AS l ON l.session_key = r.session_key
+WHERE r.resume_pending <> 0 AND ((l.owner_instance = %(owner)s AND l.owner_boot <> %(boot)s)
+   OR (%(expired)s AND l.expires_at < {_NOW}))
+ORDER BY 1
 """
+# The second part: a lane armed to resume whose holder died before the resumed turn began (no
+# marker is left then); one whose holder released it had its resume seen to.
 
 
 class LeaseRows(SqlConnection):
     """The lease table's statements (PostgreSQL); each method is one transaction unless it runs
     inside the store's batch."""
 
-    def take_lease(self, session_key: str, owner: str, boot: str, token: str, ttl: float) -> bool:
-        """Grant the lane's lease to ``(owner, boot)`` with ``token`` for ``ttl`` seconds; False
-        while another boot holds it unexpired."""
+    def take_lease(
+        self, session_key: str, owner: str, boot: str, token: str, ttl: float
+    ) -> LeaseGrant | None:
+        """Grant the lane's lease to ``(owner, boot)`` with ``token`` for ``ttl`` seconds:
+        ``free`` (a new row) or ``unreleased`` (a row replaced); None while another boot holds
+        it unexpired."""
         params = {"key": session_key, "owner": owner, "boot": boot, "token": token, "ttl": ttl}
         with self._write("taking a turn lease") as cursor:
-            return cursor.execute(_TAKE, params).fetchone() is not None
+            row = cursor.execute(_TAKE, params).fetchone()
+        if row is None:
+            return None
+        return "unreleased" if row[0] else "free"
 
     def check_lease(self, session_key: str, token: str) -> bool:
         """Whether ``token`` still holds the lane's lease; the row stays locked (shared) until
@@ -100,7 +116,8 @@ class LeaseRows(SqlConnection):
 
     def orphaned_lanes(self, owner: str, boot: str, expired: bool) -> list[str]:
         """Lanes with a turn marker, queued events or unsettled replies whose lease is absent
-        or held by an earlier boot of ``owner`` (or, with ``expired``, expired)."""
+        or held by an earlier boot of ``owner`` (or, with ``expired``, expired), and lanes
+        armed to resume whose lease was never released and is so held or expired."""
         params: dict[str, Any] = {"owner": owner, "boot": boot, "expired": expired}
         with self._write("looking for lanes without a live lease") as cursor:
             return [row[0] for row in cursor.execute(_ORPHANS, params).fetchall()]

@@ -53,7 +53,8 @@ class OutboxAdapter:
     async def send(
         self, source: SessionSource, text: str, *, reply_to: str | None = None
     ) -> SendResult:
-        record = {"chat": source.chat_id, "text": text, "reply_to": reply_to, "t": time.time()}
+        record = {"chat": source.chat_id, "text": text, "reply_to": reply_to, "t": time.time(),
+                  "pid": os.getpid()}  # fmt: skip
         append_line(self.outbox, record)
         return SendResult(ok=True)
 
@@ -73,13 +74,15 @@ class SpanAgent(EchoAgent):
         return reply
 
 
-def configure(home: Path, url: str, *, lease_secs: float = 4.0) -> GatewayConfig:
+def configure(
+    home: Path, url: str, *, lease_secs: float = 4.0, scan_secs: float = 0.5
+) -> GatewayConfig:
     settings: dict[str, Any] = {
         "display": {"busy_input_mode": "queue"},
         "gateway": {"busy_ack_enabled": False, "busy_queue": {"burst_window_secs": 0}},
         "agent": {"restart_drain_timeout": 5},
         "storage": {"url": url, "instances": "shared", "turn_lease_secs": lease_secs,
-                    "lease_scan_secs": 0.5},
+                    "lease_scan_secs": scan_secs},
     }  # fmt: skip
     home.mkdir(parents=True, exist_ok=True, mode=0o700)
     (home / "config.yaml").write_text(json.dumps(settings), encoding="utf-8")
@@ -135,7 +138,9 @@ def shared_child(
 
 class TurnLog(EchoAgent):
     """Echo after a random think time, logging each turn's start and end (event id, whether it
-    is an internal resume, session, wall clock) in ``turns-<name>.jsonl``."""
+    is an internal resume, session, process, wall clock; ``for``: the message the turn answers,
+    for a resume the last human message of the history; at the end the reply) in
+    ``turns-<name>.jsonl``."""
 
     def __init__(self, log: Path, think: tuple[float, float], rng: random.Random) -> None:
         super().__init__()
@@ -144,12 +149,18 @@ class TurnLog(EchoAgent):
         self.rng = rng
 
     async def run_turn(self, request: TurnRequest) -> str | None:
-        record = {"key": request.session_key, "id": request.event.message_id,
-                  "resume": request.event.internal, "session": request.session_id}  # fmt: skip
+        answers = request.event.message_id
+        if request.event.internal:
+            human = [m for m in await request.history()
+                     if m.get("role") == "user" and m.get("display_kind") is None]  # fmt: skip
+            answers = human[-1].get("platform_message_id") if human else None
+        record = {"key": request.session_key, "id": request.event.message_id, "for": answers,
+                  "resume": request.event.internal, "session": request.session_id,
+                  "pid": os.getpid()}  # fmt: skip
         append_line(self.log, {**record, "kind": "start", "t": time.time()})
         self.delay = self.rng.uniform(*self.think)
         reply = await super().run_turn(request)
-        append_line(self.log, {**record, "kind": "end", "t": time.time()})
+        append_line(self.log, {**record, "kind": "end", "t": time.time(), "reply": reply})
         return reply
 
 
@@ -229,12 +240,13 @@ class Fleet:
     (``home-<name>``, so its own instance id that survives its restarts) and inbox."""
 
     def __init__(
-        self, root: Path, url: str, *, lease_secs: float = 4.0, think: tuple[float, float] = (
-            0.05, 0.2)
+        self, root: Path, url: str, *, lease_secs: float = 4.0, scan_secs: float = 0.5,
+        think: tuple[float, float] = (0.05, 0.2),
     ) -> None:  # fmt: skip
         self.root = root
         self.url = url
         self.lease_secs = lease_secs
+        self.scan_secs = scan_secs
         self.think = think
         self.workdir = root / "work"
         self.workdir.mkdir(parents=True, exist_ok=True)
@@ -252,7 +264,7 @@ class Fleet:
         """Start (or restart) the child; with ``wait``, until its gateway has started."""
         home = self.home(name)
         if not home.exists():
-            configure(home, self.url, lease_secs=self.lease_secs)
+            configure(home, self.url, lease_secs=self.lease_secs, scan_secs=self.scan_secs)
         (self.workdir / f"stop-{name}").unlink(missing_ok=True)
         before = self.started(name)
         self.runs += 1

@@ -1,0 +1,223 @@
+"""Taking over a lane whose holder died or hung, on a shared PostgreSQL store, in one process:
+each gateway or store below stands for a process of its own (its own ``$HERMES_HOME``, so its
+own instance id)."""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import os
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import TypeVar
+
+import pytest
+from sqlalchemy import create_engine, text
+from support.shared_driver import configure
+
+from hermes_core import MessageEvent, SessionSource, create_plugin_manager
+from hermes_core.agents import EchoAgent, InMemoryAdapter, TurnRequest
+from hermes_core.config import GatewayConfig
+from hermes_core.models import SessionEntry
+from hermes_core.runtime import Gateway
+from hermes_core.store import SessionStore
+
+pytestmark = pytest.mark.postgres
+
+URL = os.environ.get("HERMES_TEST_POSTGRES_URL")
+T = TypeVar("T")
+SHORT = 0.5
+"""Seconds of a lease that is let expire."""
+
+
+@pytest.fixture
+def empty_database() -> str:
+    if not URL:
+        pytest.skip("set HERMES_TEST_POSTGRES_URL to run the shared-store takeover tests")
+    engine = create_engine(URL)
+    with engine.begin() as conn:
+        conn.execute(text("DROP SCHEMA public CASCADE"))
+        conn.execute(text("CREATE SCHEMA public"))
+    engine.dispose()
+    return URL
+
+
+def _config(
+    root: Path, name: str, url: str, lease_secs: float = SHORT, scan_secs: float = 3600
+) -> GatewayConfig:
+    """A process's settings; by default its scan runs rarely, so only what a test does takes
+    lanes over."""
+    return configure(root / name, url, lease_secs=lease_secs, scan_secs=scan_secs)
+
+
+@pytest.fixture
+def stores(tmp_path: Path, empty_database: str) -> Iterator[Callable[..., SessionStore]]:
+    """Open the store of a named process (each is closed at the end)."""
+    opened: list[SessionStore] = []
+
+    def open_store(name: str, lease_secs: float = SHORT) -> SessionStore:
+        config = _config(tmp_path, name, empty_database, lease_secs)
+        plugins = create_plugin_manager(config, load_entrypoints=False, strict=True)
+        store = SessionStore.open(config, plugins=plugins)
+        opened.append(store)
+        return store
+
+    yield open_store
+    for store in opened:
+        store.close()
+
+
+def _first(call: Callable[[], T | None], what: str, timeout: float = 10) -> T:
+    """Call until the result is not None (or empty), then return it."""
+    deadline = time.monotonic() + timeout
+    while not (result := call()):
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.05)
+    return result
+
+
+SOURCE = SessionSource(platform="telegram", chat_id="c1", chat_type="dm", user_id="c1")
+OTHER = SessionSource(platform="telegram", chat_id="c2", chat_type="dm", user_id="c2")
+
+
+def test_a_grant_says_whether_it_replaced_a_lease_never_released(
+    stores: Callable[..., SessionStore],
+) -> None:
+    holder, other = stores("holder"), stores("other")
+    key = holder.session_key_for(SOURCE)
+    assert holder.take_lease(key) == "free"
+    assert other.take_lease(key) is None  # held, unexpired
+    grant = _first(lambda: other.take_lease(key), "the holder's lease to expire")
+    assert grant == "unreleased"  # the holder let it expire: a takeover
+    assert other.release_lease(key)
+    assert holder.take_lease(key) == "free"  # released: nothing to take over
+
+
+def test_a_lane_armed_to_resume_is_taken_over_when_its_holder_dies_before_resuming(
+    stores: Callable[..., SessionStore],
+) -> None:
+    holder, other = stores("holder"), stores("other")
+    dead, released = holder.session_key_for(SOURCE), holder.session_key_for(OTHER)
+    for source in (SOURCE, OTHER):
+        holder.get_or_create_session(source)
+        key = holder.session_key_for(source)
+        assert holder.take_lease(key)
+        assert holder.mark_resume_pending(key, "restart_interrupted")  # armed, no marker
+    assert holder.release_lease(released)  # its holder saw to its resume
+    claimed = _first(lambda: other.claim_orphaned_lanes(expired=True), "a lane to take over")
+    assert claimed == [dead]
+
+
+class Held(EchoAgent):
+    """Echoes once ``release`` is set (a hung process's turn); ``started`` is set meanwhile."""
+
+    def __init__(self, release: asyncio.Event, started: asyncio.Event) -> None:
+        super().__init__()
+        self.release = release
+        self.started = started
+
+    async def run_turn(self, request: TurnRequest) -> str | None:
+        self.started.set()
+        await self.release.wait()
+        return await super().run_turn(request)
+
+
+def _gateway(
+    root: Path, name: str, url: str, agent: Callable[[], EchoAgent], lease_secs: float = SHORT,
+    scan_secs: float = 3600,
+) -> tuple[Gateway, InMemoryAdapter]:  # fmt: skip
+    config = _config(root, name, url, lease_secs, scan_secs)
+    adapter = InMemoryAdapter(platform="telegram")
+
+    def agents(entry: SessionEntry) -> EchoAgent:
+        return agent()
+
+    return Gateway(config, None, agents, [adapter]), adapter
+
+
+def _message(words: str, message_id: str) -> MessageEvent:
+    return MessageEvent(text=words, source=SOURCE, message_id=message_id)
+
+
+def _lease_expired(url: str) -> bool:
+    """Whether the one lease in the store has expired (on the server's clock)."""
+    engine = create_engine(url)
+    with engine.connect() as conn:
+        expired = conn.execute(text(
+            "SELECT bool_and(expires_at < extract(epoch from clock_timestamp())) "
+            "FROM session_turn_leases"
+        )).scalar()  # fmt: skip
+    engine.dispose()
+    return bool(expired)
+
+
+async def _wait(condition: Callable[[], bool], what: str, timeout: float = 15) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        await asyncio.sleep(0.05)
+
+
+@pytest.mark.parametrize("first_takeover", ["works", "fails"])
+def test_a_message_for_a_hung_holders_lane_first_resumes_the_cut_turn(
+    tmp_path: Path, empty_database: str, first_takeover: str
+) -> None:
+    failures: list[str] = []
+
+    def recover_after_a_failure(recover: Callable[[str], None], key: str) -> None:
+        if not failures:
+            failures.append(key)
+            raise RuntimeError("the takeover's recovery failed")
+        recover(key)
+
+    async def scenario() -> list[str]:
+        release, started = asyncio.Event(), asyncio.Event()
+        hung, _ = _gateway(tmp_path, "hung", empty_database, lambda: Held(release, started))
+        scan = 0.2 if first_takeover == "fails" else 3600  # a lane let go is found again
+        taker, adapter = _gateway(tmp_path, "taker", empty_database, EchoAgent, scan_secs=scan)
+        await hung.start()
+        await taker.start()
+        if first_takeover == "fails":  # the lane is let go, then taken over again
+            assert taker.shared is not None
+            recover = functools.partial(recover_after_a_failure, taker.shared.recover)
+            taker.shared.recover = recover  # type: ignore[method-assign]
+        await hung.handle_message(_message("first", "m1"))
+        await started.wait()
+        assert hung.shared is not None
+        await hung.shared.stop()  # it hangs: its lease is no longer renewed
+        await _wait(lambda: _lease_expired(empty_database), "the hung holder's lease to expire")
+        await taker.handle_message(_message("second", "m2"))
+        await _wait(lambda: len(adapter.sent) >= 2, "both answers")
+        await taker.idle()
+        release.set()  # its turn ends; its reply is fenced off
+        await hung.stop()
+        await taker.stop()
+        return adapter.texts()
+
+    assert asyncio.run(scenario()) == ["echo: first", "echo: second"]
+    assert len(failures) == (first_takeover == "fails")
+
+
+def test_a_starting_gateway_leaves_the_owed_replies_of_lanes_held_elsewhere_alone(
+    tmp_path: Path, empty_database: str, stores: Callable[..., SessionStore]
+) -> None:
+    holder = stores("holder", lease_secs=60)  # alive, sending the reply
+    entry = holder.get_or_create_session(SOURCE)
+    key = entry.session_key
+    assert holder.take_lease(key)
+    holder.record_delivery_obligation(
+        key, entry.session_id, "telegram", "c1", None, "being sent right now", "m1",
+        claimed=True,
+    )  # fmt: skip
+
+    async def scenario() -> list[str]:
+        gateway, adapter = _gateway(tmp_path, "other", empty_database, EchoAgent)
+        await gateway.start()
+        await gateway.idle()
+        await gateway.stop()
+        return adapter.texts()
+
+    assert asyncio.run(scenario()) == []
