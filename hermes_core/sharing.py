@@ -90,7 +90,7 @@ class SharedLanes:
 
     async def _take(self, key: str) -> None:
         try:
-            grant = await self.store.arun(self._take_step, key)
+            grant = await self.store.arun(self._take_step, key, lane=key)
         except Exception:
             logger.exception("a lane's lease could not be taken; the scan tries again")
             grant = None
@@ -123,7 +123,7 @@ class SharedLanes:
 
     async def _release(self, key: str) -> None:
         try:
-            kept = await self.store.arun(self._release_step, key)
+            kept = await self.store.arun(self._release_step, key, lane=key)
         except Exception:
             logger.exception("a lane's lease could not be released; it expires")
             kept = False
@@ -190,7 +190,7 @@ class SharedLanes:
 
     async def _abandon(self, key: str) -> None:
         try:
-            await self.store.arun(self._abandon_step, key)
+            await self.store.arun(self._abandon_step, key, lane=key)
         except Exception:
             logger.exception("a lane whose takeover failed could not be let go")
 
@@ -207,4 +207,4 @@ class SharedLanes:
         store = self.store
         record_crash_left_replies(store, self.config, self._muted, lanes=[key])
         store.recover_turn_markers(marker_max_age(self.config), lanes=[key])
-        store.run(self.queue.reload, key)
+        store.run(self.queue.reload, key, lane=key)
