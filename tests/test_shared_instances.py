@@ -129,6 +129,11 @@ def test_a_restart_of_one_process_leaves_the_other_processes_work_alone(
         fleet.stop("b")
     else:
         fleet.kill("b")
+    # b's turns cut short: started and not ended when it stopped (under load some of b's
+    # acknowledged messages may still wait in its queue rather than run).
+    ends = Counter(line["key"] for line in fleet.turns() if line["kind"] == "end")
+    starts = Counter(line["key"] for line in fleet.turns() if line["kind"] == "start")
+    cut = sorted(key for key in starts if starts[key] > ends[key] and not key.endswith(ours))
     fleet.start("b")  # recovery, ledger sweep and resume of the new boot of b
     fleet.wait_for(lambda: not fleet.unanswered(mine + theirs), "every message answered")
     fleet.stop_all()
@@ -144,7 +149,12 @@ def test_a_restart_of_one_process_leaves_the_other_processes_work_alone(
     )  # each of a's items run once, its in-flight turns finished where they ran
     assert all(plain <= 1 and marked <= 1 for plain, marked in answers.values())
     resumed = [line for line in fleet.turns() if line["resume"] and line["kind"] == "start"]
-    assert len(resumed) == (4 if how == "sigkill" else 0)  # b's cut turns, each resumed once
+    if how == "sigkill":
+        assert cut  # the kill cut turns short
+        assert sorted(line["key"] for line in resumed) == cut  # each resumed once
+    else:
+        assert not cut  # a clean stop drains its turns
+        assert not resumed
     assert _overlaps(fleet.workdir) == 0
 
 
