@@ -8,9 +8,9 @@ spawn), each with its own ``$HERMES_HOME`` (so its own instance id), on the data
 fails. The agent echoes after ``think`` seconds (asyncio wait; no CPU). Housekeeping, busy
 acknowledgements, the ``sessions.json`` mirror and third-party plugins are off; busy input is
 queued (never merged); ``turn_lease_secs`` is the default 120 (renewal every 30 s), but
-``storage.lease_scan_secs`` is 3,600, so the scan for expired or missing leases never runs: at the
-default 2 s (``--lease-scan-secs 2``), most runs fail: a reply is sent a second time, as a
-recovered reply (most likely a scan took over a lane whose turn a live process was starting).
+``storage.lease_scan_secs`` is 3,600, so the scan for expired or missing leases never runs and
+the figures compare with earlier runs; ``--lease-scan-secs 2`` runs with the default scan (which
+once took over lanes a live process had just queued to, duplicating or stalling replies).
 
 Traffic over 1,000 lanes (DM chats): each process has ``K`` slots; a free slot of process ``p``
 sends the next message to ``p``. A lane has at most one message in flight. When a lane's reply

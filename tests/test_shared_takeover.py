@@ -110,6 +110,26 @@ def test_a_lane_armed_to_resume_is_taken_over_when_its_holder_dies_before_resumi
     assert claimed == [dead]
 
 
+def test_the_scan_leaves_a_lane_just_queued_to_its_enqueuer_and_claims_it_if_never_taken(
+    stores: Callable[..., SessionStore],
+) -> None:
+    """A live process's enqueue commits before it takes the lane's lease: a scan in that gap
+    must not take the lane over; an event left without a lease until the next scan (its
+    enqueuer died) is claimed then."""
+    enqueuer, scanner = stores("enqueuer"), stores("scanner")
+    key = enqueuer.session_key_for(SOURCE)
+    assert enqueuer.queue_add(key, MessageEvent(source=SOURCE, text="hi", message_id="m1"))
+    assert scanner.claim_orphaned_lanes(expired=True) == []  # the enqueuer is about to take it
+    assert enqueuer.take_lease(key) == "free"
+    assert enqueuer.release_lease(key) is False  # the event waits: the enqueuer runs it
+    assert scanner.claim_orphaned_lanes(expired=True) == []  # leased
+    stranded = scanner.session_key_for(OTHER)
+    assert scanner.queue_add(stranded, MessageEvent(source=OTHER, text="hi", message_id="m2"))
+    assert enqueuer.claim_orphaned_lanes(expired=True) == []
+    assert enqueuer.claim_orphaned_lanes(expired=True) == [stranded]  # still unleased: claimed
+    assert scanner.take_lease(stranded) is None
+
+
 class Held(EchoAgent):
     """Echoes once ``release`` is set (a hung process's turn); ``started`` is set meanwhile."""
 

@@ -475,10 +475,12 @@ class TurnLeases(Protocol):
     def release_lease(self, session_key: str, token: str) -> bool:
         """Give up the lane's lease unless events wait in its durable queue (False: kept)."""
 
-    def orphaned_lanes(self, owner: str, boot: str, expired: bool) -> list[str]:
+    def orphaned_lanes(self, owner: str, boot: str, expired: bool) -> list[tuple[str, int | None]]:
         """Lanes with a turn marker, queued events or unsettled replies whose lease is absent
         or held by an earlier boot of ``owner`` (or, with ``expired``, expired); also lanes
-        armed to resume whose lease, never released, is so held or expired."""
+        armed to resume whose lease, never released, is so held or expired. Each comes with
+        the id of its oldest queued event when queued events alone, with no lease at all,
+        make it orphaned (else None): its enqueuer may be about to take the lease."""
 
 
 class BacklogTarget(Protocol):

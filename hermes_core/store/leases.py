@@ -27,6 +27,8 @@ class LeaseStore(StoreBase):
 
     _held: dict[str, str] | None = None
     _boot: str | None = None
+    _unleased: dict[str, int] | None = None
+    """The lanes the last scan left for their enqueuer (see :meth:`claim_orphaned_lanes`)."""
 
     @property
     def shared(self) -> bool:
@@ -127,13 +129,24 @@ class LeaseStore(StoreBase):
         on these) or, with ``expired``, whose holder let its lease expire (the takeover of a
         dead process's lanes), and of every lane armed to resume whose holder so left it
         unreleased (it died between arming and starting the resumed turn); the lanes taken
-        ([] on a single-instance store)."""
+        ([] on a single-instance store).
+
+        With ``expired`` (the periodic scan), a lane that only queued events make orphaned and
+        that has no lease is left to the process that queued them, which takes the lease
+        right after its enqueue commit: it is claimed only when the previous scan found the
+        same oldest event waiting without a lease (nobody took the lane in between)."""
         rows = self._bound.leases
         if rows is None:
             return []
         with self._canonical():
             orphaned = rows.orphaned_lanes(*self.owner, expired)
-        return [key for key in orphaned if self.take_lease(key) is not None]
+        if expired:
+            previous = self._unleased or {}
+            self._unleased = {key: head for key, head in orphaned if head is not None}
+            orphaned = [
+                (key, head) for key, head in orphaned if head is None or previous.get(key) == head
+            ]
+        return [key for key, _ in orphaned if self.take_lease(key) is not None]
 
     def _fence(self, session_key: str) -> None:
         """Within a write's transaction: raise :class:`LeaseLostError` unless this process's

@@ -49,25 +49,35 @@ _WAITING = (
 _DROP = "DELETE FROM session_turn_leases WHERE session_key = %(key)s AND token = %(token)s"
 
 _ORPHANS = f"""
-WITH lanes AS (
+WITH owing AS (
     SELECT session_key FROM gateway_routing WHERE active_turn_token IS NOT NULL
-    UNION SELECT session_key FROM queued_events WHERE dead_at IS NULL
     UNION SELECT session_key FROM delivery_obligations
         WHERE state IN ('pending', 'attempting')
+), waiting AS (
+    SELECT session_key, min(id) AS head FROM queued_events WHERE dead_at IS NULL
+    GROUP BY session_key
+), lanes AS (
+    SELECT session_key FROM owing UNION SELECT session_key FROM waiting
 )
-SELECT lanes.session_key FROM lanes
+SELECT lanes.session_key,
+    CASE WHEN l.session_key IS NULL AND owing.session_key IS NULL THEN waiting.head END
+FROM lanes
+LEFT JOIN owing ON owing.session_key = lanes.session_key
+LEFT JOIN waiting ON waiting.session_key = lanes.session_key
 LEFT JOIN session_turn_leases AS l ON l.session_key = lanes.session_key
 WHERE l.session_key IS NULL OR (l.owner_instance = %(owner)s AND l.owner_boot <> %(boot)s)
    OR (%(expired)s AND l.expires_at < {_NOW})
 UNION
-SELECT r.session_key FROM gateway_routing AS r
+SELECT r.session_key, NULL FROM gateway_routing AS r
 JOIN session_turn_leases AS l ON l.session_key = r.session_key
 WHERE r.resume_pending <> 0 AND ((l.owner_instance = %(owner)s AND l.owner_boot <> %(boot)s)
    OR (%(expired)s AND l.expires_at < {_NOW}))
 ORDER BY 1
 """
-# The second part: a lane armed to resume whose holder died before the resumed turn began (no
-# marker is left then); one whose holder released it had its resume seen to.
+# The second column: a lane's oldest queued event when queued events are all that make it
+# orphaned and it has no lease row (its enqueuer may be about to take the lease). The second
+# part: a lane armed to resume whose holder died before the resumed turn began (no marker is
+# left then); one whose holder released it had its resume seen to.
 
 
 class LeaseRows(SqlConnection):
@@ -114,10 +124,11 @@ class LeaseRows(SqlConnection):
             cursor.execute(_DROP, params)
         return True
 
-    def orphaned_lanes(self, owner: str, boot: str, expired: bool) -> list[str]:
+    def orphaned_lanes(self, owner: str, boot: str, expired: bool) -> list[tuple[str, int | None]]:
         """Lanes with a turn marker, queued events or unsettled replies whose lease is absent
         or held by an earlier boot of ``owner`` (or, with ``expired``, expired), and lanes
-        armed to resume whose lease was never released and is so held or expired."""
+        armed to resume whose lease was never released and is so held or expired; each with
+        its oldest queued event's id when only queued events and no lease row make it so."""
         params: dict[str, Any] = {"owner": owner, "boot": boot, "expired": expired}
         with self._write("looking for lanes without a live lease") as cursor:
-            return [row[0] for row in cursor.execute(_ORPHANS, params).fetchall()]
+            return [(row[0], row[1]) for row in cursor.execute(_ORPHANS, params).fetchall()]
