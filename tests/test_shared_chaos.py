@@ -26,7 +26,6 @@ from support.shared_driver import Fleet, event
 
 pytestmark = [pytest.mark.postgres, pytest.mark.multi_process]
 
-URL = os.environ.get("HERMES_TEST_POSTGRES_URL")
 
 PROCESSES = 4
 LANES = 200
@@ -46,18 +45,6 @@ recovery of every lane the dead process held, on a loaded two-core machine (up t
 with two copies of this test running at once)."""
 DEADLINE = 150.0
 SEED = int(os.environ.get("HERMES_TEST_CHAOS_SEED", "14"))
-
-
-@pytest.fixture
-def empty_database() -> str:
-    if not URL:
-        pytest.skip("set HERMES_TEST_POSTGRES_URL to run the multi-process chaos test")
-    engine = create_engine(URL)
-    with engine.begin() as conn:
-        conn.execute(text("DROP SCHEMA public CASCADE"))
-        conn.execute(text("CREATE SCHEMA public"))
-    engine.dispose()
-    return URL
 
 
 @dataclass

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import functools
 import itertools
-import os
 from collections import Counter
 from pathlib import Path
 
@@ -14,20 +13,6 @@ from support.gateway_driver import read_lines
 from support.shared_driver import SPAWN, Fleet, configure, event, replies, shared_child
 
 pytestmark = [pytest.mark.postgres, pytest.mark.multi_process]
-
-URL = os.environ.get("HERMES_TEST_POSTGRES_URL")
-
-
-@pytest.fixture
-def empty_database() -> str:
-    if not URL:
-        pytest.skip("set HERMES_TEST_POSTGRES_URL to run the multi-process tests")
-    engine = create_engine(URL)
-    with engine.begin() as conn:
-        conn.execute(text("DROP SCHEMA public CASCADE"))
-        conn.execute(text("CREATE SCHEMA public"))
-    engine.dispose()
-    return URL
 
 
 def _overlaps(workdir: Path) -> int:

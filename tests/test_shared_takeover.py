@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import os
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -25,22 +24,9 @@ from hermes_core.store import SessionStore
 
 pytestmark = pytest.mark.postgres
 
-URL = os.environ.get("HERMES_TEST_POSTGRES_URL")
 T = TypeVar("T")
 SHORT = 0.5
 """Seconds of a lease that is let expire."""
-
-
-@pytest.fixture
-def empty_database() -> str:
-    if not URL:
-        pytest.skip("set HERMES_TEST_POSTGRES_URL to run the shared-store takeover tests")
-    engine = create_engine(URL)
-    with engine.begin() as conn:
-        conn.execute(text("DROP SCHEMA public CASCADE"))
-        conn.execute(text("CREATE SCHEMA public"))
-    engine.dispose()
-    return URL
 
 
 def _config(
