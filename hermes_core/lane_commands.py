@@ -38,17 +38,49 @@ class LaneCommands(GatewayCore):
             direct=source.chat_type == "dm",
         )  # fmt: skip
 
+    def _is_command(self, event: MessageEvent) -> bool:
+        return self._command(event)[0] is not None
+
     async def _run_command(self, key: str, event: MessageEvent) -> None:
         """Carry out a command; a failure is logged and answered, never raised to the host."""
-        command, rest = self._command(event)
         shared = self.shared
         if shared is not None and (not self.store.holds(key) or shared.recovering(key)):
-            # runs where the lane runs, after its takeover
+            # runs where the lane runs, after its takeover; a holder running a turn is woken
             result = await self._enqueue(key, event)
             if result.accepted:
+                try:
+                    await self.store.arun(self.store.wake_lane, key, lane=key)
+                except Exception:  # noqa: BLE001 - the holder still runs it after its turn
+                    logger.warning("could not wake the holder of a lane for a command")
                 self._dispatch_next(key)
             return
         self._seen.remember_event(key, event)
+        await self._carry_out(key, event)
+
+    def _woken(self, key: str) -> None:
+        """Another process queued a command for the lane: if a turn of the lane runs here,
+        under this process's lease, take the command out of the queue and carry it out now
+        (``/stop`` interrupts the turn, as if it had arrived here)."""
+        shared = self.shared
+        if key not in self._lanes or key in self._commands or shared is None:
+            return  # an idle lane runs its queued commands from the head, as usual
+        if shared.recovering(key) or not self.store.holds(key):
+            return
+        self._commands[key] = asyncio.create_task(self._command_from_elsewhere(key))
+
+    async def _command_from_elsewhere(self, key: str) -> None:
+        try:
+            item = await self.store.arun(self._queue.take_first, key, self._is_command, lane=key)
+            if item is not None:
+                await self._carry_out(key, item.event)
+        except Exception:
+            logger.exception("a command queued through another gateway could not be carried out")
+        finally:
+            self._commands.pop(key, None)
+        self._dispatch_next(key)
+
+    async def _carry_out(self, key: str, event: MessageEvent) -> None:
+        command, rest = self._command(event)
         try:
             if command in self.triggers:
                 await self._reset(key, event, rest)

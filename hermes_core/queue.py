@@ -436,6 +436,23 @@ class TurnQueue:
         self._store.on_rollback(lambda: self._put_lane(session_key, previous))
         return self._fold(rows, restored=False)
 
+    def take_first(
+        self, session_key: str, wanted: Callable[[MessageEvent], bool]
+    ) -> QueuedItem | None:
+        """Reload the lane's durable queue, then take out (memory and rows) its first item
+        whose event is ``wanted``, wherever it stands: a command another process queued for a
+        lane running here (writer thread)."""
+        self.reload(session_key)
+        with self._lock:
+            items = list(self._lanes.get(session_key, ()))
+        item = next((item for item in items if wanted(item.event)), None)
+        if item is None:
+            return None
+        self._store.queue_remove(item.row_ids)
+        self._store.on_rollback(functools.partial(self._put_back, session_key, items))
+        self._unqueue(session_key, item)
+        return item
+
     def forget(self, session_key: str) -> None:
         """Drop the lane's items from memory only (another process holds the lane and runs
         them; writer thread)."""

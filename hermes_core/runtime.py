@@ -116,6 +116,7 @@ class Gateway(LaneCommands, LaneRunner, Delivery):
         self._gate = False
         if self.shared is not None:
             self.shared.scan()
+            self.shared.listen(self._woken)
         for key in self._queue.lanes():
             self._dispatch_next(key)
         for key in store.held_lanes():  # recovered lanes with nothing left to run go back

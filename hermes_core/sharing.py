@@ -20,6 +20,7 @@ would carry the interrupted turn's resume away with it.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Callable, Coroutine
 from typing import Any
@@ -55,6 +56,7 @@ class SharedLanes:
         self._busy: set[str] = set()
         self._recovering: set[str] = set()
         self._tasks: set[asyncio.Task[Any]] = set()
+        self._unlisten: Callable[[], None] | None = None
 
     def renew(self) -> None:
         """Start renewing the held leases (as soon as the store is open)."""
@@ -63,6 +65,17 @@ class SharedLanes:
     def scan(self) -> None:
         """Start looking for lanes to take over (once the gateway dispatches)."""
         self._spawn(self._scan_loop())
+
+    def listen(self, woken: Callable[[str], None]) -> None:
+        """Call ``woken(key)`` on the event loop for each lane another process wakes (it queued
+        a command for a lane this process may hold), where the backend offers wake-ups."""
+        loop = asyncio.get_running_loop()
+
+        def report(key: str) -> None:  # the backend's listening thread
+            with contextlib.suppress(RuntimeError):  # a closed loop: nobody is interested
+                loop.call_soon_threadsafe(woken, key)
+
+        self._unlisten = self.store.listen_lanes(report)
 
     def recovering(self, key: str) -> bool:
         """Whether the lane is being taken over here: nothing may be dispatched on it yet."""
@@ -74,6 +87,9 @@ class SharedLanes:
         for task in list(self._tasks):
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
+        unlisten, self._unlisten = self._unlisten, None
+        if unlisten is not None:
+            await asyncio.to_thread(unlisten)
 
     def _spawn(self, work: Coroutine[Any, Any, Any]) -> None:
         task = asyncio.create_task(work)

@@ -131,6 +131,10 @@ class StoreSpec(BaseModel):
     parallel_writers: bool = False
     """The backend implements ``ParallelWriters``: it may commit on several writer connections
     in parallel (one writer thread each, different lanes' steps) and says how many."""
+    lane_wakeups: bool = False
+    """The backend implements ``LaneWakeups`` (with ``single_instance`` false): a process can
+    wake the holder of a lane's lease at once, so that a ``/stop`` sent through another process
+    interrupts the running turn instead of waiting for it to end."""
     local: bool = False
     """The state is a file on this machine: the sessions.json mirror is written by default, and
     when the backend cannot be opened the store falls back to the core's JSONL store."""

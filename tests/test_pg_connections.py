@@ -37,6 +37,13 @@ def test_a_process_that_fits_gets_nothing() -> None:
     assert check_connections("db", 2, 15, (20, 3, 2), ours=2) is None  # exactly the usable slots
 
 
+def test_a_shared_store_counts_its_listening_connection() -> None:
+    with pytest.raises(ConfigError) as caught:
+        check_connections("db", 2, 15, (20, 3, 2), ours=2, listening=True)
+    assert "needs 18 connections (2 writers" in str(caught.value)
+    assert "1 listening for lane wake-ups" in str(caught.value)
+
+
 def _open(url: str, home: Path, storage: dict[str, object]) -> SessionStore:
     config = GatewayConfig.from_dict(
         {"storage": {"url": url, **storage}}, environ={"HERMES_HOME": str(home)}

@@ -99,6 +99,15 @@ def test_a_backend_declaring_parallel_writers_must_implement_them(hermes_home: P
     assert "StoreSpec.parallel_writers" in message
 
 
+def test_a_backend_declaring_lane_wakeups_must_implement_them(hermes_home: Path) -> None:
+    with pytest.raises(StoreContractError) as info:
+        _open(hermes_home, _Backends(hermes_home, lane_wakeups=True))
+    message = str(info.value)
+    for name in ("listen_lanes", "wake_lane"):
+        assert f"{name} (lane wake-ups)" in message
+    assert "LaneWakeups with StoreSpec.lane_wakeups" in message
+
+
 def test_a_missing_required_method_is_an_error_naming_the_plugin(hermes_home: Path) -> None:
     with pytest.raises(StoreContractError) as info:
         _open(hermes_home, _Backends(hermes_home, wrap=_WithoutGetRoute))

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, Protocol
@@ -481,6 +481,20 @@ class TurnLeases(Protocol):
         armed to resume whose lease, never released, is so held or expired. Each comes with
         the id of its oldest queued event when queued events alone, with no lease at all,
         make it orphaned (else None): its enqueuer may be about to take the lease."""
+
+
+class LaneWakeups(Protocol):
+    """What a backend with ``StoreSpec.lane_wakeups`` implements: a signal from one process to
+    every other process sharing the store that a lane has something for its lease holder.
+    Signals may be lost (a connection cut); the holder then sees the lane's queued events when
+    its turn ends."""
+
+    def wake_lane(self, session_key: str) -> None:
+        """Signal ``session_key`` to the other processes once the enclosing write commits."""
+
+    def listen_lanes(self, woken: Callable[[str], None]) -> Callable[[], None]:
+        """Call ``woken(session_key)`` (on a thread of the backend's) for every lane signalled
+        by another process from now on; returns the function that stops listening."""
 
 
 class BacklogTarget(Protocol):

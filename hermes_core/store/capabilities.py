@@ -18,6 +18,7 @@ from hermes_core.errors import StoreContractError
 from hermes_core.specs import STORE_CAPABILITIES, StoreCapability, StoreSpec
 from hermes_core.store.backend import (
     DurableQueue,
+    LaneWakeups,
     LedgerRows,
     Maintenance,
     ParallelWriters,
@@ -83,6 +84,8 @@ class BoundBackend:
     maintenance: Maintenance | None = None
     leases: TurnLeases | None = None
     """Set when the spec is not ``single_instance``: several gateways share the store."""
+    wakeups: LaneWakeups | None = None
+    """Set when the spec declares ``lane_wakeups`` on a shared store."""
 
     def offers(self) -> dict[str, bool]:
         """Each capability, and whether this backend offers it."""
@@ -110,13 +113,20 @@ def bind_backend(spec: StoreSpec, backend: Any, plugin: str, *, warn: bool = Tru
             for name in protocol_methods(ParallelWriters)
             if not _has(backend, name)
         ]
+    if spec.lane_wakeups:
+        missing += [
+            f"{name} (lane wake-ups)"
+            for name in protocol_methods(LaneWakeups)
+            if not _has(backend, name)
+        ]
     if missing:
         raise StoreContractError(
             f"storage plugin {plugin!r} opened a {spec.name!r} backend that lacks "
             f"{', '.join(missing)}: implement them in the backend (or remove the capability from "
             "its StoreSpec.capabilities; turn leases are needed unless "
-            "StoreSpec.single_instance, ParallelWriters with StoreSpec.parallel_writers), or "
-            "disable the plugin and choose another storage.url."
+            "StoreSpec.single_instance, ParallelWriters with StoreSpec.parallel_writers, "
+            "LaneWakeups with StoreSpec.lane_wakeups), or disable the plugin and choose another "
+            "storage.url."
         )
     if warn:
         for capability in STORE_CAPABILITIES:
@@ -138,6 +148,9 @@ def bind_backend(spec: StoreSpec, backend: Any, plugin: str, *, warn: bool = Tru
         counts=cast(RestartCountRows, backend) if "restart_counts" in offered else None,
         maintenance=cast(Maintenance, backend) if "maintenance" in offered else None,
         leases=None if spec.single_instance else cast(TurnLeases, backend),
+        wakeups=cast(LaneWakeups, backend)
+        if spec.lane_wakeups and not spec.single_instance
+        else None,
     )
 
 

@@ -15,6 +15,7 @@ nothing. On a single-instance store every call here is a no-op that grants.
 from __future__ import annotations
 
 import secrets
+from collections.abc import Callable
 
 from hermes_core.errors import LeaseLostError
 from hermes_core.instance import instance_id
@@ -56,6 +57,21 @@ class LeaseStore(StoreBase):
     def held_lanes(self) -> list[str]:
         """The lanes whose lease this process holds."""
         return list(self._leases)
+
+    @serialised
+    def wake_lane(self, session_key: str) -> None:
+        """Tell the other processes that something waits for the lane's lease holder (once
+        this write commits; nothing when the backend has no wake-ups)."""
+        wakeups = self._bound.wakeups
+        if wakeups is not None:
+            with self._canonical():
+                wakeups.wake_lane(session_key)
+
+    def listen_lanes(self, woken: Callable[[str], None]) -> Callable[[], None] | None:
+        """Call ``woken(session_key)`` (on another thread) for each lane another process wakes;
+        the function that stops listening, or None when the backend has no wake-ups."""
+        wakeups = self._bound.wakeups
+        return None if wakeups is None else wakeups.listen_lanes(woken)
 
     @serialised
     def take_lease(self, session_key: str) -> LeaseGrant | None:

@@ -51,6 +51,6 @@ def hermes_register_stores(config: GatewayConfig) -> list[StoreSpec]:
         StoreSpec(
             name="postgresql", schemes=("postgresql", "postgresql+psycopg"),
             capabilities=_LOCAL | {"restart_counts"}, single_instance=not shared,
-            parallel_writers=True, **common,
+            parallel_writers=True, lane_wakeups=shared, **common,
         ),
     ]  # fmt: skip

@@ -52,11 +52,12 @@ from hermes_plugins.sql_store.schema import (
     sessions,
 )
 from hermes_plugins.sql_store.statements import Prepared
+from hermes_plugins.sql_store.wakeups import WakeupRows
 
 logger = logging.getLogger(__name__)
 
 
-class SqlBackend(RekeyRows, OperatorRows, LeaseRows):
+class SqlBackend(RekeyRows, OperatorRows, LeaseRows, WakeupRows):
     """The canonical store over SQLite or PostgreSQL: the required contract and every
     capability (which ones a dialect offers is declared by its ``StoreSpec``)."""
 

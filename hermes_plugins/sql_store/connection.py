@@ -201,9 +201,12 @@ class SqlConnection:
             # A plain postgresql:// means psycopg 3 here (SQLAlchemy's default is psycopg2).
             url = self.url.set(drivername="postgresql+psycopg")
             try:
+                # The writers' connections (and a shared store's listener) come from the pool
+                # too and stay checked out: the readers get the rest.
+                size = config.storage.read_connections + len(self._slots) + self.shared
                 return create_engine(
-                    url, pool_pre_ping=True, connect_args=settings,
-                    pool_size=config.storage.read_connections, max_overflow=0,
+                    url, pool_pre_ping=True, connect_args=settings, pool_size=size,
+                    max_overflow=0,
                 )  # fmt: skip
             except ImportError as exc:  # the driver is imported when the engine is created
                 raise StoreUnavailableError(
@@ -267,7 +270,7 @@ class SqlConnection:
         # Open already: the first writer connection and the one this check reads on.
         warning = exclusive.check_connections(
             self.display, len(self._slots), config.storage.read_connections,
-            (row[0], row[1], row[2]), ours=2,
+            (row[0], row[1], row[2]), ours=2, listening=self.shared,
         )  # fmt: skip
         if warning is not None:
             logger.warning("%s", warning)

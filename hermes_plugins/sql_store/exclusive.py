@@ -87,17 +87,25 @@ connections open now."""
 
 
 def check_connections(
-    display: str, writers: int, readers: int, limits: tuple[int, int, int], *, ours: int
+    display: str,
+    writers: int,
+    readers: int,
+    limits: tuple[int, int, int],
+    *,
+    ours: int,
+    listening: bool = False,
 ) -> str | None:
-    """Compare the connections a process needs (``writers + readers``) with the server's
-    ``(max_connections, reserved, in use)``: raise :class:`ConfigError` if they can never fit;
-    return a warning when they do not fit beside the connections open now (other processes may
-    close theirs), else None. ``ours``: how many of those in use this process opened already."""
+    """Compare the connections a process needs (``writers + readers``, plus one that listens
+    for lane wake-ups on a shared store) with the server's ``(max_connections, reserved, in
+    use)``: raise :class:`ConfigError` if they can never fit; return a warning when they do not
+    fit beside the connections open now (other processes may close theirs), else None.
+    ``ours``: how many of those in use this process opened already."""
     limit, reserved, in_use = limits
-    need, usable, elsewhere = writers + readers, limit - reserved, in_use - ours
+    need, usable, elsewhere = writers + readers + listening, limit - reserved, in_use - ours
     needs = (
-        f"{need} connections ({writers} writers, storage.writer_connections, and {readers} "
-        "readers, storage.read_connections)"
+        f"{need} connections ({writers} writers, storage.writer_connections, {readers} "
+        "readers, storage.read_connections"
+        + (", and 1 listening for lane wake-ups)" if listening else ")")
     )
     if need > usable:
         raise ConfigError(

@@ -1,0 +1,126 @@
+"""Commands sent through one gateway for a lane whose turn runs in another, on a shared
+PostgreSQL store (each gateway stands for a process of its own: its own ``$HERMES_HOME``, so its
+own instance id). The holder is woken (``LISTEN``/``NOTIFY``) and carries the command out at
+once; without a wake-up it would run only once the turn ended."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from sqlalchemy import create_engine, text
+from support.shared_driver import configure
+
+from hermes_core import MessageEvent, SessionSource
+from hermes_core.agents import EchoAgent, InMemoryAdapter, TurnRequest
+from hermes_core.gateway_texts import NEW_SESSION, STOPPED
+from hermes_core.models import SessionEntry
+from hermes_core.runtime import Gateway
+
+pytestmark = [pytest.mark.postgres, pytest.mark.multi_process]
+
+SOURCE = SessionSource(platform="telegram", chat_id="c1", chat_type="dm", user_id="c1")
+
+
+class Endless(EchoAgent):
+    """A turn that never ends by itself (only an interruption ends it)."""
+
+    def __init__(self, started: asyncio.Event) -> None:
+        super().__init__()
+        self.started = started
+
+    async def run_turn(self, request: TurnRequest) -> str | None:
+        self.started.set()
+        await asyncio.Event().wait()
+        return None
+
+
+def _gateway(
+    root: Path, name: str, url: str, agent: Callable[[], EchoAgent]
+) -> tuple[Gateway, InMemoryAdapter]:
+    config = configure(root / name, url, lease_secs=10, scan_secs=3600)
+    adapter = InMemoryAdapter(platform="telegram")
+
+    def agents(entry: SessionEntry) -> EchoAgent:
+        return agent()
+
+    return Gateway(config, None, agents, [adapter]), adapter
+
+
+async def _wait(condition: Callable[[], bool], what: str, timeout: float = 10) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        await asyncio.sleep(0.02)
+
+
+def _queued(url: str) -> int:
+    engine = create_engine(url)
+    with engine.connect() as conn:
+        count = conn.execute(text("SELECT count(*) FROM queued_events")).scalar_one()
+    engine.dispose()
+    return int(count)
+
+
+@pytest.mark.parametrize(("command", "answer"), [("/stop", STOPPED), ("/new", NEW_SESSION)])
+def test_a_command_through_another_gateway_interrupts_the_turn_running_in_the_holder(
+    tmp_path: Path, empty_database: str, command: str, answer: str
+) -> None:
+    async def scenario() -> tuple[list[str], list[str], float, str, str]:
+        started = asyncio.Event()
+        holder, held = _gateway(tmp_path, "holder", empty_database, lambda: Endless(started))
+        other, elsewhere = _gateway(tmp_path, "other", empty_database, EchoAgent)
+        await holder.start()
+        await other.start()
+        key = holder.store.session_key_for(SOURCE)
+        await holder.handle_message(MessageEvent(text="think", source=SOURCE, message_id="m1"))
+        await started.wait()
+        before = holder.store.peek_session_id(key)
+        sent = time.monotonic()
+        await other.handle_message(MessageEvent(text=command, source=SOURCE, message_id="m2"))
+        await _wait(lambda: answer in held.texts(), f"the holder to answer {command}")
+        latency = time.monotonic() - sent
+        await holder.idle()
+        after = holder.store.peek_session_id(key)
+        await other.stop()
+        await holder.stop()
+        return held.texts(), elsewhere.texts(), latency, str(before), str(after)
+
+    held, elsewhere, latency, before, after = asyncio.run(scenario())
+    assert held == [answer]  # carried out by the holder, whose turn it interrupted
+    assert elsewhere == []
+    assert latency < 5  # at once, not when a lease expires or the turn ends
+    assert _queued(empty_database) == 0  # the command was taken out of the queue
+    assert (before != after) == (command == "/new")
+
+
+def test_the_lane_goes_on_after_a_command_carried_out_for_another_gateway(
+    tmp_path: Path, empty_database: str
+) -> None:
+    """After a ``/stop`` carried out for another gateway, the lane goes on: the next message
+    is answered (by whichever process then takes the lane)."""
+
+    async def scenario() -> list[str]:
+        started = asyncio.Event()
+        turns = iter([Endless(started)])
+        holder, held = _gateway(
+            tmp_path, "holder", empty_database, lambda: next(turns, None) or EchoAgent()
+        )
+        other, elsewhere = _gateway(tmp_path, "other", empty_database, EchoAgent)
+        await holder.start()
+        await other.start()
+        await holder.handle_message(MessageEvent(text="think", source=SOURCE, message_id="m1"))
+        await started.wait()
+        await other.handle_message(MessageEvent(text="/stop", source=SOURCE, message_id="m2"))
+        await _wait(lambda: STOPPED in held.texts(), "the stop")
+        await other.handle_message(MessageEvent(text="again", source=SOURCE, message_id="m3"))
+        await _wait(lambda: len(held.texts() + elsewhere.texts()) == 2, "the next turn")
+        await other.stop()
+        await holder.stop()
+        return held.texts() + elsewhere.texts()
+
+    assert asyncio.run(scenario()) == [STOPPED, "echo: again"]
