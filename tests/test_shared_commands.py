@@ -124,3 +124,38 @@ def test_the_lane_goes_on_after_a_command_carried_out_for_another_gateway(
         return held.texts() + elsewhere.texts()
 
     assert asyncio.run(scenario()) == [STOPPED, "echo: again"]
+
+
+def _terminate_listeners(url: str) -> int:
+    """End every connection that waits for lane wake-ups (as a server restart would)."""
+    engine = create_engine(url)
+    with engine.connect() as conn:
+        ended = conn.execute(text(
+            "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
+            "WHERE datname = current_database() AND query LIKE 'LISTEN %'"
+        )).scalar_one()  # fmt: skip
+    engine.dispose()
+    return int(ended)
+
+
+def test_the_holder_listens_again_after_its_listening_connection_was_cut(
+    tmp_path: Path, empty_database: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    async def scenario() -> list[str]:
+        started = asyncio.Event()
+        holder, held = _gateway(tmp_path, "holder", empty_database, lambda: Endless(started))
+        other, _ = _gateway(tmp_path, "other", empty_database, EchoAgent)
+        await holder.start()
+        await other.start()
+        assert await asyncio.to_thread(_terminate_listeners, empty_database) == 2
+        await holder.handle_message(MessageEvent(text="think", source=SOURCE, message_id="m1"))
+        await started.wait()
+        await asyncio.sleep(1.5)  # the first pause before listening again is 0.5 s
+        await other.handle_message(MessageEvent(text="/stop", source=SOURCE, message_id="m2"))
+        await _wait(lambda: STOPPED in held.texts(), "the holder to answer /stop")
+        await other.stop()
+        await holder.stop()
+        return held.texts()
+
+    assert asyncio.run(scenario()) == [STOPPED]
+    assert any("listening for lane wake-ups failed" in r.getMessage() for r in caplog.records)
