@@ -3,10 +3,12 @@
 Nothing outside this module calls ``pm.hook.*``: callers use the typed getters of
 :class:`HermesPluginManager`. :func:`create_plugin_manager` returns a fresh manager; every public
 function's ``plugins=None`` means :func:`default_plugin_manager`, one cached manager per
-configuration.
+configuration. The values the manager hands out (:class:`PluginInfo`, :class:`PlatformRegistry`)
+are defined in :mod:`hermes_core.plugin_records`, the problems it raises are found by
+:mod:`hermes_core.plugin_problems`.
 
-One module on purpose: the manager and the registries it hands out share the offers cache and
-its invalidation.
+The manager and the functions that build it stay in one module on purpose: building a manager
+records the disabled and failed plugins in the manager's own bookkeeping.
 """
 
 from __future__ import annotations
@@ -15,22 +17,26 @@ import functools
 import importlib
 import logging
 import os
-from collections.abc import Iterator, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Iterator
 from importlib.metadata import PackageNotFoundError, entry_points, version
-from typing import Any, Literal
+from typing import Any
 
 import pluggy
 from cachetools import LRUCache
 
 from hermes_core.config import GatewayConfig
-from hermes_core.errors import (
-    ConfigError,
-    HermesError,
-    PlatformConflictError,
-    PluginConflictError,
-    PluginError,
-    UnknownPlatformError,
+from hermes_core.errors import ConfigError, PluginError
+from hermes_core.plugin_problems import find_problems
+from hermes_core.plugin_records import (
+    NO_ORIGIN,
+    Absent,
+    Concern,
+    Offers,
+    Origin,
+    PlatformRegistry,
+    PluginInfo,
+    PluginStatus,
+    Provides,
 )
 from hermes_core.specs import (
     EvictionPolicy,
@@ -42,6 +48,11 @@ from hermes_core.specs import (
 from hermes_hookspecs import PROJECT_NAME, SPEC_MODULES
 from hermes_plugins import BUILTIN_PLUGINS, ESSENTIAL_PLUGINS
 
+__all__ = [
+    "DISTRIBUTION", "ENTRY_POINT_GROUP", "HermesPluginManager", "PlatformRegistry", "PluginInfo",
+    "create_plugin_manager", "default_plugin_manager", "hookimpl", "platform_registry",
+]  # fmt: skip
+
 logger = logging.getLogger(__name__)
 
 ENTRY_POINT_GROUP = "hermes.plugins"
@@ -52,151 +63,10 @@ DISTRIBUTION = "hermes-sessions"
 hookimpl = pluggy.HookimplMarker(PROJECT_NAME)
 """Marker for hook implementations: ``@hookimpl def hermes_register_platforms(config): ...``."""
 
-PluginStatus = Literal["loaded", "conflict", "failed", "disabled"]
-"""``loaded``: in use; ``conflict``: claims something another plugin claims too; ``failed``: did
-not import or register, or a registration hook raised; ``disabled``: in ``plugins.disable``."""
-
-_Concern = Literal["platforms", "stores", "recovery_steps", "eviction_policy"]
-
-
-@dataclass(frozen=True)
-class Provides:
-    """What a plugin registers: platforms, storage URL schemes, recovery steps, eviction policy."""
-
-    platforms: tuple[str, ...] = ()
-    schemes: tuple[str, ...] = ()
-    steps: tuple[str, ...] = ()
-    policy: str | None = None
-
-    def describe(self) -> str:
-        """One line, e.g. ``platforms: local, signal; steps: clean_shutdown``."""
-        parts = [
-            f"{label}: {', '.join(names)}"
-            for label, names in (
-                ("platforms", self.platforms), ("schemes", self.schemes), ("steps", self.steps),
-                ("policy", (self.policy,) if self.policy else ()),
-            )
-            if names
-        ]  # fmt: skip
-        return "; ".join(parts)
-
-
-@dataclass(frozen=True)
-class PluginInfo:
-    """One plugin, as ``list_plugins()`` and ``hermes-sessions plugins`` show it.
-
-    ``provides`` is what the plugin registers; for a disabled built-in, what it would register.
-    ``problems`` says why the status is not ``loaded`` (and how to fix it).
-    """
-
-    name: str
-    distribution: str | None
-    version: str | None
-    hooks: tuple[str, ...]
-    builtin: bool
-    status: PluginStatus
-    provides: Provides
-    problems: tuple[str, ...]
-
-
-@dataclass(frozen=True)
-class _Origin:
-    distribution: str | None
-    version: str | None
-    builtin: bool
-
-
-_NO_ORIGIN = _Origin(None, None, False)
-
-
-@dataclass(frozen=True)
-class _Absent:
-    """A plugin that is not registered: disabled, or failed to import or register."""
-
-    origin: _Origin
-    status: PluginStatus
-    problem: str | None
-
-
-@dataclass
-class _Offers:
-    """What the registration hooks returned, per plugin, in pluggy's call order."""
-
-    platforms: list[tuple[str, PlatformSpec]] = field(default_factory=list)
-    stores: list[tuple[str, StoreSpec]] = field(default_factory=list)
-    steps: list[tuple[str, RecoveryStep]] = field(default_factory=list)
-    policies: list[tuple[str, EvictionPolicy]] = field(default_factory=list)
-    failures: list[tuple[str, _Concern, str]] = field(default_factory=list)
-    """(plugin, concern, message) of each registration hook that raised or returned junk."""
-    dropped: list[tuple[str, str]] = field(default_factory=list)
-    """(plugin, platform) pairs left out by a ``plugins.disable: [plugin.platform]`` entry."""
-    problems: list[_Problem] = field(default_factory=list)
-    registry: PlatformRegistry | None = None
-    """The platform registry built from ``platforms`` (once there is no platform problem)."""
-
-    def of(self, plugin_name: str) -> Provides:
-        """What ``plugin_name`` provides."""
-        policies = [policy.name for name, policy in self.policies if name == plugin_name]
-        return Provides(
-            platforms=tuple(spec.name for name, spec in self.platforms if name == plugin_name),
-            schemes=tuple(
-                s for name, spec in self.stores if name == plugin_name for s in spec.schemes
-            ),
-            steps=tuple(step.name for name, step in self.steps if name == plugin_name),
-            policy=policies[0] if policies else None,
-        )
-
-
-@dataclass(frozen=True)
-class _Problem:
-    """A conflict, a registration failure (strict only) or an essential plugin lost."""
-
-    concern: _Concern
-    plugins: tuple[str, ...]
-    message: str
-    error: type[HermesError]
-
 
 def _who(plugin_name: str, distribution: str | None) -> str:
     """``'name' (distribution)``, how messages name a plugin."""
     return f"{plugin_name!r} ({distribution or 'not from a distribution'})"
-
-
-class PlatformRegistry(Mapping[str, PlatformSpec]):
-    """Registered platforms by name, with the plugin that owns each."""
-
-    def __init__(self, specs: Mapping[str, PlatformSpec], owners: Mapping[str, str]) -> None:
-        self._specs = dict(sorted(specs.items()))
-        self.owners: Mapping[str, str] = dict(owners)
-
-    def __getitem__(self, name: str) -> PlatformSpec:
-        return self._specs[name]
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self._specs)
-
-    def __len__(self) -> int:
-        return len(self._specs)
-
-    def __contains__(self, name: object) -> bool:
-        return name in self._specs
-
-    def require(self, name: str, *, field: str = "platform") -> PlatformSpec:
-        """The spec of ``name``, or :class:`UnknownPlatformError` saying what to do."""
-        spec = self._specs.get(name)
-        if spec is None:
-            known = ", ".join(self._specs) or "none"
-            raise UnknownPlatformError(
-                field,
-                f"{field} {name!r} is not a registered platform (registered: {known}); install "
-                "or enable the plugin that provides it, or fix the name.",
-            )
-        return spec
-
-    @property
-    def local_machine(self) -> tuple[str, ...]:
-        """The platforms that are the machine running the agent (``PlatformSpec.local_machine``)."""
-        return tuple(name for name, spec in self._specs.items() if spec.local_machine)
 
 
 class HermesPluginManager(pluggy.PluginManager):
@@ -214,13 +84,13 @@ class HermesPluginManager(pluggy.PluginManager):
             self.add_hookspecs(importlib.import_module(module_name))
         self.config = config
         self.strict = strict
-        self._origins: dict[str, _Origin] = {}
-        self._absent: dict[str, _Absent] = {}
+        self._origins: dict[str, Origin] = {}
+        self._absent: dict[str, Absent] = {}
         self._order: dict[str, None] = {}
         """Every plugin name seen (registered or absent), in the order it was seen."""
         self._essentials_disabled: dict[str, Provides] = {}
         """Disabled essential built-ins and what they would have provided."""
-        self._offered: _Offers | None = None
+        self._offered: Offers | None = None
 
     # -- registration --------------------------------------------------------------------------
 
@@ -260,7 +130,7 @@ class HermesPluginManager(pluggy.PluginManager):
         builtin: bool = False,
     ) -> bool:  # fmt: skip
         """Register ``plugin`` from a distribution; False (status ``failed``) if refused."""
-        origin = _Origin(distribution, version, builtin)
+        origin = Origin(distribution, version, builtin)
         if self.has_plugin(name) or name in self._absent:
             self._fail(name, origin, f"the name is already used by plugin {self._describe(name)}")
             return False
@@ -273,13 +143,13 @@ class HermesPluginManager(pluggy.PluginManager):
         return True
 
     def _add_absent(
-        self, name: str, origin: _Origin, status: PluginStatus, problem: str | None
+        self, name: str, origin: Origin, status: PluginStatus, problem: str | None
     ) -> None:
         """Record a plugin that is not registered (disabled, or failed to import)."""
-        self._absent.setdefault(name, _Absent(origin, status, problem))
+        self._absent.setdefault(name, Absent(origin, status, problem))
         self._order[name] = None
 
-    def _fail(self, name: str, origin: _Origin, message: str) -> None:
+    def _fail(self, name: str, origin: Origin, message: str) -> None:
         """A plugin that cannot be registered: a :class:`PluginError` when strict, else a
         warning naming plugin and distribution, and the plugin is listed as ``failed``."""
         text = f"plugin {_who(name, origin.distribution)}: {message}"
@@ -291,7 +161,7 @@ class HermesPluginManager(pluggy.PluginManager):
     def _describe(self, plugin_name: str) -> str:
         """``'name' (distribution)`` of a known plugin, for messages."""
         absent = self._absent.get(plugin_name)
-        origin = absent.origin if absent else self._origins.get(plugin_name, _NO_ORIGIN)
+        origin = absent.origin if absent else self._origins.get(plugin_name, NO_ORIGIN)
         return _who(plugin_name, origin.distribution)
 
     # -- collecting what the plugins offer -----------------------------------------------------
@@ -311,7 +181,7 @@ class HermesPluginManager(pluggy.PluginManager):
             else:
                 yield impl.plugin_name, result, None
 
-    def _offers(self) -> _Offers:
+    def _offers(self) -> Offers:
         """What every registration hook returned (cached until a plugin is (un)registered).
 
         A hook that raises or returns the wrong type is logged with the plugin's name and its
@@ -319,14 +189,14 @@ class HermesPluginManager(pluggy.PluginManager):
         """
         if self._offered is not None:
             return self._offered
-        offers = _Offers()
+        offers = Offers()
         disabled = set(self.config.plugins.disable)
 
-        def failed(plugin_name: str, concern: _Concern, message: str) -> None:
+        def failed(plugin_name: str, concern: Concern, message: str) -> None:
             offers.failures.append((plugin_name, concern, message))
             logger.warning("plugin %s: %s; skipped", self._describe(plugin_name), message)
 
-        lists: tuple[tuple[_Concern, str, type[Any], list[Any]], ...] = (
+        lists: tuple[tuple[Concern, str, type[Any], list[Any]], ...] = (
             ("platforms", "hermes_register_platforms", PlatformSpec, offers.platforms),
             ("stores", "hermes_register_stores", StoreSpec, offers.stores),
             ("recovery_steps", "hermes_register_recovery_steps", RecoveryStep, offers.steps),
@@ -354,125 +224,18 @@ class HermesPluginManager(pluggy.PluginManager):
                 failed(plugin_name, "eviction_policy", f"hook hermes_eviction_policy {problem}")
             elif policy is not None:
                 offers.policies.append((plugin_name, policy))
-        offers.problems = self._problems(offers)
+        offers.problems = find_problems(
+            offers, self.config,
+            describe=self._describe, is_builtin=self._is_builtin, has_plugin=self.has_plugin,
+            essentials_disabled=self._essentials_disabled, strict=self.strict,
+        )  # fmt: skip
         self._offered = offers
         return offers
 
-    def _problems(self, offers: _Offers) -> list[_Problem]:
-        """Conflicts, essential plugins disabled without a replacement, misnamed platform
-        disables, and (when strict) registration failures."""
-        problems: list[_Problem] = []
-        claims: tuple[tuple[_Concern, str, dict[str, list[str]]], ...] = (
-            ("platforms", "platform", _owners((spec.name, p) for p, spec in offers.platforms)),
-            ("stores", "storage scheme",
-             _owners((scheme, p) for p, spec in offers.stores for scheme in spec.schemes)),
-            ("recovery_steps", "recovery step", _owners((s.name, p) for p, s in offers.steps)),
-        )  # fmt: skip
-        for concern, what, owners in claims:
-            for claimed, plugins in owners.items():
-                if len(plugins) > 1:
-                    problems.append(self._conflict(concern, what, claimed, plugins))
-        replacing = [name for name, _ in offers.policies if not self._is_builtin(name)]
-        if len(replacing) > 1:
-            names = " and ".join(f"plugin {self._describe(name)}" for name in replacing)
-            problems.append(
-                _Problem(
-                    "eviction_policy", tuple(replacing),
-                    f"only one eviction policy may replace the built-in one, but {names} each "
-                    f"offer one; {_disable_one(replacing)}.",
-                    PluginConflictError,
-                )
-            )  # fmt: skip
-        problems += self._lost(offers)
-        problems += self._misnamed_disables(offers)
-        if self.strict:
-            for plugin_name, concern, message in offers.failures:
-                text = f"plugin {self._describe(plugin_name)}: {message}"
-                problems.append(_Problem(concern, (plugin_name,), text, PluginError))
-        return problems
-
-    def _conflict(self, concern: _Concern, what: str, claimed: str, plugins: list[str]) -> _Problem:
-        """Two (or more) plugins claim one name: name them and say which entries fix it."""
-        named = " and by plugin ".join(self._describe(name) for name in plugins)
-        if concern == "platforms":
-            fixes = " or ".join(f"[{name}.{claimed}]" for name in plugins)
-            fix = (
-                f"disable it in one of them (plugins.disable: {fixes}) or disable one of the "
-                "plugins"
-            )
-            error: type[HermesError] = PlatformConflictError
-        else:
-            fix, error = _disable_one(plugins), PluginConflictError
-        return _Problem(
-            concern, tuple(plugins), f"{what} {claimed!r} is registered by plugin {named}; {fix}.",
-            error,
-        )  # fmt: skip
-
-    def _lost(self, offers: _Offers) -> list[_Problem]:
-        """Essential built-ins disabled with nothing else providing what they did."""
-        problems = []
-        scheme = self.config.storage_url.split("://", 1)[0]
-        for name, would in self._essentials_disabled.items():
-            prefix = f"plugins.disable lists {name!r}, and no other plugin provides"
-            fix = f"remove {name!r} from plugins.disable or install a plugin that"
-            steps = {step.name for _, step in offers.steps}
-            missing = [step for step in would.steps if step not in steps]
-            if missing:
-                problems.append(
-                    _Problem(
-                        "recovery_steps", (name,),
-                        f"{prefix} the recovery steps {', '.join(missing)}: start-up and shutdown "
-                        f"would skip them; {fix} registers steps with these names.",
-                        ConfigError,
-                    )
-                )  # fmt: skip
-            schemes = {s for _, spec in offers.stores for s in spec.schemes}
-            if scheme in would.schemes and scheme not in schemes:
-                problems.append(
-                    _Problem(
-                        "stores", (name,),
-                        f"{prefix} the storage backend for storage.url (scheme {scheme!r}): no "
-                        f"session could be stored; {fix} registers the scheme {scheme!r}.",
-                        ConfigError,
-                    )
-                )  # fmt: skip
-            if would.policy and not offers.policies:
-                problems.append(
-                    _Problem(
-                        "eviction_policy", (name,),
-                        f"{prefix} an eviction policy: the agent cache would have none; {fix} "
-                        "offers one.",
-                        ConfigError,
-                    )
-                )  # fmt: skip
-        return problems
-
-    def _misnamed_disables(self, offers: _Offers) -> list[_Problem]:
-        """``plugins.disable: [plugin.platform]`` entries naming a platform the loaded plugin
-        does not register (a typo would otherwise leave the platform silently enabled)."""
-        problems = []
-        for entry in self.config.plugins.disable:
-            plugin_name, _, platform = entry.partition(".")
-            if not platform or not self.has_plugin(plugin_name):
-                continue
-            offered = [*offers.of(plugin_name).platforms]
-            offered += [name for owner, name in offers.dropped if owner == plugin_name]
-            if platform not in offered:
-                problems.append(
-                    _Problem(
-                        "platforms", (plugin_name,),
-                        f"plugins.disable lists {entry!r}, but plugin {plugin_name!r} registers "
-                        f"no platform {platform!r} (it registers: "
-                        f"{', '.join(offered) or 'none'}); fix the entry.",
-                        ConfigError,
-                    )
-                )  # fmt: skip
-        return problems
-
     def _is_builtin(self, plugin_name: str) -> bool:
-        return self._origins.get(plugin_name, _NO_ORIGIN).builtin
+        return self._origins.get(plugin_name, NO_ORIGIN).builtin
 
-    def _raise_for(self, concern: _Concern) -> None:
+    def _raise_for(self, concern: Concern) -> None:
         """Raise the error for ``concern``'s problems (all of them named), if any."""
         problems = [problem for problem in self._offers().problems if problem.concern == concern]
         if not problems:
@@ -565,7 +328,7 @@ class HermesPluginManager(pluggy.PluginManager):
             plugin = registered.get(name)
             if plugin is None:  # unregistered since
                 continue
-            origin = self._origins.get(name, _NO_ORIGIN)
+            origin = self._origins.get(name, NO_ORIGIN)
             hooks = tuple(sorted(caller.name for caller in self.get_hookcallers(plugin) or ()))
             failures = [message for owner, _, message in offers.failures if owner == name]
             conflicts = [p.message for p in problems if name in p.plugins]
@@ -577,19 +340,6 @@ class HermesPluginManager(pluggy.PluginManager):
                 )
             )  # fmt: skip
         return infos
-
-
-def _owners(claims: Iterator[tuple[str, str]]) -> dict[str, list[str]]:
-    """Claimed name → the plugins claiming it, in call order."""
-    owners: dict[str, list[str]] = {}
-    for claimed, plugin_name in claims:
-        owners.setdefault(claimed, []).append(plugin_name)
-    return owners
-
-
-def _disable_one(plugins: list[str]) -> str:
-    """``disable one of them (plugins.disable: [a] or [b])``."""
-    return f"disable one of them (plugins.disable: {' or '.join(f'[{p}]' for p in plugins)})"
 
 
 def create_plugin_manager(
@@ -614,7 +364,7 @@ def create_plugin_manager(
     disabled = set(config.plugins.disable)
     version = _own_version()
     for name, module_path in BUILTIN_PLUGINS:
-        origin = _Origin(DISTRIBUTION, version, True)
+        origin = Origin(DISTRIBUTION, version, True)
         if name in disabled:
             manager._add_absent(name, origin, "disabled", None)
             if name in ESSENTIAL_PLUGINS:
@@ -630,7 +380,7 @@ def create_plugin_manager(
             dist = entry.dist.name if entry.dist is not None else None
             if entry.name in builtin_names and dist == DISTRIBUTION:
                 continue
-            origin = _Origin(dist, entry.dist.version if entry.dist is not None else None, False)
+            origin = Origin(dist, entry.dist.version if entry.dist is not None else None, False)
             if entry.name in disabled:
                 manager._add_absent(entry.name, origin, "disabled", None)
                 continue

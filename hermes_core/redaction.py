@@ -21,7 +21,7 @@ from typing import Literal
 
 from hermes_core.errors import RedactionError, StoreError
 from hermes_core.files import create_private_file, ensure_private_dir
-from hermes_core.plugins import PlatformRegistry
+from hermes_core.plugin_records import PlatformRegistry
 from hermes_core.text import clean_text
 
 logger = logging.getLogger(__name__)
