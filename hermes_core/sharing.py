@@ -103,7 +103,8 @@ class SharedLanes:
 
     def _take_step(self, key: str) -> LeaseGrant | None:
         """Writer step: the lease and the lane's durable queue, or (held elsewhere, or being
-        taken over here since the scan claimed it) nothing."""
+        taken over here since the scan claimed it) nothing. A lane it marks as recovering is
+        unmarked if its batch is rolled back (the step then runs again)."""
         if key in self._recovering:
             return None
         grant = self.store.take_lease(key)
@@ -113,6 +114,7 @@ class SharedLanes:
         self.queue.reload(key)
         if grant == "unreleased":
             self._recovering.add(key)  # before the writer lets anything else near the lane
+            self.store.on_rollback(lambda: self._recovering.discard(key))
         return grant
 
     def release(self, key: str) -> None:
@@ -166,10 +168,12 @@ class SharedLanes:
 
     def _claim_step(self) -> list[str]:
         """Writer step: the leases of the lanes to take over, each marked as recovering (one
-        being taken over here already is left to that takeover)."""
+        being taken over here already is left to that takeover; the marks are undone if the
+        batch is rolled back, so the step's next run claims those lanes again)."""
         claimed = self.store.claim_orphaned_lanes(expired=True)
         taken = [key for key in claimed if key not in self._recovering]
         self._recovering.update(taken)
+        self.store.on_rollback(lambda: self._recovering.difference_update(taken))
         return taken
 
     async def _recover_lanes(self, keys: list[str]) -> None:

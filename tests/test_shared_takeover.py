@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -19,7 +20,9 @@ from hermes_core import MessageEvent, SessionSource, create_plugin_manager
 from hermes_core.agents import EchoAgent, InMemoryAdapter, TurnRequest
 from hermes_core.config import GatewayConfig
 from hermes_core.models import SessionEntry
+from hermes_core.queue import TurnQueue
 from hermes_core.runtime import Gateway
+from hermes_core.sharing import SharedLanes
 from hermes_core.store import SessionStore
 
 pytestmark = pytest.mark.postgres
@@ -114,6 +117,89 @@ def test_the_scan_leaves_a_lane_just_queued_to_its_enqueuer_and_claims_it_if_nev
     assert enqueuer.claim_orphaned_lanes(expired=True) == []
     assert enqueuer.claim_orphaned_lanes(expired=True) == [stranded]  # still unleased: claimed
     assert scanner.take_lease(stranded) is None
+
+
+def _lanes(store: SessionStore) -> SharedLanes:
+    """The gateway's lease bookkeeping over ``store``, dispatching nothing."""
+
+    async def take_over(key: str) -> None:
+        """Nothing to take over in these tests."""
+
+    return SharedLanes(
+        store.config, store, TurnQueue(store, store.config), dispatch=lambda key: None,
+        take_over=take_over,
+    )  # fmt: skip
+
+
+def _in_a_rolled_back_batch(
+    store: SessionStore, key: str, step: Callable[..., T], *args: object
+) -> T:
+    """Run ``step(*args)`` as a writer step of lane ``key`` in one batch with a step that fails,
+    so the batch is rolled back and the writer runs each step again on its own; the result of
+    that second run."""
+
+    async def run() -> T:
+        started, go = threading.Event(), threading.Event()
+
+        def hold() -> None:
+            started.set()
+            go.wait(10)
+
+        def fail() -> None:
+            raise RuntimeError("a neighbour's step fails")
+
+        held = store.submit(hold, lane=key)
+        await asyncio.to_thread(started.wait, 10)  # the next two queue up behind it: one batch
+        result = store.submit(step, *args, lane=key)
+        failed = store.submit(fail, lane=key)
+        go.set()
+        await held
+        with pytest.raises(RuntimeError):
+            await failed
+        return await result
+
+    return asyncio.run(run())
+
+
+def test_a_takeover_grant_rolled_back_with_its_batch_is_taken_again(
+    stores: Callable[..., SessionStore], empty_database: str
+) -> None:
+    holder, taker = stores("holder"), stores("taker")
+    key = holder.session_key_for(SOURCE)
+    assert holder.take_lease(key) == "free"
+    _first(lambda: _lease_expired(empty_database), "the holder's lease to expire")
+    lanes = _lanes(taker)
+    grant = _in_a_rolled_back_batch(taker, key, lanes._take_step, key)
+    assert grant == "unreleased"  # not "being taken over here" after the rolled-back run
+    assert taker.holds(key)
+    assert lanes.recovering(key)
+
+
+def test_lanes_claimed_in_a_rolled_back_batch_are_claimed_again(
+    stores: Callable[..., SessionStore], empty_database: str
+) -> None:
+    holder, taker = stores("holder"), stores("taker")
+    key = holder.get_or_create_session(SOURCE).session_key
+    assert holder.take_lease(key)
+    assert holder.mark_turn_active(key)  # a turn its holder never finishes
+    _first(lambda: _lease_expired(empty_database), "the holder's lease to expire")
+    lanes = _lanes(taker)
+    assert _in_a_rolled_back_batch(taker, key, lanes._claim_step) == [key]
+    assert taker.holds(key)
+    assert lanes.recovering(key)
+
+
+def test_a_scan_rolled_back_with_its_batch_does_not_count_as_a_scan(
+    stores: Callable[..., SessionStore],
+) -> None:
+    """A lane only queued events make orphaned is claimed on the second scan that finds it
+    unleased; a scan whose batch was rolled back must not count as the first."""
+    enqueuer, scanner = stores("enqueuer"), stores("scanner")
+    key = enqueuer.session_key_for(SOURCE)
+    assert enqueuer.queue_add(key, MessageEvent(source=SOURCE, text="hi", message_id="m1"))
+    scan = functools.partial(scanner.claim_orphaned_lanes, expired=True)
+    assert _in_a_rolled_back_batch(scanner, key, scan) == []  # left to its enqueuer
+    assert scanner.claim_orphaned_lanes(expired=True) == [key]  # the second scan claims it
 
 
 class Held(EchoAgent):

@@ -134,7 +134,8 @@ class LeaseStore(StoreBase):
         With ``expired`` (the periodic scan), a lane that only queued events make orphaned and
         that has no lease is left to the process that queued them, which takes the lease
         right after its enqueue commit: it is claimed only when the previous scan found the
-        same oldest event waiting without a lease (nobody took the lane in between)."""
+        same oldest event waiting without a lease (nobody took the lane in between). A scan
+        whose batch is rolled back does not count as the previous one."""
         rows = self._bound.leases
         if rows is None:
             return []
@@ -143,6 +144,7 @@ class LeaseStore(StoreBase):
         if expired:
             previous = self._unleased or {}
             self._unleased = {key: head for key, head in orphaned if head is not None}
+            self._writer.on_rollback(lambda: setattr(self, "_unleased", previous))
             orphaned = [
                 (key, head) for key, head in orphaned if head is None or previous.get(key) == head
             ]
