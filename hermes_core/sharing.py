@@ -7,7 +7,8 @@ events other processes queued run here, in order) and, when the lane runs dry, r
 lease unless events wait (then it runs them). A message for a lane leased elsewhere is only
 queued: the holder sees it before it can release. Two tasks run beside the lanes: one renews
 the held leases every quarter of ``storage.turn_lease_secs`` (from the moment the store is
-open: start-up recovery and resumed turns run under leases too); one looks every
+open: start-up recovery and resumed turns run under leases too), on a thread and a database
+connection of its own, so a busy writer never delays it; one looks every
 ``storage.lease_scan_secs`` for lanes whose holder let the lease expire (it died or hung).
 
 Such a lane is taken over once, whether the scan finds it or a message for it finds its lease
@@ -22,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable, Coroutine
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from hermes_core.config import GatewayConfig
@@ -145,16 +147,24 @@ class SharedLanes:
     # -- renewal and takeover ------------------------------------------------------------------
 
     async def _renew_loop(self) -> None:
+        """Every quarter of the lease, renew the held leases on a thread of their own (not the
+        writer's: a renewal queued behind the lanes' steps came too late under load; not the
+        default executor's, which blocking calls into the writer may fill)."""
         interval = self.config.storage.turn_lease_secs / 4
-        while True:
-            await asyncio.sleep(interval)
-            try:
-                lost = await self.store.arun(self.store.renew_leases)
-            except Exception:
-                logger.exception("turn leases could not be renewed")
-                continue
-            if lost:
-                logger.warning("lost the turn lease of %d lanes to another gateway", len(lost))
+        loop = asyncio.get_running_loop()
+        renewer = ThreadPoolExecutor(1, thread_name_prefix="hermes-lease-renewal")
+        try:
+            while True:
+                await asyncio.sleep(interval)
+                try:
+                    lost = await loop.run_in_executor(renewer, self.store.renew_leases)
+                except Exception:
+                    logger.exception("turn leases could not be renewed")
+                    continue
+                if lost:
+                    logger.warning("lost the turn lease of %d lanes to another gateway", len(lost))
+        finally:
+            renewer.shutdown(wait=False)
 
     async def _scan_loop(self) -> None:
         while True:

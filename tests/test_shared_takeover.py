@@ -24,6 +24,7 @@ from hermes_core.queue import TurnQueue
 from hermes_core.runtime import Gateway
 from hermes_core.sharing import SharedLanes
 from hermes_core.store import SessionStore
+from hermes_core.store.backend import LeaseGrant
 
 pytestmark = pytest.mark.postgres
 
@@ -200,6 +201,40 @@ def test_a_scan_rolled_back_with_its_batch_does_not_count_as_a_scan(
     scan = functools.partial(scanner.claim_orphaned_lanes, expired=True)
     assert _in_a_rolled_back_batch(scanner, key, scan) == []  # left to its enqueuer
     assert scanner.claim_orphaned_lanes(expired=True) == [key]  # the second scan claims it
+
+
+def test_leases_are_renewed_while_every_writer_thread_is_busy(
+    stores: Callable[..., SessionStore],
+) -> None:
+    holder, other = stores("holder", lease_secs=2.0), stores("other")
+    key = holder.get_or_create_session(SOURCE).session_key
+    assert holder.take_lease(key) == "free"
+
+    async def scenario() -> list[LeaseGrant | None]:
+        lanes = _lanes(holder)
+        lanes.renew()
+        started, go = threading.Event(), threading.Event()
+
+        def hold() -> None:
+            started.set()
+            go.wait(10)
+
+        busy = holder.submit(hold)  # no lane: every writer thread waits until it ends
+        await asyncio.to_thread(started.wait, 10)
+        grants = []
+        deadline = time.monotonic() + 4.0  # twice the lease
+        while time.monotonic() < deadline:
+            grants.append(await asyncio.to_thread(other.take_lease, key))
+            await asyncio.sleep(0.2)
+        go.set()
+        await busy
+        await asyncio.to_thread(holder.mark_turn_active, key)  # fenced: the lease still holds
+        await lanes.stop()
+        return grants
+
+    grants = asyncio.run(scenario())
+    assert len(grants) > 10
+    assert not any(grants)  # never granted elsewhere
 
 
 class Held(EchoAgent):

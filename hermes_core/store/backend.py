@@ -470,7 +470,9 @@ class TurnLeases(Protocol):
         transaction ends (the fence of a turn's write)."""
 
     def renew_leases(self, tokens: Sequence[str], ttl: float) -> set[str]:
-        """Extend the leases of ``tokens`` to ``ttl`` seconds from now; the tokens that held."""
+        """Extend the leases of ``tokens`` to ``ttl`` seconds from now; the tokens that held.
+        Called from a thread of its own, beside the writer threads: it must not wait for the
+        writer's transactions (nor, for long, for rows they lock)."""
 
     def release_lease(self, session_key: str, token: str) -> bool:
         """Give up the lane's lease unless events wait in its durable queue (False: kept)."""
