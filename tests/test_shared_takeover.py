@@ -8,7 +8,7 @@ import asyncio
 import functools
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
 
@@ -16,7 +16,7 @@ import pytest
 from sqlalchemy import create_engine, text
 from support.shared_driver import configure
 
-from hermes_core import MessageEvent, SessionSource, create_plugin_manager
+from hermes_core import MessageEvent, SessionSource
 from hermes_core.agents import EchoAgent, InMemoryAdapter, TurnRequest
 from hermes_core.config import GatewayConfig
 from hermes_core.models import SessionEntry
@@ -39,23 +39,6 @@ def _config(
     """A process's settings; by default its scan runs rarely, so only what a test does takes
     lanes over."""
     return configure(root / name, url, lease_secs=lease_secs, scan_secs=scan_secs)
-
-
-@pytest.fixture
-def stores(tmp_path: Path, empty_database: str) -> Iterator[Callable[..., SessionStore]]:
-    """Open the store of a named process (each is closed at the end)."""
-    opened: list[SessionStore] = []
-
-    def open_store(name: str, lease_secs: float = SHORT) -> SessionStore:
-        config = _config(tmp_path, name, empty_database, lease_secs)
-        plugins = create_plugin_manager(config, load_entrypoints=False, strict=True)
-        store = SessionStore.open(config, plugins=plugins)
-        opened.append(store)
-        return store
-
-    yield open_store
-    for store in opened:
-        store.close()
 
 
 def _first(call: Callable[[], T | None], what: str, timeout: float = 10) -> T:

@@ -20,10 +20,11 @@ import secrets
 from hermes_core.errors import LeaseLostError
 from hermes_core.instance import instance_id
 from hermes_core.store.backend import LeaseGrant
-from hermes_core.store.base import StoreBase, serialised
+from hermes_core.store.base import serialised
+from hermes_core.store.routing import RoutingStore
 
 
-class LeaseStore(StoreBase):
+class LeaseStore(RoutingStore):
     """Lease bookkeeping of one store: which lanes this process holds, under which token."""
 
     _held: dict[str, str] | None = None
