@@ -114,6 +114,13 @@ class LeaseLostError(StoreError):
     the longest pause the process can have (it is renewed every quarter of it)."""
 
 
+class RoutingConflictError(StoreError):
+    """On a store shared by several gateway processes, another process changed a lane's
+    routing entry between this one's read and its write, on every attempt: nothing was
+    written and the stale cached copy was dropped. Try again: the change then applies to the
+    entry as it is now."""
+
+
 class TranscriptReadError(StoreError):
     """A stored transcript could not be read (never reported as an empty transcript)."""
 

@@ -7,7 +7,8 @@ events other processes queued run here, in order) and, when the lane runs dry, r
 lease unless events wait (then it runs them). A message for a lane leased elsewhere is only
 queued: the holder sees it before it can release. Two tasks run beside the lanes: one renews
 the held leases every quarter of ``storage.turn_lease_secs`` (from the moment the store is
-open: start-up recovery and resumed turns run under leases too); one looks every
+open: start-up recovery and resumed turns run under leases too), on a thread and a database
+connection of its own, so a busy writer never delays it; one looks every
 ``storage.lease_scan_secs`` for lanes whose holder let the lease expire (it died or hung).
 
 Such a lane is taken over once, whether the scan finds it or a message for it finds its lease
@@ -23,6 +24,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Callable, Coroutine
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from hermes_core.config import GatewayConfig
@@ -119,7 +121,8 @@ class SharedLanes:
 
     def _take_step(self, key: str) -> LeaseGrant | None:
         """Writer step: the lease and the lane's durable queue, or (held elsewhere, or being
-        taken over here since the scan claimed it) nothing."""
+        taken over here since the scan claimed it) nothing. A lane it marks as recovering is
+        unmarked if its batch is rolled back (the step then runs again)."""
         if key in self._recovering:
             return None
         grant = self.store.take_lease(key)
@@ -129,6 +132,7 @@ class SharedLanes:
         self.queue.reload(key)
         if grant == "unreleased":
             self._recovering.add(key)  # before the writer lets anything else near the lane
+            self.store.on_rollback(lambda: self._recovering.discard(key))
         return grant
 
     def release(self, key: str) -> None:
@@ -159,16 +163,24 @@ class SharedLanes:
     # -- renewal and takeover ------------------------------------------------------------------
 
     async def _renew_loop(self) -> None:
+        """Every quarter of the lease, renew the held leases on a thread of their own (not the
+        writer's: a renewal queued behind the lanes' steps came too late under load; not the
+        default executor's, which blocking calls into the writer may fill)."""
         interval = self.config.storage.turn_lease_secs / 4
-        while True:
-            await asyncio.sleep(interval)
-            try:
-                lost = await self.store.arun(self.store.renew_leases)
-            except Exception:
-                logger.exception("turn leases could not be renewed")
-                continue
-            if lost:
-                logger.warning("lost the turn lease of %d lanes to another gateway", len(lost))
+        loop = asyncio.get_running_loop()
+        renewer = ThreadPoolExecutor(1, thread_name_prefix="hermes-lease-renewal")
+        try:
+            while True:
+                await asyncio.sleep(interval)
+                try:
+                    lost = await loop.run_in_executor(renewer, self.store.renew_leases)
+                except Exception:
+                    logger.exception("turn leases could not be renewed")
+                    continue
+                if lost:
+                    logger.warning("lost the turn lease of %d lanes to another gateway", len(lost))
+        finally:
+            renewer.shutdown(wait=False)
 
     async def _scan_loop(self) -> None:
         while True:
@@ -182,10 +194,12 @@ class SharedLanes:
 
     def _claim_step(self) -> list[str]:
         """Writer step: the leases of the lanes to take over, each marked as recovering (one
-        being taken over here already is left to that takeover)."""
+        being taken over here already is left to that takeover; the marks are undone if the
+        batch is rolled back, so the step's next run claims those lanes again)."""
         claimed = self.store.claim_orphaned_lanes(expired=True)
         taken = [key for key in claimed if key not in self._recovering]
         self._recovering.update(taken)
+        self.store.on_rollback(lambda: self._recovering.difference_update(taken))
         return taken
 
     async def _recover_lanes(self, keys: list[str]) -> None:

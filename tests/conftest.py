@@ -8,6 +8,7 @@ import textwrap
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -116,6 +117,30 @@ def empty_database() -> str:
         conn.exec_driver_sql("CREATE SCHEMA public")
     engine.dispose()
     return POSTGRES_URL
+
+
+@pytest.fixture
+def stores(tmp_path: Path, empty_database: str) -> Iterator[Callable[..., Any]]:
+    """Open the shared store (``storage.instances: shared`` on :func:`empty_database`) of a
+    named process, each with its own ``$HERMES_HOME`` and so its own instance id; by default
+    its leases last half a second and its scan runs rarely. Each is closed at the end."""
+    from support.shared_driver import configure
+
+    from hermes_core import create_plugin_manager
+    from hermes_core.store import SessionStore
+
+    opened: list[SessionStore] = []
+
+    def open_store(name: str, lease_secs: float = 0.5) -> SessionStore:
+        config = configure(tmp_path / name, empty_database, lease_secs=lease_secs, scan_secs=3600)
+        plugins = create_plugin_manager(config, load_entrypoints=False, strict=True)
+        store = SessionStore.open(config, plugins=plugins)
+        opened.append(store)
+        return store
+
+    yield open_store
+    for store in opened:
+        store.close()
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:

@@ -6,8 +6,9 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
 
@@ -15,12 +16,15 @@ import pytest
 from sqlalchemy import create_engine, text
 from support.shared_driver import configure
 
-from hermes_core import MessageEvent, SessionSource, create_plugin_manager
+from hermes_core import MessageEvent, SessionSource
 from hermes_core.agents import EchoAgent, InMemoryAdapter, TurnRequest
 from hermes_core.config import GatewayConfig
 from hermes_core.models import SessionEntry
+from hermes_core.queue import TurnQueue
 from hermes_core.runtime import Gateway
+from hermes_core.sharing import SharedLanes
 from hermes_core.store import SessionStore
+from hermes_core.store.backend import LeaseGrant
 
 pytestmark = pytest.mark.postgres
 
@@ -35,23 +39,6 @@ def _config(
     """A process's settings; by default its scan runs rarely, so only what a test does takes
     lanes over."""
     return configure(root / name, url, lease_secs=lease_secs, scan_secs=scan_secs)
-
-
-@pytest.fixture
-def stores(tmp_path: Path, empty_database: str) -> Iterator[Callable[..., SessionStore]]:
-    """Open the store of a named process (each is closed at the end)."""
-    opened: list[SessionStore] = []
-
-    def open_store(name: str, lease_secs: float = SHORT) -> SessionStore:
-        config = _config(tmp_path, name, empty_database, lease_secs)
-        plugins = create_plugin_manager(config, load_entrypoints=False, strict=True)
-        store = SessionStore.open(config, plugins=plugins)
-        opened.append(store)
-        return store
-
-    yield open_store
-    for store in opened:
-        store.close()
 
 
 def _first(call: Callable[[], T | None], what: str, timeout: float = 10) -> T:
@@ -114,6 +101,123 @@ def test_the_scan_leaves_a_lane_just_queued_to_its_enqueuer_and_claims_it_if_nev
     assert enqueuer.claim_orphaned_lanes(expired=True) == []
     assert enqueuer.claim_orphaned_lanes(expired=True) == [stranded]  # still unleased: claimed
     assert scanner.take_lease(stranded) is None
+
+
+def _lanes(store: SessionStore) -> SharedLanes:
+    """The gateway's lease bookkeeping over ``store``, dispatching nothing."""
+
+    async def take_over(key: str) -> None:
+        """Nothing to take over in these tests."""
+
+    return SharedLanes(
+        store.config, store, TurnQueue(store, store.config), dispatch=lambda key: None,
+        take_over=take_over,
+    )  # fmt: skip
+
+
+def _in_a_rolled_back_batch(
+    store: SessionStore, key: str, step: Callable[..., T], *args: object
+) -> T:
+    """Run ``step(*args)`` as a writer step of lane ``key`` in one batch with a step that fails,
+    so the batch is rolled back and the writer runs each step again on its own; the result of
+    that second run."""
+
+    async def run() -> T:
+        started, go = threading.Event(), threading.Event()
+
+        def hold() -> None:
+            started.set()
+            go.wait(10)
+
+        def fail() -> None:
+            raise RuntimeError("a neighbour's step fails")
+
+        held = store.submit(hold, lane=key)
+        await asyncio.to_thread(started.wait, 10)  # the next two queue up behind it: one batch
+        result = store.submit(step, *args, lane=key)
+        failed = store.submit(fail, lane=key)
+        go.set()
+        await held
+        with pytest.raises(RuntimeError):
+            await failed
+        return await result
+
+    return asyncio.run(run())
+
+
+def test_a_takeover_grant_rolled_back_with_its_batch_is_taken_again(
+    stores: Callable[..., SessionStore], empty_database: str
+) -> None:
+    holder, taker = stores("holder"), stores("taker")
+    key = holder.session_key_for(SOURCE)
+    assert holder.take_lease(key) == "free"
+    _first(lambda: _lease_expired(empty_database), "the holder's lease to expire")
+    lanes = _lanes(taker)
+    grant = _in_a_rolled_back_batch(taker, key, lanes._take_step, key)
+    assert grant == "unreleased"  # not "being taken over here" after the rolled-back run
+    assert taker.holds(key)
+    assert lanes.recovering(key)
+
+
+def test_lanes_claimed_in_a_rolled_back_batch_are_claimed_again(
+    stores: Callable[..., SessionStore], empty_database: str
+) -> None:
+    holder, taker = stores("holder"), stores("taker")
+    key = holder.get_or_create_session(SOURCE).session_key
+    assert holder.take_lease(key)
+    assert holder.mark_turn_active(key)  # a turn its holder never finishes
+    _first(lambda: _lease_expired(empty_database), "the holder's lease to expire")
+    lanes = _lanes(taker)
+    assert _in_a_rolled_back_batch(taker, key, lanes._claim_step) == [key]
+    assert taker.holds(key)
+    assert lanes.recovering(key)
+
+
+def test_a_scan_rolled_back_with_its_batch_does_not_count_as_a_scan(
+    stores: Callable[..., SessionStore],
+) -> None:
+    """A lane only queued events make orphaned is claimed on the second scan that finds it
+    unleased; a scan whose batch was rolled back must not count as the first."""
+    enqueuer, scanner = stores("enqueuer"), stores("scanner")
+    key = enqueuer.session_key_for(SOURCE)
+    assert enqueuer.queue_add(key, MessageEvent(source=SOURCE, text="hi", message_id="m1"))
+    scan = functools.partial(scanner.claim_orphaned_lanes, expired=True)
+    assert _in_a_rolled_back_batch(scanner, key, scan) == []  # left to its enqueuer
+    assert scanner.claim_orphaned_lanes(expired=True) == [key]  # the second scan claims it
+
+
+def test_leases_are_renewed_while_every_writer_thread_is_busy(
+    stores: Callable[..., SessionStore],
+) -> None:
+    holder, other = stores("holder", lease_secs=2.0), stores("other")
+    key = holder.get_or_create_session(SOURCE).session_key
+    assert holder.take_lease(key) == "free"
+
+    async def scenario() -> list[LeaseGrant | None]:
+        lanes = _lanes(holder)
+        lanes.renew()
+        started, go = threading.Event(), threading.Event()
+
+        def hold() -> None:
+            started.set()
+            go.wait(10)
+
+        busy = holder.submit(hold)  # no lane: every writer thread waits until it ends
+        await asyncio.to_thread(started.wait, 10)
+        grants = []
+        deadline = time.monotonic() + 4.0  # twice the lease
+        while time.monotonic() < deadline:
+            grants.append(await asyncio.to_thread(other.take_lease, key))
+            await asyncio.sleep(0.2)
+        go.set()
+        await busy
+        await asyncio.to_thread(holder.mark_turn_active, key)  # fenced: the lease still holds
+        await lanes.stop()
+        return grants
+
+    grants = asyncio.run(scenario())
+    assert len(grants) > 10
+    assert not any(grants)  # never granted elsewhere
 
 
 class Held(EchoAgent):

@@ -456,7 +456,8 @@ or already this boot's), so the holder may have left a turn cut short or a reply
 
 class TurnLeases(Protocol):
     """What a backend without ``StoreSpec.single_instance`` implements: lane leases shared by
-    every process using the store (times on the backend's clock)."""
+    every process using the store (times on the backend's clock), and routing rows read with
+    their revision and written only at the revision read (the store's cache may be stale)."""
 
     def take_lease(
         self, session_key: str, owner: str, boot: str, token: str, ttl: float
@@ -470,10 +471,25 @@ class TurnLeases(Protocol):
         transaction ends (the fence of a turn's write)."""
 
     def renew_leases(self, tokens: Sequence[str], ttl: float) -> set[str]:
-        """Extend the leases of ``tokens`` to ``ttl`` seconds from now; the tokens that held."""
+        """Extend the leases of ``tokens`` to ``ttl`` seconds from now; the tokens that held.
+        Called from a thread of its own, beside the writer threads: it must not wait for the
+        writer's transactions (nor, for long, for rows they lock)."""
 
     def release_lease(self, session_key: str, token: str) -> bool:
         """Give up the lane's lease unless events wait in its durable queue (False: kept)."""
+
+    def read_route(self, session_key: str) -> tuple[EntryDict, int] | None:
+        """The stored entry of a key and its row's revision (the count of the row's writes,
+        which every routing write increments), or None."""
+
+    def checked_routes(
+        self, expected: Mapping[str, int | None]
+    ) -> AbstractContextManager[dict[str, int]]:
+        """Within it, a routing write of the calling thread (``put_route``, ``create_session``,
+        ``reopen_session``, ``update_counters``) to a key of ``expected`` applies only while
+        the key's row has the revision given (None: only while the key has no row); when it
+        does not, that method writes nothing at all. The mapping yielded receives each key
+        written, with its row's new revision."""
 
     def orphaned_lanes(self, owner: str, boot: str, expired: bool) -> list[tuple[str, int | None]]:
         """Lanes with a turn marker, queued events or unsettled replies whose lease is absent

@@ -117,6 +117,8 @@ class StoreBase:
         self._cache_size = entry_cache_size
         self._map_lock = threading.Lock()
         self._entries: OrderedDict[str, SessionEntry] = OrderedDict()
+        self._revisions: dict[str, int] = {}
+        """Shared store: the row revision of keys as last read or written here (``routing``)."""
         self._mirror = MirrorWriter(self.sessions_dir / "sessions.json")
         self._routing_revision = 0
         self._mirror_revision = 0
@@ -159,6 +161,7 @@ class StoreBase:
         """After a rolled-back write batch: the cache may hold uncommitted entries."""
         with self._map_lock:
             self._entries.clear()
+            self._revisions.clear()
 
     # -- backend selection and degraded mode -------------------------------------------------------
 
@@ -322,8 +325,7 @@ class StoreBase:
         with self._canonical():
             report = replay_backlog(self.sessions_dir, meta, self.plugins)
         if report.routes_inserted or report.routes_updated:
-            with self._map_lock:
-                self._entries.clear()  # replayed routes replace what the cache knew
+            self._drop_cache()  # replayed routes replace what the cache knew
             self._routing_changed()
         self.flush_mirror(force=True)
         return report
@@ -378,16 +380,32 @@ class StoreBase:
 
     # -- entry cache -------------------------------------------------------------------------------
 
-    def _remember(self, entry: SessionEntry) -> None:
+    def _remember(self, entry: SessionEntry, revision: int | None = None) -> None:
+        self._cache(entry.session_key, entry, revision)
+
+    def _cache(self, key: str, entry: SessionEntry | None, revision: int | None) -> None:
+        """Cache the key's entry (None: nothing to cache); on a shared store with the
+        ``revision`` of the row as read or written (None: no row, or not known; an entry is
+        then dropped instead, to be read afresh), kept for as many keys as the cache holds."""
+        shared = self._bound.leases is not None
         with self._map_lock:
-            self._entries[entry.session_key] = entry
-            self._entries.move_to_end(entry.session_key)
+            self._revisions.pop(key, None)
+            if shared and revision is not None:
+                self._revisions[key] = revision
+                if len(self._revisions) > self._cache_size:
+                    del self._revisions[next(iter(self._revisions))]
+            if entry is None or (shared and revision is None):
+                self._entries.pop(key, None)
+                return
+            self._entries[key] = entry
+            self._entries.move_to_end(key)
             while len(self._entries) > self._cache_size:
-                self._entries.popitem(last=False)
+                self._revisions.pop(self._entries.popitem(last=False)[0], None)
 
     def _forget(self, session_key: str) -> None:
         with self._map_lock:
             self._entries.pop(session_key, None)
+            self._revisions.pop(session_key, None)
 
     def _parse(self, data: dict[str, Any] | Any) -> SessionEntry | None:
         """A stored entry, or None (warned once per platform) when it cannot be loaded."""
@@ -411,25 +429,26 @@ class StoreBase:
         """The entry of a key from the cache or the backend (a stale route counts as none).
 
         Only the writer thread fills the cache: a reader elsewhere could otherwise put back an
-        entry older than one the writer has just cached."""
+        entry older than one the writer has just cached. On a shared store it also records the
+        row's revision, even of a row read as none (the write replacing it expects it)."""
         session_key = clean_text(session_key)  # as a key built from a source would have it
         with self._map_lock:
             entry = self._entries.get(session_key)
             if entry is not None:
                 self._entries.move_to_end(session_key)
                 return entry
+        leases, revision = self._bound.leases, None
         with self._canonical():
-            data = self._backend.get_route(session_key)
-            if data is None:
-                return None
-            entry = self._parse(data)
-            if entry is None:
-                return None
-            row = self._backend.get_session(entry.session_id)
+            if leases is None:
+                data = self._backend.get_route(session_key)
+            else:
+                data, revision = leases.read_route(session_key) or (None, None)
+            entry = self._parse(data) if data is not None else None
+            row = self._backend.get_session(entry.session_id) if entry is not None else None
         if row is not None and row.end_reason is not None:
-            return None  # stale route: its session ended at a boundary elsewhere
+            entry = None  # stale route: its session ended at a boundary elsewhere
         if self._writer.on_writer_thread:
-            self._remember(entry)
+            self._cache(session_key, entry, revision)
         return entry
 
     def _current_entry_of(self, session_id: str) -> SessionEntry | None:
@@ -441,13 +460,6 @@ class StoreBase:
             return None
         cached = self._load(entry.session_key)
         return cached if cached is not None else entry
-
-    def _persist(self, entry: SessionEntry, *, touch: bool = False) -> None:
-        """Write one routing entry, then make it the cached one."""
-        with self._canonical():
-            self._backend.put_route(entry.to_dict(), touch=touch)
-        self._routing_changed()
-        self._remember(entry)
 
     def _routing_changed(self) -> None:
         with self._map_lock:

@@ -5,8 +5,9 @@ A process runs a lane's turn only while it holds the lane's lease: :meth:`LeaseS
 grants it with a new token (and drops the lane's cached entry, so the entry is read afresh under
 the lease) and says whether it took over a lease its holder never released (then the lane needs
 the takeover's recovery before anything runs on it); the runtime renews its leases every
-quarter of ``storage.turn_lease_secs`` and releases a lane when nothing waits in its durable
-queue. Every write of a turn (its start, reply
+quarter of ``storage.turn_lease_secs`` (:meth:`LeaseStore.renew_leases`: on a thread and a
+connection of its own, never behind the writer's queued steps) and releases a lane when
+nothing waits in its durable queue. Every write of a turn (its start, reply
 and ledger row, marker clear, dequeue) is *fenced*: it checks, in its own transaction, that the
 token still holds the lease, else raises :class:`~hermes_core.errors.LeaseLostError` and writes
 nothing. On a single-instance store every call here is a no-op that grants.
@@ -20,10 +21,11 @@ from collections.abc import Callable
 from hermes_core.errors import LeaseLostError
 from hermes_core.instance import instance_id
 from hermes_core.store.backend import LeaseGrant
-from hermes_core.store.base import StoreBase, serialised
+from hermes_core.store.base import serialised
+from hermes_core.store.routing import RoutingStore
 
 
-class LeaseStore(StoreBase):
+class LeaseStore(RoutingStore):
     """Lease bookkeeping of one store: which lanes this process holds, under which token."""
 
     _held: dict[str, str] | None = None
@@ -46,8 +48,12 @@ class LeaseStore(StoreBase):
 
     @property
     def _leases(self) -> dict[str, str]:
+        """Lane → token of the leases held. Writer threads and the renewal (on a thread of its
+        own) both change it: a change that reads first holds ``_map_lock``."""
         if self._held is None:
-            self._held = {}
+            with self._map_lock:
+                if self._held is None:
+                    self._held = {}
         return self._held
 
     def holds(self, session_key: str) -> bool:
@@ -89,17 +95,20 @@ class LeaseStore(StoreBase):
         if grant is None:
             return None
         held = self._leases
-        previous = held.get(session_key)
-        held[session_key] = token
+        with self._map_lock:
+            previous = held.get(session_key)
+            held[session_key] = token
         self._writer.on_rollback(lambda: self._restore(session_key, previous))
         self._forget(session_key)
         return grant
 
     def _restore(self, session_key: str, token: str | None) -> None:
-        if token is None:
-            self._leases.pop(session_key, None)
-        else:
-            self._leases[session_key] = token
+        held = self._leases
+        with self._map_lock:
+            if token is None:
+                held.pop(session_key, None)
+            else:
+                held[session_key] = token
 
     @serialised
     def release_lease(self, session_key: str) -> bool:
@@ -122,20 +131,23 @@ class LeaseStore(StoreBase):
         and the lane is taken over again, recovery included."""
         self._leases.pop(session_key, None)
 
-    @serialised
     def renew_leases(self) -> list[str]:
         """Extend every lease this process holds; the lanes whose lease was lost (they are
-        dropped: their turns' next writes raise :class:`LeaseLostError`)."""
+        dropped: their turns' next writes raise :class:`LeaseLostError`). Not a writer step:
+        it commits on a connection of its own, so it never waits behind the lanes' steps (call
+        it from a thread other than the writer's and the event loop's)."""
         rows = self._bound.leases
-        held = dict(self._leases)
+        leases = self._leases
+        with self._map_lock:
+            held = dict(leases)
         if rows is None or not held:
             return []
-        with self._canonical():
-            kept = rows.renew_leases(list(held.values()), self.config.storage.turn_lease_secs)
+        kept = rows.renew_leases(list(held.values()), self.config.storage.turn_lease_secs)
         lost = [key for key, token in held.items() if token not in kept]
-        for key in lost:
-            if self._leases.get(key) == held[key]:
-                del self._leases[key]
+        with self._map_lock:
+            for key in lost:
+                if leases.get(key) == held[key]:  # not granted again meanwhile
+                    del leases[key]
         return lost
 
     @serialised
@@ -150,7 +162,8 @@ class LeaseStore(StoreBase):
         With ``expired`` (the periodic scan), a lane that only queued events make orphaned and
         that has no lease is left to the process that queued them, which takes the lease
         right after its enqueue commit: it is claimed only when the previous scan found the
-        same oldest event waiting without a lease (nobody took the lane in between)."""
+        same oldest event waiting without a lease (nobody took the lane in between). A scan
+        whose batch is rolled back does not count as the previous one."""
         rows = self._bound.leases
         if rows is None:
             return []
@@ -159,6 +172,7 @@ class LeaseStore(StoreBase):
         if expired:
             previous = self._unleased or {}
             self._unleased = {key: head for key, head in orphaned if head is not None}
+            self._writer.on_rollback(lambda: setattr(self, "_unleased", previous))
             orphaned = [
                 (key, head) for key, head in orphaned if head is None or previous.get(key) == head
             ]

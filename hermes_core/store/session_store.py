@@ -2,7 +2,9 @@
 
 The routing index is canonical in the backend (one row per key); the entry map here is a bounded
 cache of it, loaded per key on first use, so opening and memory do not grow with the number of
-stored sessions. Every mutation is persisted first and only then applied to the cache.
+stored sessions. Every mutation is persisted first and only then applied to the cache; on a
+store shared by several gateway processes a write from a cached entry is checked against the
+row's revision and redone on the fresh row if another process changed it (see ``routing``).
 
 The lane state machine stays in one class (its transitions are read together); transcripts,
 turn recovery and re-keying are its base classes in sibling modules.
@@ -11,6 +13,7 @@ turn recovery and re-keying are its base classes in sibling modules.
 from __future__ import annotations
 
 import copy
+import functools
 import json
 import logging
 import math
@@ -98,7 +101,8 @@ class SessionStore(RekeyStore, TranscriptStore):
     ) -> SessionEntry:
         """The lane's current session, creating one at a boundary."""
         key = self.session_key_for(source)
-        return self._snapshot(self._get_or_create(key, source, force_new, touch_activity))
+        entry = self._redo(lambda: self._get_or_create(key, source, force_new, touch_activity))
+        return self._snapshot(entry)
 
     def _touch(self, entry: SessionEntry) -> SessionEntry:
         touched = entry.model_copy(update={"updated_at": utc_now()})
@@ -110,9 +114,13 @@ class SessionStore(RekeyStore, TranscriptStore):
         """The lane's current session for a turn (like :meth:`get_or_create_session` without
         touching its activity), and whether it replaced a suspended one just now (the sender is
         told). ``session_key`` is the key of ``source``."""
-        entry = self._load(session_key)
-        suspended = entry is not None and entry.suspended
-        opened = self._get_or_create(session_key, source, False, False, loaded=entry)
+
+        def attempt() -> tuple[SessionEntry, bool]:
+            entry = self._load(session_key)
+            opened = self._get_or_create(session_key, source, False, False, loaded=entry)
+            return opened, entry is not None and entry.suspended
+
+        opened, suspended = self._redo(attempt)
         return self._snapshot(opened), suspended
 
     def _get_or_create(
@@ -159,10 +167,7 @@ class SessionStore(RekeyStore, TranscriptStore):
             total_tokens=row.total_tokens, estimated_cost_usd=row.estimated_cost_usd,
             cost_status=row.cost_status or "unknown",
         )  # fmt: skip
-        with self._canonical():
-            self._backend.reopen_session(row.id, entry.to_dict())
-        self._routing_changed()
-        self._remember(entry)
+        self._write_entry(entry, lambda: self._backend.reopen_session(row.id, entry.to_dict()))
         self._notify("session_reopened", entry)
         return entry
 
@@ -208,13 +213,13 @@ class SessionStore(RekeyStore, TranscriptStore):
                 profile_name=config_profile(source, self.config), parent_session_id=parent,
                 started_at=now.timestamp(), last_activity_at=now.timestamp(),
             )  # fmt: skip
+            write = functools.partial(
+                self._backend.create_session, row, entry.to_dict(), end_previous
+            )
             try:
-                with self._canonical():
-                    self._backend.create_session(row, entry.to_dict(), end_previous)
+                self._write_entry(entry, write)
             except DuplicateSessionIdError:
                 continue
-            self._routing_changed()
-            self._remember(entry)
             if previous is not None:
                 lifecycle: LifecycleKind = (
                     "session_reset" if kind != "suspended" else "session_replaced"
@@ -231,15 +236,19 @@ class SessionStore(RekeyStore, TranscriptStore):
         self, session_key: str, display_name: str | None = None
     ) -> SessionEntry | None:
         """Start a new session on the lane (``/new``, ``/reset``); None if the key is unknown."""
-        entry = self._load(session_key)
-        if entry is None:
-            return None
-        source = entry.origin or self._bare_source(entry)
-        name = display_name if display_name is not None else entry.display_name
-        created = self._create(
-            session_key, source, entry, "session_reset", kind="reset", display_name=name
-        )
-        return self._snapshot(created)
+
+        def attempt() -> SessionEntry | None:
+            entry = self._load(session_key)
+            if entry is None:
+                return None
+            source = entry.origin or self._bare_source(entry)
+            name = display_name if display_name is not None else entry.display_name
+            return self._create(
+                session_key, source, entry, "session_reset", kind="reset", display_name=name
+            )
+
+        created = self._redo(attempt)
+        return self._snapshot(created) if created is not None else None
 
     @staticmethod
     def _bare_source(entry: SessionEntry) -> SessionSource:
@@ -250,16 +259,19 @@ class SessionStore(RekeyStore, TranscriptStore):
     def _update(
         self, session_key: str, change: Callable[[SessionEntry], dict[str, Any] | None]
     ) -> SessionEntry | None:
-        """Apply ``change`` (field updates, or None for no change) to a lane and persist it."""
-        entry = self._load(session_key)
-        if entry is None:
-            return None
-        updates = change(entry)
-        if updates is None:
-            return None
-        updated = entry.model_copy(update=updates)
-        self._persist(updated)
-        return updated
+        """Apply ``change`` (field updates, or None for no change) to a lane and persist it
+        (redone on the fresh entry if another process changed it meanwhile)."""
+
+        def attempt() -> SessionEntry | None:
+            entry = self._load(session_key)
+            updates = change(entry) if entry is not None else None
+            if entry is None or updates is None:
+                return None
+            updated = entry.model_copy(update=updates)
+            self._persist(updated)
+            return updated
+
+        return self._redo(attempt)
 
     @serialised
     def suspend_session(self, session_key: str) -> bool:
@@ -334,7 +346,7 @@ class SessionStore(RekeyStore, TranscriptStore):
         if not begun:
             raise MessageRedeliveredError("the platform delivered this message again")
         self._routing_changed()
-        self._remember(updated)
+        self._remember(updated, self._bumped(session_key))
         self._notify("turn_started", updated, token=token)
         return token
 
@@ -354,7 +366,7 @@ class SessionStore(RekeyStore, TranscriptStore):
             self._forget(session_key)  # someone else owns the row now: reload next time
             return False
         self._routing_changed()
-        self._remember(updated)
+        self._remember(updated, self._bumped(session_key))
         self._notify("turn_ended", updated, token=token)
         return True
 
@@ -411,38 +423,44 @@ class SessionStore(RekeyStore, TranscriptStore):
         Counters stay 64-bit integers and the cost a finite number, else
         :class:`InvalidValueError` and nothing is written."""
         total = total_tokens if total_tokens is not None else input_tokens + output_tokens
-        entry = self._load(session_key)
-        if entry is None:
-            return
-        deltas = {
-            "input_tokens": input_tokens, "output_tokens": output_tokens,
-            "cache_read_tokens": cache_read_tokens, "cache_write_tokens": cache_write_tokens,
-            "total_tokens": total,
-        }  # fmt: skip
-        updates: dict[str, Any] = {
-            name: _counter(name, getattr(entry, name), delta) for name, delta in deltas.items()
-        }
-        if last_prompt_tokens is not None:
-            updates["last_prompt_tokens"] = _counter("last_prompt_tokens", 0, last_prompt_tokens)
-        cost = entry.estimated_cost_usd + _finite("estimated_cost_usd", estimated_cost_usd)
-        updates["estimated_cost_usd"] = _finite("estimated_cost_usd", cost)
-        if cost_status is not None:
-            if not isinstance(cost_status, str):
-                raise InvalidValueError("cost_status", "cost_status must be a string.")
-            updates["cost_status"] = clean_text(cost_status)
-        if touch_activity:
-            updates["updated_at"] = utc_now()
-        updated = entry.model_copy(update=updates)
-        delta = CounterDelta(
-            input_tokens=input_tokens, output_tokens=output_tokens,
-            cache_read_tokens=cache_read_tokens, cache_write_tokens=cache_write_tokens,
-            total_tokens=total, estimated_cost_usd=estimated_cost_usd, cost_status=cost_status,
-            last_activity_at=updated.updated_at.timestamp() if touch_activity else None,
-        )  # fmt: skip
-        with self._canonical():
-            self._backend.update_counters(updated.to_dict(), entry.session_id, delta)
-        self._routing_changed()
-        self._remember(updated)
+
+        def attempt() -> None:  # redone on the fresh entry if another process changed it
+            entry = self._load(session_key)
+            if entry is None:
+                return
+            deltas = {
+                "input_tokens": input_tokens, "output_tokens": output_tokens,
+                "cache_read_tokens": cache_read_tokens, "cache_write_tokens": cache_write_tokens,
+                "total_tokens": total,
+            }  # fmt: skip
+            updates: dict[str, Any] = {
+                name: _counter(name, getattr(entry, name), delta) for name, delta in deltas.items()
+            }
+            if last_prompt_tokens is not None:
+                updates["last_prompt_tokens"] = _counter(
+                    "last_prompt_tokens", 0, last_prompt_tokens
+                )
+            cost = entry.estimated_cost_usd + _finite("estimated_cost_usd", estimated_cost_usd)
+            updates["estimated_cost_usd"] = _finite("estimated_cost_usd", cost)
+            if cost_status is not None:
+                if not isinstance(cost_status, str):
+                    raise InvalidValueError("cost_status", "cost_status must be a string.")
+                updates["cost_status"] = clean_text(cost_status)
+            if touch_activity:
+                updates["updated_at"] = utc_now()
+            updated = entry.model_copy(update=updates)
+            delta = CounterDelta(
+                input_tokens=input_tokens, output_tokens=output_tokens,
+                cache_read_tokens=cache_read_tokens, cache_write_tokens=cache_write_tokens,
+                total_tokens=total, estimated_cost_usd=estimated_cost_usd, cost_status=cost_status,
+                last_activity_at=updated.updated_at.timestamp() if touch_activity else None,
+            )  # fmt: skip
+            write = functools.partial(
+                self._backend.update_counters, updated.to_dict(), entry.session_id, delta
+            )
+            self._write_entry(updated, write)
+
+        self._redo(attempt)
 
     def get_session_metadata(self, session_key: str, name: str, default: Any = None) -> Any:
         """A deep copy of one per-lane metadata value, or ``default``."""

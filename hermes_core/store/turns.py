@@ -263,7 +263,7 @@ class TurnRecoveryStore(LeaseStore):
             return None
         if cleared is not None and marker_cleared:
             self._routing_changed()
-            self._remember(cleared)
+            self._remember(cleared, self._bumped(session_key))
             self._notify("turn_ended", cleared, token=turn_token, recorded=record.obligation_id)
         return record
 

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import replace
 from typing import Any
 
@@ -71,12 +72,13 @@ class SqlBackend(RekeyRows, OperatorRows, LeaseRows, WakeupRows):
 
     def get_route(self, session_key: str) -> EntryDict | None:
         """The stored entry of a key, or None."""
-        what = "reading a routing entry"
-        if self._in_batch:
-            row = self._fetch(self._sql.select_route, {"session_key": session_key}, what)
-            return None if row is None else route_entry(row)
-        found = self._routes(gateway_routing.c.session_key == session_key, what)
-        return found[0] if found else None
+        found = self.read_route(session_key)
+        return None if found is None else found[0]
+
+    def read_route(self, session_key: str) -> tuple[EntryDict, int] | None:
+        """The stored entry of a key and its row's revision, or None."""
+        row = self._row(self._sql.select_route, {"session_key": session_key}, "reading a route")
+        return None if row is None else (route_entry(row), int(row["revision"]))
 
     def get_route_by_session_id(self, session_id: str) -> EntryDict | None:
         """The entry whose current session id is ``session_id``, or None."""
@@ -92,7 +94,39 @@ class SqlBackend(RekeyRows, OperatorRows, LeaseRows, WakeupRows):
         """Upsert one routing row (revision + 1)."""
         params = route_params(entry)
         with self._write("writing a routing entry") as cursor:
+            self._write_route(cursor, params)
+
+    @contextmanager
+    def checked_routes(self, expected: Mapping[str, int | None]) -> Iterator[dict[str, int]]:
+        """Within it, this thread's routing writes to a key of ``expected`` apply only at the
+        revision given (None: only while the key has no row); a method whose routing write
+        does not apply writes nothing. Yields the keys written with their new revisions."""
+        written: dict[str, int] = {}
+        self._checks.routes = (expected, written)
+        try:
+            yield written
+        finally:
+            self._checks.routes = None
+
+    def _write_route(self, cursor: Any, params: dict[str, Any]) -> bool:
+        """Upsert one routing row (:func:`route_params`; revision + 1); within
+        :meth:`checked_routes`, only at the expected revision: False, nothing written, when
+        the row has another (the statement leaves the transaction usable)."""
+        checks = getattr(self._checks, "routes", None)
+        key = params["session_key"]
+        if checks is None or key not in checks[0]:
             self._sql.upsert_route.run(cursor, params)
+            return True
+        expected, written = checks
+        revision = expected[key]
+        if revision is None:
+            applied = bool(self._sql.insert_route.run(cursor, params).rowcount == 1)
+        else:
+            checked = params | {"expected": revision}
+            applied = bool(self._sql.update_route.run(cursor, checked).rowcount == 1)
+        if applied:
+            written[key] = 1 if revision is None else revision + 1
+        return applied
 
     def clear_turn_marker(self, entry: SessionEntry, token: str) -> bool:
         """Clear the lane's marker (``entry`` has it cleared) iff the stored marker is still
@@ -154,7 +188,7 @@ class SqlBackend(RekeyRows, OperatorRows, LeaseRows, WakeupRows):
         params = [route_params(entry) for entry in entries]
         with self._write("writing routing entries") as cursor:
             for values in params:
-                self._sql.upsert_route.run(cursor, values)
+                self._write_route(cursor, values)
 
     def has_routes(self) -> bool:
         """Whether any routing row exists."""
@@ -198,14 +232,17 @@ class SqlBackend(RekeyRows, OperatorRows, LeaseRows, WakeupRows):
 
     # -- sessions -------------------------------------------------------------------------------
 
-    def _session(self, statement: Prepared, params: dict[str, Any]) -> SessionRow | None:
-        """A session row: in the writer's open batch on its cursor, else from the pool."""
-        what = "reading a session"
+    def _row(self, statement: Prepared, params: dict[str, Any], what: str) -> Any:
+        """One row of a read as a mapping, or None: in the writer's open batch on its cursor
+        (it sees the batch's writes), else from the pool."""
         if self._in_batch:
-            row = self._fetch(statement, params, what)
-        else:
-            with self._read(what) as conn:
-                row = conn.exec_driver_sql(statement.sql, statement.bind(params)).mappings().first()
+            return self._fetch(statement, params, what)
+        with self._read(what) as conn:
+            return conn.exec_driver_sql(statement.sql, statement.bind(params)).mappings().first()
+
+    def _session(self, statement: Prepared, params: dict[str, Any]) -> SessionRow | None:
+        """A session row (see :meth:`_row`)."""
+        row = self._row(statement, params, "reading a session")
         return None if row is None else session_row(row)
 
     def get_session(self, session_id: str) -> SessionRow | None:
@@ -229,11 +266,12 @@ class SqlBackend(RekeyRows, OperatorRows, LeaseRows, WakeupRows):
         route = route_params(entry)
         try:
             with self._write("creating a session") as cursor:
+                if not self._write_route(cursor, route):
+                    return  # checked, and the row changed: nothing is written
                 if end_previous is not None:
                     ending = {"session_id": end_previous[0], "end_reason": end_previous[1]}
                     self._sql.end_session.run(cursor, ending | {"ended_at": time.time()})
                 self._sql.insert_session.run(cursor, session_values(row))
-                self._sql.upsert_route.run(cursor, route)
         except StoreError as exc:
             problem = str(exc.__cause__).lower()
             if "sessions" in problem and ("unique" in problem or "duplicate" in problem):
@@ -244,8 +282,8 @@ class SqlBackend(RekeyRows, OperatorRows, LeaseRows, WakeupRows):
         """Clear the row's end and write the routing entry, in one transaction."""
         route = route_params(entry)
         with self._write("reopening a session") as cursor:
-            self._sql.reopen_session.run(cursor, {"session_id": session_id})
-            self._sql.upsert_route.run(cursor, route)
+            if self._write_route(cursor, route):
+                self._sql.reopen_session.run(cursor, {"session_id": session_id})
 
     def update_counters(self, entry: EntryDict, session_id: str, delta: CounterDelta) -> None:
         """Write the entry and add ``delta`` to the session row, in one transaction."""
@@ -253,8 +291,8 @@ class SqlBackend(RekeyRows, OperatorRows, LeaseRows, WakeupRows):
         params = {name: getattr(delta, name) for name in CounterDelta.__dataclass_fields__}
         params["session_id"] = session_id
         with self._write("updating session counters") as cursor:
-            self._sql.upsert_route.run(cursor, route)
-            self._sql.add_counters.run(cursor, params)
+            if self._write_route(cursor, route):
+                self._sql.add_counters.run(cursor, params)
 
     # -- transcripts ----------------------------------------------------------------------------
 

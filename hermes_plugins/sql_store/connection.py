@@ -142,6 +142,8 @@ class SqlConnection:
         writers = config.storage.writer_connections if self.name == "postgresql" else 1
         self._slots = [_Slot() for _ in range(writers)]
         self._bound = threading.local()
+        self._checks = threading.local()
+        """Per thread: the routing revisions its writes expect (``SqlBackend.checked_routes``)."""
         self._connecting = threading.Lock()
         """Writer connections are opened one at a time: each checks the lock's holders."""
         self._reads = 0

@@ -6,7 +6,8 @@ A grant succeeds when the lane has no lease, its lease expired, or this boot hol
 says whether it replaced a row (a lease never released: the takeover of a dead or hung holder's
 lane); the conflicting row is locked by the grant either way, so a grant and a release of one
 lane serialise on that row. A turn's writes are fenced: :meth:`LeaseRows.check_lease` locks the
-lease row in the write's own transaction and says whether the token still holds it.
+lease row in the write's own transaction and says whether the token still holds it. Renewals
+commit on a pooled connection and skip the rows locked at that moment.
 """
 
 from __future__ import annotations
@@ -36,9 +37,19 @@ SELECT 1 FROM session_turn_leases WHERE session_key = %(key)s AND token = %(toke
 """
 
 _RENEW = f"""
-UPDATE session_turn_leases SET expires_at = {_NOW} + %(ttl)s
-WHERE token = ANY(%(tokens)s) RETURNING token
+WITH free AS (
+    SELECT session_key FROM session_turn_leases WHERE token = ANY(%(tokens)s)
+    FOR UPDATE SKIP LOCKED
+), renewed AS (
+    UPDATE session_turn_leases SET expires_at = {_NOW} + %(ttl)s
+    WHERE session_key IN (SELECT session_key FROM free) AND token = ANY(%(tokens)s)
+)
+SELECT token FROM session_turn_leases WHERE token = ANY(%(tokens)s)
 """
+# A row a transaction has locked (a fence of this process's writer, a grant elsewhere) is
+# skipped, not waited for: the renewal never waits for a lock, so it can never deadlock with a
+# writer's batch that locks several lease rows; such a lease is renewed next time. The tokens
+# returned are those present when the statement began (a skipped lease counts as kept).
 
 _LOCK_OWN = """
 SELECT 1 FROM session_turn_leases WHERE session_key = %(key)s AND token = %(token)s FOR UPDATE
@@ -105,11 +116,14 @@ class LeaseRows(SqlConnection):
             return row is not None
 
     def renew_leases(self, tokens: Sequence[str], ttl: float) -> set[str]:
-        """Extend the leases of ``tokens`` by ``ttl`` from now; the tokens that still held."""
+        """Extend the leases of ``tokens`` by ``ttl`` from now; the tokens that still held.
+        Its own short transaction on a pooled connection, never a writer connection's: it
+        waits for no writer step (in shared mode no connection holds a writer lock)."""
         if not tokens:
             return set()
-        with self._write("renewing turn leases") as cursor:
-            rows = cursor.execute(_RENEW, {"tokens": list(tokens), "ttl": ttl}).fetchall()
+        with self._read("renewing turn leases") as conn:
+            rows = conn.exec_driver_sql(_RENEW, {"tokens": list(tokens), "ttl": ttl}).fetchall()
+            conn.commit()
         return {row[0] for row in rows}
 
     def release_lease(self, session_key: str, token: str) -> bool:

@@ -21,9 +21,11 @@ from hermes_plugins.sql_store.schema import gateway_routing
 SESSION_COLUMNS = tuple(SessionRow.__dataclass_fields__)
 ROUTE_READ = tuple(
     gateway_routing.c[name]
-    for name in ("entry_json", "updated_at", "active_turn_token", "active_turn_started_at")
-)
-"""What a routing entry is read from (see :func:`route_entry`)."""
+    for name in (
+        "entry_json", "updated_at", "active_turn_token", "active_turn_started_at", "revision",
+    )
+)  # fmt: skip
+"""What a routing entry is read from (see :func:`route_entry`), with the row's revision."""
 
 
 def epoch(stamp: object) -> float | None:

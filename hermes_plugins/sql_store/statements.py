@@ -102,7 +102,22 @@ class Statements:
 
         routing, by_key = gateway_routing, gateway_routing.c.session_key == bindparam("session_key")
         session = sessions.c.id == bindparam("session_id")
+        insert_fn = sqlite.insert if dialect.name == "sqlite" else postgresql.insert
         self.upsert_route = prepare(_upsert_route(dialect))
+        # A shared store's checked routing writes: a new key only if no row appeared, an
+        # existing row only at the revision read (``expected``).
+        route: dict[str, Any] = {
+            name: bindparam(name) for name in ("session_key", *ROUTE_COPY_COLUMNS)
+        }
+        self.insert_route = prepare(
+            insert_fn(routing)
+            .values(route | {"revision": literal_column("1")})
+            .on_conflict_do_nothing(index_elements=["session_key"])
+        )
+        copies: dict[str, Any] = {name: bindparam(name) for name in ROUTE_COPY_COLUMNS}
+        copies["revision"] = routing.c.revision + literal_column("1")
+        at_revision = routing.c.revision == bindparam("expected")
+        self.update_route = prepare(update(routing).where(by_key, at_revision).values(copies))
         marker: dict[str, Any] = {name: bindparam(name) for name in MARKER_COLUMNS}
         marker["revision"] = routing.c.revision + literal_column("1")
         self.set_marker = prepare(update(routing).where(by_key).values(marker))
@@ -182,7 +197,6 @@ class Statements:
             )
             .order_by(queued_events.c.id)
         )
-        insert_fn = sqlite.insert if dialect.name == "sqlite" else postgresql.insert
         self.insert_obligation = prepare(
             insert_fn(delivery_obligations)
             .values({column.name: bindparam(column.name) for column in delivery_obligations.c})
