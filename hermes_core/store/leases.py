@@ -7,14 +7,17 @@ the lease) and says whether it took over a lease its holder never released (then
 the takeover's recovery before anything runs on it); the runtime renews its leases every
 quarter of ``storage.turn_lease_secs`` and releases a lane when nothing waits in its durable
 queue. Every write of a turn (its start, reply
-and ledger row, marker clear, dequeue) is *fenced*: it checks, in its own transaction, that the
-token still holds the lease, else raises :class:`~hermes_core.errors.LeaseLostError` and writes
-nothing. On a single-instance store every call here is a no-op that grants.
+and ledger row, marker clear, dequeue) is *fenced*: it checks, in its own transaction (the start
+and the finish in their own statement), that the token still holds the lease, else raises
+:class:`~hermes_core.errors.LeaseLostError` and writes nothing. On a single-instance store every
+call here is a no-op that grants.
 """
 
 from __future__ import annotations
 
 import secrets
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 from hermes_core.errors import LeaseLostError
 from hermes_core.instance import instance_id
@@ -62,22 +65,30 @@ class LeaseStore(StoreBase):
         """Take the lane's lease (a new token), unless another live process holds it (None);
         ``unreleased`` when it replaced a lease never given back (see :data:`LeaseGrant`). The
         lane's cached entry is dropped: what another process wrote is read afresh."""
+        taken = self.take_idle_lease(session_key)
+        return None if taken is None else taken[0]
+
+    @serialised
+    def take_idle_lease(self, session_key: str) -> tuple[LeaseGrant, bool] | None:
+        """:meth:`take_lease`, and whether events wait in the lane's durable queue (read in
+        the same statement). Held elsewhere (None), the lease cannot change hands before this
+        step's commit, so its holder's release sees an event queued in the same step."""
         rows = self._bound.leases
         if rows is None:
-            return "free"
+            return "free", False
         token = secrets.token_hex(16)
         owner, boot = self.owner
         ttl = self.config.storage.turn_lease_secs
         with self._canonical():
-            grant = rows.take_lease(session_key, owner, boot, token, ttl)
-        if grant is None:
+            taken = rows.take_lease(session_key, owner, boot, token, ttl)
+        if taken is None:
             return None
         held = self._leases
         previous = held.get(session_key)
         held[session_key] = token
         self._writer.on_rollback(lambda: self._restore(session_key, previous))
         self._forget(session_key)
-        return grant
+        return taken
 
     def _restore(self, session_key: str, token: str | None) -> None:
         if token is None:
@@ -152,13 +163,29 @@ class LeaseStore(StoreBase):
         """Within a write's transaction: raise :class:`LeaseLostError` unless this process's
         token still holds the lane's lease (no-op on a single-instance store)."""
         rows = self._bound.leases
-        if rows is None:
+        if rows is not None:
+            with self._fenced(session_key) as token:
+                if token is None or not rows.check_lease(session_key, token):
+                    raise LeaseLostError("the lane's lease is held under another token")
+
+    @contextmanager
+    def _fenced(self, session_key: str) -> Iterator[str | None]:
+        """Around a write that fences itself (the backend checks the lease in the write's own
+        statement): the token to pass it (None on a single-instance store). Raises
+        :class:`LeaseLostError` when this process holds no lease on the lane, or when the
+        backend found it lost; the lease is forgotten here then."""
+        if self._bound.leases is None:
+            yield None
             return
-        token = self._leases.get(session_key)
-        if token is None or not rows.check_lease(session_key, token):
+        try:
+            token = self._leases.get(session_key)
+            if token is None:
+                raise LeaseLostError("this process holds no lease on the lane")
+            yield token
+        except LeaseLostError:
             self._leases.pop(session_key, None)
             raise LeaseLostError(
                 "this process no longer holds the lane's turn lease (it expired and another "
                 "gateway took the lane over); nothing more of the turn is written. Raise "
                 "storage.turn_lease_secs if the process pauses for longer than a quarter of it."
-            )
+            ) from None
