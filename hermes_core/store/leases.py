@@ -7,10 +7,9 @@ the lease) and says whether it took over a lease its holder never released (then
 the takeover's recovery before anything runs on it); the runtime renews its leases every
 quarter of ``storage.turn_lease_secs`` and releases a lane when nothing waits in its durable
 queue. Every write of a turn (its start, reply
-and ledger row, marker clear, dequeue) is *fenced*: it checks, in its own transaction (the start
-and the finish in their own statement), that the token still holds the lease, else raises
-:class:`~hermes_core.errors.LeaseLostError` and writes nothing. On a single-instance store every
-call here is a no-op that grants.
+and ledger row, marker clear, dequeue) is *fenced*: it checks, in its own transaction, that the
+token still holds the lease, else raises :class:`~hermes_core.errors.LeaseLostError` and writes
+nothing. On a single-instance store every call here is a no-op that grants.
 """
 
 from __future__ import annotations
@@ -29,7 +28,7 @@ class LeaseStore(StoreBase):
     """Lease bookkeeping of one store: which lanes this process holds, under which token."""
 
     _held: dict[str, str] | None = None
-    _boot: str | None = None
+    _owner: tuple[str, str] | None = None
     _unleased: dict[str, int] | None = None
     """The lanes the last scan left for their enqueuer (see :meth:`claim_orphaned_lanes`)."""
 
@@ -40,11 +39,12 @@ class LeaseStore(StoreBase):
 
     @property
     def owner(self) -> tuple[str, str]:
-        """This process as a lease owner: (instance id, boot token of this open store)."""
-        if self._boot is None:
-            self._boot = secrets.token_hex(16)
-        configured = self.config.gateway.instance_id
-        return instance_id(self.config.hermes_home, configured), self._boot
+        """This process as a lease owner: (instance id, boot token of this open store), found
+        once (every grant names it)."""
+        if self._owner is None:
+            configured = self.config.gateway.instance_id
+            self._owner = instance_id(self.config.hermes_home, configured), secrets.token_hex(16)
+        return self._owner
 
     @property
     def _leases(self) -> dict[str, str]:
@@ -80,15 +80,15 @@ class LeaseStore(StoreBase):
         owner, boot = self.owner
         ttl = self.config.storage.turn_lease_secs
         with self._canonical():
-            taken = rows.take_lease(session_key, owner, boot, token, ttl)
-        if taken is None:
+            grant = rows.take_lease(session_key, owner, boot, token, ttl)
+        if grant is None:
             return None
         held = self._leases
         previous = held.get(session_key)
         held[session_key] = token
         self._writer.on_rollback(lambda: self._restore(session_key, previous))
         self._forget(session_key)
-        return taken
+        return grant
 
     def _restore(self, session_key: str, token: str | None) -> None:
         if token is None:
