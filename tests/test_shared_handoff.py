@@ -128,11 +128,35 @@ def test_an_event_waiting_without_a_lease_runs_before_the_message_that_takes_it(
     assert asyncio.run(scenario()) == ["echo: first", "echo: second"]
 
 
-def _in_step(store: SessionStore, key: str, work: Callable[[], object]) -> threading.Thread:
-    """Run ``work`` as a writer step of ``key`` in a thread of its own."""
-    thread = threading.Thread(target=store.run, args=(work,), kwargs={"lane": key}, daemon=True)
-    thread.start()
-    return thread
+def _while_held_open(
+    store: SessionStore, key: str, work: Callable[[], object]
+) -> Callable[[Callable[[], object]], object]:
+    """Run ``work`` in a writer step of ``key`` (another thread) whose transaction then stays
+    open; returns the call that checks ``call`` waits for it, lets the step commit and returns
+    what ``call`` returned."""
+    done, commit = threading.Event(), threading.Event()
+
+    def step() -> None:
+        work()
+        done.set()
+        commit.wait(10)
+
+    holding = threading.Thread(target=store.run, args=(step,), kwargs={"lane": key}, daemon=True)
+    holding.start()
+    assert done.wait(10)
+
+    def waits_for_commit(call: Callable[[], object]) -> object:
+        result: list[object] = []
+        calling = threading.Thread(target=lambda: result.append(call()), daemon=True)
+        calling.start()
+        calling.join(0.5)
+        assert calling.is_alive()  # it waits for the open transaction
+        commit.set()
+        holding.join(10)
+        calling.join(10)
+        return result[0]
+
+    return waits_for_commit
 
 
 def test_a_release_waits_for_an_event_queued_under_a_failed_grant_and_keeps_the_lease(
@@ -141,28 +165,17 @@ def test_a_release_waits_for_an_event_queued_under_a_failed_grant_and_keeps_the_
     holder, enqueuer = stores("holder", lease_secs=LONG), stores("enqueuer", lease_secs=LONG)
     key = holder.session_key_for(SOURCE)
     assert holder.take_lease(key) == "free"
-    queued, commit = threading.Event(), threading.Event()
     refused: list[object] = []
 
     def enqueue_under_the_grant() -> None:
         with enqueuer.atomically():
             refused.append(enqueuer.take_idle_lease(key))
             enqueuer.queue_add(key, _message("hi", "m1"))
-            queued.set()
-            commit.wait(10)
 
-    enqueuing = _in_step(enqueuer, key, enqueue_under_the_grant)
-    assert queued.wait(10)
-    released: list[bool] = []
-    releasing = threading.Thread(target=lambda: released.append(holder.release_lease(key)))
-    releasing.start()
-    releasing.join(0.5)
-    assert releasing.is_alive()  # it waits for the enqueuer's transaction
-    commit.set()
-    enqueuing.join(10)
-    releasing.join(10)
+    waits_for_commit = _while_held_open(enqueuer, key, enqueue_under_the_grant)
+    released = waits_for_commit(lambda: holder.release_lease(key))
     assert refused == [None]
-    assert released == [False]  # kept: the event waits and the holder runs it
+    assert released is False  # kept: the event waits and the holder runs it
     assert holder.holds(key)
 
 
@@ -172,24 +185,13 @@ def test_an_enqueuer_whose_grant_waits_for_a_release_finds_the_lane_free(
     holder, enqueuer = stores("holder", lease_secs=LONG), stores("enqueuer", lease_secs=LONG)
     key = holder.session_key_for(SOURCE)
     assert holder.take_lease(key) == "free"
-    released, commit = threading.Event(), threading.Event()
-
-    def release_and_wait() -> None:
-        assert holder.release_lease(key)
-        released.set()
-        commit.wait(10)
-
-    releasing = _in_step(holder, key, release_and_wait)
-    assert released.wait(10)
-    taken: list[object] = []
-    taking = threading.Thread(target=lambda: taken.append(enqueuer.take_idle_lease(key)))
-    taking.start()
-    taking.join(0.5)
-    assert taking.is_alive()  # it waits for the release's transaction
-    commit.set()
-    releasing.join(10)
-    taking.join(10)
-    assert taken == [("free", False)]  # the lane is the enqueuer's: it runs its event itself
+    released: list[bool] = []
+    waits_for_commit = _while_held_open(
+        holder, key, lambda: released.append(holder.release_lease(key))
+    )
+    taken = waits_for_commit(lambda: enqueuer.take_idle_lease(key))
+    assert released == [True]
+    assert taken == ("free", False)  # the lane is the enqueuer's: it runs its event itself
 
 
 def test_a_turns_start_and_finish_write_nothing_once_the_lease_is_lost(
