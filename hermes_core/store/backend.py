@@ -287,10 +287,10 @@ class StoreBackend(Protocol):
         ``entry``'s new marker and activity time (nothing else changed since it was last
         written), delete the queued event, append ``(session_id, message)``. False, with
         nothing written, when ``seen`` was recorded before (a redelivery); backends without a
-        durable redelivery record always write. ``lease`` (given only by a store with
-        :class:`TurnLeases`): the turn's lease token; unless it still holds the lane's lease
-        (checked, and kept so, in the same transaction) nothing is written and
-        :class:`~hermes_core.errors.LeaseLostError` is raised."""
+        durable redelivery record always write. ``lease`` (passed only to a backend with
+        :class:`TurnLeases`, which must accept it): the turn's lease token; unless it still
+        holds the lane's lease (checked, and kept so, in the same transaction) nothing is
+        written and :class:`~hermes_core.errors.LeaseLostError` is raised."""
 
     def routes_with_markers(self) -> list[EntryDict]:
         """Every entry whose turn marker is set."""

@@ -164,24 +164,25 @@ class LeaseStore(StoreBase):
         token still holds the lane's lease (no-op on a single-instance store)."""
         rows = self._bound.leases
         if rows is not None:
-            with self._fenced(session_key) as token:
-                if token is None or not rows.check_lease(session_key, token):
+            with self._fenced(session_key) as fence:
+                if not rows.check_lease(session_key, fence["lease"]):
                     raise LeaseLostError("the lane's lease is held under another token")
 
     @contextmanager
-    def _fenced(self, session_key: str) -> Iterator[str | None]:
+    def _fenced(self, session_key: str) -> Iterator[dict[str, str]]:
         """Around a write that fences itself (the backend checks the lease in the write's own
-        statement): the token to pass it (None on a single-instance store). Raises
+        statement): the keyword arguments to pass it, ``lease`` (the token) on a shared store
+        and none otherwise, so a backend without leases never gets one. Raises
         :class:`LeaseLostError` when this process holds no lease on the lane, or when the
         backend found it lost; the lease is forgotten here then."""
         if self._bound.leases is None:
-            yield None
+            yield {}
             return
         try:
             token = self._leases.get(session_key)
             if token is None:
                 raise LeaseLostError("this process holds no lease on the lane")
-            yield token
+            yield {"lease": token}
         except LeaseLostError:
             self._leases.pop(session_key, None)
             raise LeaseLostError(

@@ -13,7 +13,7 @@ import logging
 import threading
 import time
 from collections.abc import Collection, Mapping
-from contextlib import nullcontext
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -254,9 +254,11 @@ class TurnRecoveryStore(LeaseStore):
         stored = (session_id, reply) if reply is not None and session_id is not None else None
         try:
             # a turn's reply is written only under its lane's lease
-            fence = self._fenced(session_key) if turn_token else nullcontext()
-            with self._canonical(), self._backend.transaction(), fence as lease:
-                _added, marker_cleared = ledger.rows.add_obligation(record, marker, stored, lease)
+            fenced: AbstractContextManager[dict[str, str]] = (
+                self._fenced(session_key) if turn_token else nullcontext({})
+            )
+            with self._canonical(), self._backend.transaction(), fenced as fence:
+                _added, marker_cleared = ledger.rows.add_obligation(record, marker, stored, **fence)
         except LeaseLostError:
             raise
         except StoreError as exc:
