@@ -19,7 +19,7 @@ from hermes_core.gateway_texts import (
 )
 from hermes_core.models import MessageEvent
 from hermes_core.pipeline import Turn
-from hermes_core.queue import QueuedItem
+from hermes_core.queue import EnqueueResult, QueuedItem
 
 logger = logging.getLogger(__name__)
 
@@ -41,7 +41,7 @@ class LaneRunner(GatewayCore):
         self,
         key: str,
         first: MessageEvent | None,
-        begun: asyncio.Future[Turn | None] | None = None,
+        begun: asyncio.Future[Turn | EnqueueResult | None] | None = None,
     ) -> None:
         """A lane task that begins with ``first`` (an idle lane's message or an internal
         resume) or else the queue head; ``begun`` learns how storing ``first`` went."""
@@ -75,7 +75,7 @@ class LaneRunner(GatewayCore):
         key: str,
         lane: Lane,
         first: MessageEvent | None,
-        begun: asyncio.Future[Turn | None] | None = None,
+        begun: asyncio.Future[Turn | EnqueueResult | None] | None = None,
     ) -> None:
         """Run the lane's turns one after another until its queue has nothing dispatchable."""
         try:
@@ -96,20 +96,30 @@ class LaneRunner(GatewayCore):
         self,
         key: str,
         first: MessageEvent | None,
-        begun: asyncio.Future[Turn | None] | None,
+        begun: asyncio.Future[Turn | EnqueueResult | None] | None,
     ) -> Turn | None:
         """Store the start of the lane's next turn: ``first`` (an idle lane's message, whose
         outcome ``begun`` reports to ``handle_message``, or an internal resume) or the queue
-        head when it can be dispatched now; None when there is nothing to start."""
+        head when it can be dispatched now; None when there is nothing to start. On a shared
+        store an idle lane's message may be queued instead (see ``SharedLanes.open``): the
+        lane's queue then runs wherever its lease is held."""
         if first is not None:
             try:
-                turn = await self.store.arun(self._pipeline.begin, key, first, None, lane=key)
+                if begun is not None and self.shared is not None:  # takes the lane's lease
+                    opened = await self.shared.open(key, first, self._pipeline.begin)
+                else:
+                    opened = await self.store.arun(self._pipeline.begin, key, first, None, lane=key)
             except Exception as exc:
                 if begun is None:
                     logger.exception("a resumed turn could not start; it resumes next start")
                 else:
                     begun.set_exception(exc)
                 return None
+            if isinstance(opened, EnqueueResult):  # queued instead: the lane's queue runs it
+                if begun is not None:
+                    begun.set_result(opened)
+                return None
+            turn = opened
             if turn is not None:
                 self._begun(key, first)
             if begun is not None:

@@ -217,7 +217,7 @@ class Gateway(LaneCommands, LaneRunner, Delivery):
 
     async def _accept(self, key: str, event: MessageEvent) -> None:
         idle = not self._busy(key) and self._queue.depth(key) == 0
-        if idle and self._connected(event.source.platform) and self.shared is None:
+        if idle and self._connected(event.source.platform):
             await self._begin_idle(key, event)
             return
         result = await self._enqueue(key, event)
@@ -241,14 +241,18 @@ class Gateway(LaneCommands, LaneRunner, Delivery):
     async def _begin_idle(self, key: str, event: MessageEvent) -> None:
         """An idle lane: its task stores the turn's start, then runs it; this returns once the
         start is stored (a message arriving meanwhile queues behind this one, and a drain or
-        ``/stop`` sees the lane from the first moment)."""
-        begun: asyncio.Future[Turn | None] = asyncio.get_running_loop().create_future()
+        ``/stop`` sees the lane from the first moment). On a shared store the event may be
+        queued instead (its lease is held elsewhere, or events wait in its durable queue)."""
+        loop = asyncio.get_running_loop()
+        begun: asyncio.Future[Turn | EnqueueResult | None] = loop.create_future()
         self._start_lane(key, event, begun)
         try:
             turn = await asyncio.shield(begun)
         except Exception as exc:  # noqa: BLE001 - whatever the cause, the message is not stored
             await self._not_stored(event, exc)
-        if turn is None:  # the platform delivered a message the lane already has
+        if isinstance(turn, EnqueueResult):
+            await self._enqueued(key, event, turn)
+        elif turn is None:  # the platform delivered a message the lane already has
             logger.info("ignored a message delivered again")
 
     def _begun(self, key: str, event: MessageEvent) -> None:
@@ -273,19 +277,23 @@ class Gateway(LaneCommands, LaneRunner, Delivery):
             result = await self.store.arun(self._queue.enqueue, key, event, lane=key)
         except HermesError as exc:  # the store is closed or its commit failed twice
             await self._not_stored(event, exc)
+        await self._enqueued(key, event, result)
+        return result
+
+    async def _enqueued(self, key: str, event: MessageEvent, result: EnqueueResult) -> None:
+        """After an enqueue: a refusal is answered (and raised when not saved)."""
         if result.refused == "duplicate":
             logger.info("ignored a message delivered again")
             self._seen.remember_event(key, event)
-            return result
+            return
         if result.refused == "cap":
             if not event.internal:
                 await self._reply(event.source, REFUSED_CAP.format(n=result.depth))
-            return result
+            return
         if result.refused is not None:
             await self._not_stored(event, None)
         self._seen.remember_event(key, event)
         crash_point("enqueued")
-        return result
 
     async def _ack(self, key: str, event: MessageEvent, text: str) -> None:
         """Acceptance acknowledgements: at most one per lane per 30 s, and only if enabled."""

@@ -1,10 +1,12 @@
 """The gateway's side of a store shared by several gateway processes (``storage.instances:
 shared``; ``SessionStore.shared``).
 
-Every inbound event is queued durably first; a lane's queue is dispatched only by the process
-holding the lane's lease, which reloads the lane's durable queue when it takes the lease (so
-events other processes queued run here, in order) and, when the lane runs dry, releases the
-lease unless events wait (then it runs them). A message for a lane leased elsewhere is only
+A lane's turns run only in the process holding the lane's lease. A message for a lane idle here
+takes the lease and, when nothing waits in the lane's durable queue, begins its turn in the
+same commit; otherwise (and for a lane busy here) the event is queued durably. A lane's queue
+is dispatched only by the lease holder, which reloads the lane's durable queue when it takes
+the lease (so events other processes queued run here, in order) and, when the lane
+runs dry, releases it unless events wait. A message for a lane leased elsewhere is only
 queued: the holder sees it before it can release. Two tasks run beside the lanes: one renews
 the held leases every quarter of ``storage.turn_lease_secs`` (from the moment the store is
 open: start-up recovery and resumed turns run under leases too), on a thread and a database
@@ -28,7 +30,9 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from hermes_core.config import GatewayConfig
-from hermes_core.queue import TurnQueue
+from hermes_core.models import MessageEvent
+from hermes_core.pipeline import Turn
+from hermes_core.queue import EnqueueResult, TurnQueue
 from hermes_core.recovery import marker_max_age, record_crash_left_replies
 from hermes_core.store import SessionStore
 from hermes_core.store.backend import LeaseGrant
@@ -134,6 +138,46 @@ class SharedLanes:
             self._recovering.add(key)  # before the writer lets anything else near the lane
             self.store.on_rollback(lambda: self._recovering.discard(key))
         return grant
+
+    async def open(
+        self, key: str, event: MessageEvent, begin: Callable[[str, MessageEvent], Turn | None]
+    ) -> Turn | EnqueueResult | None:
+        """Store a message for a lane idle here, from the lane task just registered for it:
+        its turn begun with ``begin`` (None: a redelivery), or the event queued instead (see
+        :meth:`_open_step`). A lane whose lease was never released is taken over once that
+        lane task has returned (a takeover leaves a running lane alone)."""
+        opened, unreleased = await self.store.arun(self._open_step, key, event, begin, lane=key)
+        if unreleased:  # the task's first step comes after the caller's lane task returns
+            self._spawn(self._recover_lanes([key]))
+        return opened
+
+    def _open_step(
+        self, key: str, event: MessageEvent, begin: Callable[[str, MessageEvent], Turn | None]
+    ) -> tuple[Turn | EnqueueResult | None, bool]:
+        """Writer step, one transaction: take the lane's lease and, when nothing waits in its
+        durable queue, begin the turn (its one commit stores the message: no queue row is
+        written or deleted). Otherwise queue the event: only that when the lease is held
+        elsewhere (the failed grant keeps it from changing hands until this commit, so its
+        holder's release sees the event); with the lease taken, the lane's durable queue is
+        reloaded to run here in order (True: after a takeover, the lease was never released).
+        A lane held or being taken over here already just gets the event queued."""
+        store = self.store
+        if key in self._recovering or store.holds(key):
+            return self.queue.enqueue(key, event), False
+        with store.atomically():
+            taken = store.take_idle_lease(key)
+            if taken == ("free", False):
+                return begin(key, event), False
+            queued = self.queue.enqueue(key, event)
+            if taken is None:
+                self.queue.forget(key)
+                return queued, False
+            self.queue.reload(key)
+            unreleased = taken[0] == "unreleased"
+            if unreleased:
+                self._recovering.add(key)
+                store.on_rollback(lambda: self._recovering.discard(key))
+            return queued, unreleased
 
     def release(self, key: str) -> None:
         """The lane ran dry here: give its lease up, or run what waits in its queue."""

@@ -281,12 +281,16 @@ class StoreBackend(Protocol):
         consumed_event_id: int | None,
         user_message: tuple[str, Message] | None,
         seen: str | None = None,
+        lease: str | None = None,
     ) -> bool:
         """One transaction: record ``seen`` (a platform message id) as seen on the lane, write
         ``entry``'s new marker and activity time (nothing else changed since it was last
         written), delete the queued event, append ``(session_id, message)``. False, with
         nothing written, when ``seen`` was recorded before (a redelivery); backends without a
-        durable redelivery record always write."""
+        durable redelivery record always write. ``lease`` (passed only to a backend with
+        :class:`TurnLeases`, which must accept it): the turn's lease token; unless it still
+        holds the lane's lease (checked, and kept so, in the same transaction) nothing is
+        written and :class:`~hermes_core.errors.LeaseLostError` is raised."""
 
     def routes_with_markers(self) -> list[EntryDict]:
         """Every entry whose turn marker is set."""
@@ -366,11 +370,12 @@ class LedgerRows(Protocol):
         obligation: Obligation,
         marker: tuple[SessionEntry, str] | None,
         reply: tuple[str, Message] | None = None,
+        lease: str | None = None,
     ) -> tuple[bool, bool]:
         """One transaction: append ``reply`` = (session id, message), insert ``obligation``
         unless its id exists and, with ``marker`` = (entry without marker, token), clear the
         lane's turn marker if that token still owns it. Returns (obligation was new, marker was
-        cleared)."""
+        cleared). ``lease``: fenced like :meth:`StoreBackend.begin_turn`."""
 
     def obligations(
         self, states: Sequence[str], platforms: Sequence[str] | None = None
@@ -461,10 +466,12 @@ class TurnLeases(Protocol):
 
     def take_lease(
         self, session_key: str, owner: str, boot: str, token: str, ttl: float
-    ) -> LeaseGrant | None:
+    ) -> tuple[LeaseGrant, bool] | None:
         """Grant the lane's lease to ``(owner, boot)`` under ``token`` for ``ttl`` seconds
-        (absent, expired or already this boot's) and say how; None while another boot holds
-        it."""
+        (absent, expired or already this boot's) and say how, and whether events wait in the
+        lane's durable queue; None while another boot holds it. Either way the lease is kept
+        from changing hands until the transaction ends (so a release waits for an event the
+        caller queues in it)."""
 
     def check_lease(self, session_key: str, token: str) -> bool:
         """Whether ``token`` still holds the lane's lease, keeping it so until the enclosing

@@ -581,6 +581,12 @@ class StoreBase:
         settles after its commit."""
         return self._writer.submit(function, *args, lane=lane)
 
+    def atomically(self) -> AbstractContextManager[object]:
+        """Within a writer step: one transaction around the writes inside, even when the step
+        runs outside a batch (alone, after its batch failed), for writes that rely on a row
+        lock an earlier one of them took."""
+        return self._transaction()
+
     def after_commit(self, callback: Callable[[], None]) -> None:
         """Within a writer step: run ``callback`` once the step is committed (else at once)."""
         self._writer.after_commit(callback)

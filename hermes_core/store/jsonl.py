@@ -238,8 +238,10 @@ class JsonlBackend:
         consumed_event_id: int | None,
         user_message: tuple[str, Message] | None,
         seen: str | None = None,
+        lease: str | None = None,
     ) -> bool:
-        """Append the user message, then write the entry with its marker (always True).
+        """Append the user message, then write the entry with its marker (always True; no
+        leases here, so ``lease`` is never given).
 
         Queues are memory-only while degraded, so ``consumed_event_id`` has nothing to delete;
         redeliveries are only caught by the runtime's memory (``seen`` is not recorded).

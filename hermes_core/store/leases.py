@@ -16,7 +16,8 @@ nothing. On a single-instance store every call here is a no-op that grants.
 from __future__ import annotations
 
 import secrets
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 
 from hermes_core.errors import LeaseLostError
 from hermes_core.instance import instance_id
@@ -29,7 +30,7 @@ class LeaseStore(RoutingStore):
     """Lease bookkeeping of one store: which lanes this process holds, under which token."""
 
     _held: dict[str, str] | None = None
-    _boot: str | None = None
+    _owner: tuple[str, str] | None = None
     _unleased: dict[str, int] | None = None
     """The lanes the last scan left for their enqueuer (see :meth:`claim_orphaned_lanes`)."""
 
@@ -40,11 +41,12 @@ class LeaseStore(RoutingStore):
 
     @property
     def owner(self) -> tuple[str, str]:
-        """This process as a lease owner: (instance id, boot token of this open store)."""
-        if self._boot is None:
-            self._boot = secrets.token_hex(16)
-        configured = self.config.gateway.instance_id
-        return instance_id(self.config.hermes_home, configured), self._boot
+        """This process as a lease owner: (instance id, boot token of this open store), found
+        once (every grant names it)."""
+        if self._owner is None:
+            configured = self.config.gateway.instance_id
+            self._owner = instance_id(self.config.hermes_home, configured), secrets.token_hex(16)
+        return self._owner
 
     @property
     def _leases(self) -> dict[str, str]:
@@ -84,9 +86,17 @@ class LeaseStore(RoutingStore):
         """Take the lane's lease (a new token), unless another live process holds it (None);
         ``unreleased`` when it replaced a lease never given back (see :data:`LeaseGrant`). The
         lane's cached entry is dropped: what another process wrote is read afresh."""
+        taken = self.take_idle_lease(session_key)
+        return None if taken is None else taken[0]
+
+    @serialised
+    def take_idle_lease(self, session_key: str) -> tuple[LeaseGrant, bool] | None:
+        """:meth:`take_lease`, and whether events wait in the lane's durable queue (read in
+        the same statement). Held elsewhere (None), the lease cannot change hands before this
+        step's commit, so its holder's release sees an event queued in the same step."""
         rows = self._bound.leases
         if rows is None:
-            return "free"
+            return "free", False
         token = secrets.token_hex(16)
         owner, boot = self.owner
         ttl = self.config.storage.turn_lease_secs
@@ -182,13 +192,30 @@ class LeaseStore(RoutingStore):
         """Within a write's transaction: raise :class:`LeaseLostError` unless this process's
         token still holds the lane's lease (no-op on a single-instance store)."""
         rows = self._bound.leases
-        if rows is None:
+        if rows is not None:
+            with self._fenced(session_key) as fence:
+                if not rows.check_lease(session_key, fence["lease"]):
+                    raise LeaseLostError("the lane's lease is held under another token")
+
+    @contextmanager
+    def _fenced(self, session_key: str) -> Iterator[dict[str, str]]:
+        """Around a write that fences itself (the backend checks the lease in the write's own
+        statement): the keyword arguments to pass it, ``lease`` (the token) on a shared store
+        and none otherwise, so a backend without leases never gets one. Raises
+        :class:`LeaseLostError` when this process holds no lease on the lane, or when the
+        backend found it lost; the lease is forgotten here then."""
+        if self._bound.leases is None:
+            yield {}
             return
-        token = self._leases.get(session_key)
-        if token is None or not rows.check_lease(session_key, token):
+        try:
+            token = self._leases.get(session_key)
+            if token is None:
+                raise LeaseLostError("this process holds no lease on the lane")
+            yield {"lease": token}
+        except LeaseLostError:
             self._leases.pop(session_key, None)
             raise LeaseLostError(
                 "this process no longer holds the lane's turn lease (it expired and another "
                 "gateway took the lane over); nothing more of the turn is written. Raise "
                 "storage.turn_lease_secs if the process pauses for longer than a quarter of it."
-            )
+            ) from None

@@ -13,6 +13,7 @@ import logging
 import threading
 import time
 from collections.abc import Collection, Mapping
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -252,10 +253,12 @@ class TurnRecoveryStore(LeaseStore):
         marker = (cleared, turn_token) if cleared and turn_token else None
         stored = (session_id, reply) if reply is not None and session_id is not None else None
         try:
-            with self._canonical(), self._backend.transaction():
-                if turn_token:  # a turn's reply is written only under its lane's lease
-                    self._fence(session_key)
-                _added, marker_cleared = ledger.rows.add_obligation(record, marker, stored)
+            # a turn's reply is written only under its lane's lease
+            fenced: AbstractContextManager[dict[str, str]] = (
+                self._fenced(session_key) if turn_token else nullcontext({})
+            )
+            with self._canonical(), self._backend.transaction(), fenced as fence:
+                _added, marker_cleared = ledger.rows.add_obligation(record, marker, stored, **fence)
         except LeaseLostError:
             raise
         except StoreError as exc:

@@ -22,6 +22,7 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from hermes_core.errors import (
     DuplicateSessionIdError,
+    LeaseLostError,
     StoreError,
 )
 from hermes_core.models import SessionEntry
@@ -141,9 +142,12 @@ class SqlBackend(RekeyRows, OperatorRows, LeaseRows, WakeupRows):
         consumed_event_id: int | None,
         user_message: tuple[str, Message] | None,
         seen: str | None = None,
+        lease: str | None = None,
     ) -> bool:
         """Redelivery row, marker, queue dequeue and the user message in one transaction;
-        False (nothing written) when ``seen``, the platform message id, was seen on the lane."""
+        False (nothing written) when ``seen``, the platform message id, was seen on the lane.
+        ``lease`` (PostgreSQL; SQLite has no leases): raises ``LeaseLostError``, nothing
+        written, unless that token holds the lane's lease (fenced in the same statement)."""
         marker = marker_params(entry)
         message = message_row(*user_message) if user_message is not None else None
         key = entry.session_key
@@ -152,8 +156,11 @@ class SqlBackend(RekeyRows, OperatorRows, LeaseRows, WakeupRows):
             if self.name == "postgresql":  # one round trip (see ``postgres``)
                 params = marker | message_params(message) | {
                     "seen": seen, "seen_at": time.time(), "event_id": consumed_event_id,
+                    "lease": lease,
                 }  # fmt: skip
-                went, marked = cursor.execute(postgres.BEGIN_TURN, params).fetchone()
+                went, marked, held = cursor.execute(postgres.BEGIN_TURN, params).fetchone()
+                if not held:
+                    raise LeaseLostError("the lane's lease is held under another token")
                 if not went:
                     return False
             else:

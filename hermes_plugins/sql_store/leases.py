@@ -5,9 +5,10 @@ is new with every grant, and an expiry on the server's clock (so the hosts' cloc
 A grant succeeds when the lane has no lease, its lease expired, or this boot holds it, and
 says whether it replaced a row (a lease never released: the takeover of a dead or hung holder's
 lane); the conflicting row is locked by the grant either way, so a grant and a release of one
-lane serialise on that row. A turn's writes are fenced: :meth:`LeaseRows.check_lease` locks the
-lease row in the write's own transaction and says whether the token still holds it. Renewals
-commit on a pooled connection and skip the rows locked at that moment.
+lane serialise on that row. A turn's writes are fenced: the lease row is locked (shared) in the
+write's own transaction, by :meth:`LeaseRows.check_lease` or by the turn's start and finish
+statements themselves (see ``postgres``), and the write goes ahead only if the token still holds
+it. Renewals commit on a pooled connection and skip the rows locked at that moment.
 """
 
 from __future__ import annotations
@@ -28,9 +29,13 @@ ON CONFLICT (session_key) DO UPDATE SET
     owner_instance = EXCLUDED.owner_instance, owner_boot = EXCLUDED.owner_boot,
     token = EXCLUDED.token, acquired_at = EXCLUDED.acquired_at, expires_at = EXCLUDED.expires_at
 WHERE l.expires_at < EXCLUDED.acquired_at OR l.owner_boot = EXCLUDED.owner_boot
-RETURNING l.xmax <> 0
+RETURNING l.xmax <> 0,
+    EXISTS (SELECT 1 FROM queued_events WHERE session_key = %(key)s AND dead_at IS NULL)
 """
-# An inserted row has no xmax; a row the conflict clause updated carries the updater's.
+# An inserted row has no xmax; a row the conflict clause updated carries the updater's. The
+# queue is read with the statement's snapshot: an event committed after it was queued by a
+# process whose own grant then fails on this row (or that holds the row locked), so the release
+# of this lease sees it.
 
 _FENCE = """
 SELECT 1 FROM session_turn_leases WHERE session_key = %(key)s AND token = %(token)s FOR SHARE
@@ -54,10 +59,14 @@ SELECT token FROM session_turn_leases WHERE token = ANY(%(tokens)s)
 _LOCK_OWN = """
 SELECT 1 FROM session_turn_leases WHERE session_key = %(key)s AND token = %(token)s FOR UPDATE
 """
-_WAITING = (
-    "SELECT EXISTS (SELECT 1 FROM queued_events WHERE session_key = %(key)s AND dead_at IS NULL)"
-)
-_DROP = "DELETE FROM session_turn_leases WHERE session_key = %(key)s AND token = %(token)s"
+_DROP_UNLESS_WAITING = """
+DELETE FROM session_turn_leases WHERE session_key = %(key)s AND token = %(token)s
+    AND NOT EXISTS (SELECT 1 FROM queued_events WHERE session_key = %(key)s AND dead_at IS NULL)
+RETURNING 1
+"""
+# Two statements, not one: the lock waits for any transaction that holds the row (an enqueuer's
+# failed grant locks it until its event is committed), and only a statement begun after the
+# wait has a snapshot that sees that event.
 
 _ORPHANS = f"""
 WITH owing AS (
@@ -97,16 +106,17 @@ class LeaseRows(SqlConnection):
 
     def take_lease(
         self, session_key: str, owner: str, boot: str, token: str, ttl: float
-    ) -> LeaseGrant | None:
+    ) -> tuple[LeaseGrant, bool] | None:
         """Grant the lane's lease to ``(owner, boot)`` with ``token`` for ``ttl`` seconds:
-        ``free`` (a new row) or ``unreleased`` (a row replaced); None while another boot holds
-        it unexpired."""
+        ``free`` (a new row) or ``unreleased`` (a row replaced), and whether events wait in
+        the lane's durable queue; None while another boot holds it unexpired (the row stays
+        locked until the transaction ends either way)."""
         params = {"key": session_key, "owner": owner, "boot": boot, "token": token, "ttl": ttl}
         with self._write("taking a turn lease") as cursor:
             row = cursor.execute(_TAKE, params).fetchone()
         if row is None:
             return None
-        return "unreleased" if row[0] else "free"
+        return ("unreleased" if row[0] else "free"), bool(row[1])
 
     def check_lease(self, session_key: str, token: str) -> bool:
         """Whether ``token`` still holds the lane's lease; the row stays locked (shared) until
@@ -133,10 +143,7 @@ class LeaseRows(SqlConnection):
         with self._write("releasing a turn lease") as cursor:
             if cursor.execute(_LOCK_OWN, params).fetchone() is None:
                 return True  # not ours any more
-            if cursor.execute(_WAITING, params).fetchone()[0]:
-                return False
-            cursor.execute(_DROP, params)
-        return True
+            return cursor.execute(_DROP_UNLESS_WAITING, params).fetchone() is not None
 
     def orphaned_lanes(self, owner: str, boot: str, expired: bool) -> list[tuple[str, int | None]]:
         """Lanes with a turn marker, queued events or unsettled replies whose lease is absent

@@ -11,6 +11,7 @@ from sqlalchemy import (
     update,
 )
 
+from hermes_core.errors import LeaseLostError
 from hermes_core.models import SessionEntry
 from hermes_core.store.backend import Message, Obligation
 from hermes_plugins.sql_store import postgres
@@ -33,19 +34,23 @@ class LedgerRows(SqlConnection):
         obligation: Obligation,
         marker: tuple[SessionEntry, str] | None,
         reply: tuple[str, Message] | None = None,
+        lease: str | None = None,
     ) -> tuple[bool, bool]:
         """Store ``reply``, insert the obligation (unless recorded already) and clear the
-        marker, atomically."""
+        marker, atomically; with ``lease`` (PostgreSQL) only while that token holds the lane's
+        lease, else ``LeaseLostError`` with nothing written."""
         clear = None if marker is None else marker_params(marker[0]) | {"token": marker[1]}
         message = message_row(*reply) if reply is not None else None
 
         with self._write("recording a delivery obligation") as cursor:
             if self.name == "postgresql":  # one round trip (see ``postgres``)
                 params = (
-                    message_params(message) | obligation_params(obligation)
+                    message_params(message) | obligation_params(obligation) | {"lease": lease}
                     | (clear or {"session_key": None, "token": None, "updated_at": None})
                 )  # fmt: skip
-                added, cleared = cursor.execute(postgres.FINISH_TURN, params).fetchone()
+                added, cleared, held = cursor.execute(postgres.FINISH_TURN, params).fetchone()
+                if not held:
+                    raise LeaseLostError("the lane's lease is held under another token")
                 return bool(added), bool(cleared)
             if message is not None:
                 self._insert_message(cursor, message)

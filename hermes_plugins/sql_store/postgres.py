@@ -3,8 +3,10 @@
 On SQLite a statement costs microseconds, so a turn's writes stay separate statements. On
 PostgreSQL every statement is a round trip to the server; data-modifying CTEs let the start of a
 turn (redelivery row, marker, dequeue, user message) and its finish (reply, ledger row, marker
-cleared) each travel as one statement. Parameters carry explicit casts: a NULL parameter has no
-type PostgreSQL could infer.
+cleared) each travel as one statement. On a shared store each is fenced within that statement:
+given the turn's lease token (``lease``), it locks the lane's lease row (shared, until the
+transaction ends) and writes nothing unless the token still holds it, which it returns. Parameters
+carry explicit casts: a NULL parameter has no type PostgreSQL could infer.
 """
 
 from __future__ import annotations
@@ -23,15 +25,28 @@ _MESSAGE_VALUES = ", ".join(
     f"%(m_{name})s::{_MESSAGE_TYPES.get(name, 'text')}" for name in MESSAGE_INSERT_COLUMNS
 )
 
+
+def _fenced(key: str) -> str:
+    """The CTEs ``lease`` (the lane's lease row under the token, locked shared) and ``fenced``
+    (one row when the write may go ahead: no token given, or the token holds the lease)."""
+    return f"""lease AS (
+    SELECT 1 FROM session_turn_leases
+    WHERE session_key = {key} AND token = %(lease)s::text FOR SHARE
+), fenced AS (
+    SELECT 1 WHERE %(lease)s::text IS NULL OR EXISTS (SELECT 1 FROM lease)
+)"""
+
+
 BEGIN_TURN = f"""
-WITH seen AS (
+WITH {_fenced("%(session_key)s::text")}, seen AS (
     INSERT INTO seen_messages (session_key, message_id, seen_at)
     SELECT %(session_key)s::text, %(seen)s::text, %(seen_at)s::float8
-    WHERE %(seen)s::text IS NOT NULL
+    WHERE %(seen)s::text IS NOT NULL AND EXISTS (SELECT 1 FROM fenced)
     ON CONFLICT DO NOTHING
     RETURNING 1
 ), go AS (
-    SELECT 1 WHERE (%(seen)s::text IS NULL OR EXISTS (SELECT 1 FROM seen))
+    SELECT 1 WHERE EXISTS (SELECT 1 FROM fenced)
+        AND (%(seen)s::text IS NULL OR EXISTS (SELECT 1 FROM seen))
         AND (%(event_id)s::int4 IS NULL
              OR EXISTS (SELECT 1 FROM queued_events WHERE id = %(event_id)s::int4))
 ), marker AS (
@@ -51,10 +66,11 @@ WITH seen AS (
     WHERE %(has_message)s::bool AND EXISTS (SELECT 1 FROM go)
     RETURNING 1
 )
-SELECT (SELECT count(*) FROM go), (SELECT count(*) FROM marker)
+SELECT (SELECT count(*) FROM go), (SELECT count(*) FROM marker), (SELECT count(*) FROM fenced)
 """
-"""The start of a turn; returns (went ahead, marker rows written): (0, 0) for a redelivery or
-a queued event another process has run already."""
+"""The start of a turn; returns (went ahead, marker rows written, lease held): (0, 0, 1) for a
+redelivery or a queued event another process has run already, (0, 0, 0) when the lease was
+lost."""
 
 _OBLIGATION_COLUMNS = tuple(Obligation.__dataclass_fields__)
 _OBLIGATION_TYPES = {
@@ -66,14 +82,14 @@ _OBLIGATION_VALUES = ", ".join(
 )
 
 FINISH_TURN = f"""
-WITH message AS (
+WITH {_fenced("%(o_session_key)s::text")}, message AS (
     INSERT INTO messages ({_MESSAGE_COLUMNS})
     SELECT {_MESSAGE_VALUES}
-    WHERE %(has_message)s::bool
+    WHERE %(has_message)s::bool AND EXISTS (SELECT 1 FROM fenced)
     RETURNING 1
 ), owed AS (
     INSERT INTO delivery_obligations ({", ".join(_OBLIGATION_COLUMNS)})
-    VALUES ({_OBLIGATION_VALUES})
+    SELECT {_OBLIGATION_VALUES} WHERE EXISTS (SELECT 1 FROM fenced)
     ON CONFLICT (obligation_id) DO NOTHING
     RETURNING 1
 ), cleared AS (
@@ -81,11 +97,13 @@ WITH message AS (
     SET active_turn_token = NULL, active_turn_started_at = NULL,
         updated_at = %(updated_at)s::float8, revision = revision + 1
     WHERE session_key = %(session_key)s::text AND active_turn_token = %(token)s::text
+        AND EXISTS (SELECT 1 FROM fenced)
     RETURNING 1
 )
-SELECT (SELECT count(*) FROM owed), (SELECT count(*) FROM cleared)
+SELECT (SELECT count(*) FROM owed), (SELECT count(*) FROM cleared), (SELECT count(*) FROM fenced)
 """
-"""A turn's reply, its ledger row and the marker cleared; returns (row new, marker cleared)."""
+"""A turn's reply, its ledger row and the marker cleared; returns (row new, marker cleared,
+lease held); nothing is written when the lease was lost."""
 
 
 def message_params(row: Mapping[str, Any] | None) -> dict[str, Any]:

@@ -1,0 +1,222 @@
+"""A lane's turn path on a shared PostgreSQL store, in one process: each gateway or store below
+stands for a process of its own (its own ``$HERMES_HOME``, so its own instance id). An idle
+lane's message takes the lease and begins its turn in one commit; a message for a lane leased
+elsewhere is only queued; the turn's writes are fenced in their own statements; a release and a
+concurrent enqueue never strand the event."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from sqlalchemy import create_engine, text
+from test_shared_takeover import (
+    OTHER,
+    SOURCE,
+    Held,
+    _first,
+    _gateway,
+    _message,
+    _wait,
+)
+
+from hermes_core.agents import EchoAgent
+from hermes_core.errors import LeaseLostError
+from hermes_core.store import SessionStore
+
+pytestmark = pytest.mark.postgres
+
+LONG = 60.0
+"""Seconds of a lease that does not expire during a test."""
+
+
+def _scalar(url: str, sql: str) -> object:
+    engine = create_engine(url)
+    with engine.connect() as conn:
+        value = conn.execute(text(sql)).scalar()
+    engine.dispose()
+    return value
+
+
+QUEUE_ROWS_EVER = "SELECT pg_sequence_last_value(pg_get_serial_sequence('queued_events', 'id'))"
+"""The last queued-event id drawn (NULL: no queue row was ever written)."""
+
+
+def test_an_idle_lanes_message_takes_the_lease_and_begins_its_turn_in_one_commit(
+    tmp_path: Path, empty_database: str
+) -> None:
+    async def scenario() -> list[str]:
+        release, started = asyncio.Event(), asyncio.Event()
+        gateway, adapter = _gateway(
+            tmp_path, "solo", empty_database, lambda: Held(release, started), lease_secs=LONG
+        )
+        await gateway.start()
+        store = gateway.store
+        key = store.session_key_for(SOURCE)
+        before = store.stats()
+        await gateway.handle_message(_message("hi", "m1"))
+        after = store.stats()
+        assert after["commits"] - before["commits"] == 1  # acknowledged after one commit
+        assert store.holds(key)
+        marker = f"SELECT active_turn_token FROM gateway_routing WHERE session_key = '{key}'"
+        assert _scalar(empty_database, marker) is not None  # begun in that commit
+        await started.wait()
+        await gateway.handle_message(_message("hi", "m1"))  # delivered again: ignored
+        release.set()
+        await _wait(lambda: bool(adapter.sent), "the reply")
+        await gateway.idle()
+        await _wait(lambda: not store.holds(key), "the lease to be released")
+        await gateway.stop()
+        return adapter.texts()
+
+    assert asyncio.run(scenario()) == ["echo: hi"]
+    assert _scalar(empty_database, QUEUE_ROWS_EVER) is None  # never queued, never dequeued
+    assert _scalar(empty_database, "SELECT count(*) FROM session_turn_leases") == 0
+
+
+def test_a_message_for_a_lane_leased_elsewhere_is_queued_and_run_by_the_holder(
+    tmp_path: Path, empty_database: str
+) -> None:
+    async def scenario() -> tuple[list[str], list[str]]:
+        release, started = asyncio.Event(), asyncio.Event()
+        holder, held = _gateway(
+            tmp_path, "holder", empty_database, lambda: Held(release, started), lease_secs=LONG
+        )
+        other, elsewhere = _gateway(tmp_path, "other", empty_database, EchoAgent, lease_secs=LONG)
+        await holder.start()
+        await other.start()
+        await holder.handle_message(_message("first", "m1"))
+        await started.wait()
+        await other.handle_message(_message("second", "m2"))
+        queued = "SELECT count(*) FROM queued_events"
+        assert _scalar(empty_database, queued) == 1  # stored before it returned
+        assert not other.store.holds(other.store.session_key_for(SOURCE))
+        release.set()
+        await _wait(lambda: len(held.sent) == 2, "both replies")
+        await holder.idle()
+        await _wait(lambda: not holder.store.held_lanes(), "the lease to be released")
+        await holder.stop()
+        await other.stop()
+        return held.texts(), elsewhere.texts()
+
+    assert asyncio.run(scenario()) == (["echo: first", "echo: second"], [])
+
+
+def test_an_event_waiting_without_a_lease_runs_before_the_message_that_takes_it(
+    tmp_path: Path, empty_database: str, stores: Callable[..., SessionStore]
+) -> None:
+    """Another process queued an event and is about to take the lease: the message that takes
+    it here queues behind that event instead of beginning at once."""
+    enqueuer = stores("enqueuer", lease_secs=LONG)
+    key = enqueuer.session_key_for(SOURCE)
+
+    async def scenario() -> list[str]:
+        gateway, adapter = _gateway(tmp_path, "taker", empty_database, EchoAgent, lease_secs=LONG)
+        await gateway.start()
+        assert enqueuer.queue_add(key, _message("first", "m1"))
+        await gateway.handle_message(_message("second", "m2"))
+        await _wait(lambda: len(adapter.sent) == 2, "both replies")
+        await gateway.idle()
+        await gateway.stop()
+        return adapter.texts()
+
+    assert asyncio.run(scenario()) == ["echo: first", "echo: second"]
+
+
+def _while_held_open(
+    store: SessionStore, key: str, work: Callable[[], object]
+) -> Callable[[Callable[[], object]], object]:
+    """Run ``work`` in a writer step of ``key`` (another thread) whose transaction then stays
+    open; returns the call that checks ``call`` waits for it, lets the step commit and returns
+    what ``call`` returned."""
+    done, commit = threading.Event(), threading.Event()
+
+    def step() -> None:
+        work()
+        done.set()
+        commit.wait(10)
+
+    holding = threading.Thread(target=store.run, args=(step,), kwargs={"lane": key}, daemon=True)
+    holding.start()
+    assert done.wait(10)
+
+    def waits_for_commit(call: Callable[[], object]) -> object:
+        result: list[object] = []
+        calling = threading.Thread(target=lambda: result.append(call()), daemon=True)
+        calling.start()
+        calling.join(0.5)
+        assert calling.is_alive()  # it waits for the open transaction
+        commit.set()
+        holding.join(10)
+        calling.join(10)
+        return result[0]
+
+    return waits_for_commit
+
+
+def test_a_release_waits_for_an_event_queued_under_a_failed_grant_and_keeps_the_lease(
+    stores: Callable[..., SessionStore],
+) -> None:
+    holder, enqueuer = stores("holder", lease_secs=LONG), stores("enqueuer", lease_secs=LONG)
+    key = holder.session_key_for(SOURCE)
+    assert holder.take_lease(key) == "free"
+    refused: list[object] = []
+
+    def enqueue_under_the_grant() -> None:
+        with enqueuer.atomically():
+            refused.append(enqueuer.take_idle_lease(key))
+            enqueuer.queue_add(key, _message("hi", "m1"))
+
+    waits_for_commit = _while_held_open(enqueuer, key, enqueue_under_the_grant)
+    released = waits_for_commit(lambda: holder.release_lease(key))
+    assert refused == [None]
+    assert released is False  # kept: the event waits and the holder runs it
+    assert holder.holds(key)
+
+
+def test_an_enqueuer_whose_grant_waits_for_a_release_finds_the_lane_free(
+    stores: Callable[..., SessionStore],
+) -> None:
+    holder, enqueuer = stores("holder", lease_secs=LONG), stores("enqueuer", lease_secs=LONG)
+    key = holder.session_key_for(SOURCE)
+    assert holder.take_lease(key) == "free"
+    released: list[bool] = []
+    waits_for_commit = _while_held_open(
+        holder, key, lambda: released.append(holder.release_lease(key))
+    )
+    taken = waits_for_commit(lambda: enqueuer.take_idle_lease(key))
+    assert released == [True]
+    assert taken == ("free", False)  # the lane is the enqueuer's: it runs its event itself
+
+
+def test_a_turns_start_and_finish_write_nothing_once_the_lease_is_lost(
+    stores: Callable[..., SessionStore], empty_database: str
+) -> None:
+    first, second = stores("first"), stores("second")
+    entry = first.get_or_create_session(SOURCE)
+    key = entry.session_key
+    assert first.take_lease(key)
+    token = first.mark_turn_active(key, None, {"role": "user", "content": "hi"}, seen="m1")
+    assert token is not None
+    _first(lambda: second.take_lease(key), "the first store's lease to expire")
+    with pytest.raises(LeaseLostError):
+        first.record_delivery_obligation(
+            key, entry.session_id, "telegram", "c1", None, "echo: hi", "m1", turn_token=token,
+            claimed=True, reply={"role": "assistant", "content": "echo: hi"},
+        )  # fmt: skip
+    assert not first.holds(key)
+    assert _scalar(empty_database, "SELECT count(*) FROM delivery_obligations") == 0
+    assert _scalar(empty_database, "SELECT count(*) FROM messages") == 1  # the user's only
+
+    other = first.get_or_create_session(OTHER).session_key
+    assert first.take_lease(other)
+    _first(lambda: second.take_lease(other), "the first store's lease to expire")
+    with pytest.raises(LeaseLostError):
+        first.mark_turn_active(other, None, {"role": "user", "content": "yo"}, seen="m2")
+    routing = f"SELECT active_turn_token FROM gateway_routing WHERE session_key = '{other}'"
+    assert _scalar(empty_database, routing) is None
+    assert _scalar(empty_database, "SELECT count(*) FROM messages") == 1
+    assert _scalar(empty_database, "SELECT count(*) FROM seen_messages") == 1  # m1's only
