@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import sys
 import threading
 import time
 import zlib
@@ -98,6 +99,39 @@ async def test_a_step_without_a_lane_runs_between_every_lanes_earlier_and_later_
     writer.close()
     assert sorted(seen) == sorted(f"before {n}" for n in range(len(before)))
     assert writer.stats()["steps"] == len(before) + 1 + len(after)
+
+
+def test_steps_without_a_lane_handed_over_by_many_threads_at_once_all_run() -> None:
+    """Each such step is put in every writer thread's queue; two put at the same time must
+    reach every queue in the same order, or the threads wait at different steps' barriers
+    for good (a start-up recovery in a worker thread beside the event loop's steps)."""
+    writer = _writer()
+    done: list[int] = []
+    lock = threading.Lock()
+
+    def step(number: int) -> None:
+        with lock:
+            done.append(number)
+
+    def hand_over(first: int) -> None:
+        for number in range(first, first + 500):
+            writer.run(step, number)
+
+    threads = [threading.Thread(target=hand_over, args=(n * 500,), daemon=True) for n in range(16)]
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # threads switch often, inside a hand-over too
+    try:
+        for thread in threads:
+            thread.start()
+        deadline = time.monotonic() + 20
+        for thread in threads:
+            thread.join(max(0.0, deadline - time.monotonic()))
+    finally:
+        sys.setswitchinterval(interval)
+    stuck = sum(thread.is_alive() for thread in threads)
+    assert stuck == 0, f"{stuck} threads still wait for their steps: the writer threads deadlocked"
+    writer.close()
+    assert sorted(done) == list(range(8000))
 
 
 async def test_a_failing_step_fails_only_its_caller_on_its_lane() -> None:

@@ -86,6 +86,10 @@ class StoreWriter:
             queue.SimpleQueue() for _ in range(lanes)
         ]
         self._local = threading.local()
+        self._handing_over = threading.Lock()
+        """Held while a step goes into every queue: two such steps handed over at once by two
+        threads must reach every queue in the same order, or each writer thread would wait at
+        the other step's barrier for good."""
         self._closed = False
         self._counts = [[0, 0] for _ in range(lanes)]
         """Batches committed and steps run, per writer thread (each counts its own)."""
@@ -173,8 +177,9 @@ class StoreWriter:
         if self._closed:
             return
         self._closed = True
-        for waiting in self._queues:
-            waiting.put(None)
+        with self._handing_over:  # after a step being put in every queue, never amid it
+            for waiting in self._queues:
+                waiting.put(None)
         if not self.on_writer_thread and not self._read_only:
             for thread in self._threads:
                 thread.join()
@@ -191,8 +196,9 @@ class StoreWriter:
             self._queues[0].put(step)
         elif lane is None or step.alone:
             step.barrier = threading.Barrier(len(self._queues))
-            for waiting in self._queues:
-                waiting.put(step)
+            with self._handing_over:
+                for waiting in self._queues:
+                    waiting.put(step)
         else:
             self._queues[zlib.crc32(lane.encode("utf-8", "surrogatepass")) % len(self._queues)].put(
                 step
