@@ -4,6 +4,7 @@ named after the process (and, shared, its instance)."""
 from __future__ import annotations
 
 import logging
+import time
 from pathlib import Path
 
 import pytest
@@ -86,3 +87,28 @@ def test_a_store_checks_its_connections_and_names_them(
         shared.close()
     instance = (tmp_path / "shared" / ".instance_id").read_text().strip()
     assert any(name.startswith(f"hermes {instance[:20]}") for name in shared_names)
+
+
+@pytest.mark.postgres
+@pytest.mark.skipif(not POSTGRES_URL, reason=POSTGRES_SKIP_REASON)
+def test_the_readers_get_their_connections_beside_the_writers_and_the_listener(
+    empty_database: str, tmp_path: Path
+) -> None:
+    """The writer connections and a shared store's listener come from the same pool as the
+    readers; ``read_connections: 1`` still leaves one for reads while all of them are open."""
+    store = _open(
+        empty_database, tmp_path / "p1",
+        {"read_connections": 1, "writer_connections": 2, "instances": "shared"},
+    )  # fmt: skip
+    stop = store.listen_lanes(lambda key: None)
+    try:
+        keys = [f"agent:main:telegram:dm:{n}" for n in range(8)]  # on both writer threads
+        for key in keys:
+            store.run(store.peek_session_id, key, lane=key)
+        started = time.monotonic()
+        assert store.peek_session_id(keys[0]) is None  # a read on the pool
+        assert time.monotonic() - started < 5  # not after waiting for a connection
+    finally:
+        if stop is not None:
+            stop()
+        store.close()
