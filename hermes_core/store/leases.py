@@ -2,8 +2,9 @@
 false).
 
 A process runs a lane's turn only while it holds the lane's lease: :meth:`LeaseStore.take_lease`
-grants it with a new token (and drops the lane's cached entry, so the entry is read afresh under
-the lease) and says whether it took over a lease its holder never released (then the lane needs
+grants it with a new token (and keeps the lane's cached entry only while the routing row still has
+the revision it was read or written at, so what another process wrote is read afresh under the
+lease) and says whether it took over a lease its holder never released (then the lane needs
 the takeover's recovery before anything runs on it); the runtime renews its leases every
 quarter of ``storage.turn_lease_secs`` (:meth:`LeaseStore.renew_leases`: on a thread and a
 connection of its own, never behind the writer's queued steps) and releases a lane when
@@ -85,7 +86,9 @@ class LeaseStore(RoutingStore):
     def take_lease(self, session_key: str) -> LeaseGrant | None:
         """Take the lane's lease (a new token), unless another live process holds it (None);
         ``unreleased`` when it replaced a lease never given back (see :data:`LeaseGrant`). The
-        lane's cached entry is dropped: what another process wrote is read afresh."""
+        lane's cached entry is dropped unless its routing row is still at the revision it was
+        read or written at (read in the grant's statement): what another process wrote is read
+        afresh, and an entry nothing changed is not read again."""
         taken = self.take_idle_lease(session_key)
         return None if taken is None else taken[0]
 
@@ -101,16 +104,17 @@ class LeaseStore(RoutingStore):
         owner, boot = self.owner
         ttl = self.config.storage.turn_lease_secs
         with self._canonical():
-            grant = rows.take_lease(session_key, owner, boot, token, ttl)
-        if grant is None:
+            taken = rows.take_lease(session_key, owner, boot, token, ttl)
+        if taken is None:
             return None
+        grant, waiting, revision = taken
         held = self._leases
         with self._map_lock:
             previous = held.get(session_key)
             held[session_key] = token
         self._writer.on_rollback(lambda: self._restore(session_key, previous))
-        self._forget(session_key)
-        return grant
+        self._forget_unless_at(session_key, revision)
+        return grant, waiting
 
     def _restore(self, session_key: str, token: str | None) -> None:
         held = self._leases
