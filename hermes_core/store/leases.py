@@ -31,6 +31,7 @@ class LeaseStore(RoutingStore):
     """Lease bookkeeping of one store: which lanes this process holds, under which token."""
 
     _held: dict[str, str] | None = None
+    _uncommitted: set[str] | None = None
     _owner: tuple[str, str] | None = None
     _unleased: dict[str, int] | None = None
     """The lanes the last scan left for their enqueuer (see :meth:`claim_orphaned_lanes`)."""
@@ -58,6 +59,21 @@ class LeaseStore(RoutingStore):
                 if self._held is None:
                     self._held = {}
         return self._held
+
+    @property
+    def _granting(self) -> set[str]:
+        """Tokens granted in a batch not committed yet: a renewal, on a connection of its own,
+        cannot see their rows and would take them for lost, so it leaves them for next time."""
+        if self._uncommitted is None:
+            with self._map_lock:
+                if self._uncommitted is None:
+                    self._uncommitted = set()
+        return self._uncommitted
+
+    def _granted(self, token: str) -> None:
+        granting = self._granting
+        with self._map_lock:
+            granting.discard(token)
 
     def holds(self, session_key: str) -> bool:
         """Whether this process holds the lane's lease (always, on a single-instance store)."""
@@ -108,10 +124,13 @@ class LeaseStore(RoutingStore):
         if taken is None:
             return None
         grant, waiting, revision = taken
-        held = self._leases
+        held, granting = self._leases, self._granting
         with self._map_lock:
             previous = held.get(session_key)
             held[session_key] = token
+            granting.add(token)
+        self._writer.after_commit(lambda: self._granted(token))
+        self._writer.on_rollback(lambda: self._granted(token))
         self._writer.on_rollback(lambda: self._restore(session_key, previous))
         self._forget_unless_at(session_key, revision)
         return grant, waiting
@@ -151,9 +170,9 @@ class LeaseStore(RoutingStore):
         it commits on a connection of its own, so it never waits behind the lanes' steps (call
         it from a thread other than the writer's and the event loop's)."""
         rows = self._bound.leases
-        leases = self._leases
+        leases, granting = self._leases, self._granting
         with self._map_lock:
-            held = dict(leases)
+            held = {key: token for key, token in leases.items() if token not in granting}
         if rows is None or not held:
             return []
         kept = rows.renew_leases(list(held.values()), self.config.storage.turn_lease_secs)
