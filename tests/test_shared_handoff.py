@@ -192,6 +192,44 @@ def test_an_enqueuer_whose_grant_waits_for_a_release_finds_the_lane_free(
     assert taken == ("free", False)  # the lane is the enqueuer's: it runs its event itself
 
 
+def test_a_renewal_while_a_grant_is_uncommitted_leaves_that_lease_alone(
+    stores: Callable[..., SessionStore],
+) -> None:
+    """The renewal's connection cannot see the row yet; it must not count the lease lost (the
+    process would stop renewing and never release it, and the turn's writes would fail)."""
+    holder, other = stores("holder", lease_secs=LONG), stores("other", lease_secs=LONG)
+    key = holder.session_key_for(SOURCE)
+    waits_for_commit = _while_held_open(holder, key, lambda: holder.take_lease(key))
+    assert holder.renew_leases() == []
+    assert waits_for_commit(lambda: other.take_lease(key)) is None  # held by the holder
+    assert holder.holds(key)
+    assert holder.renew_leases() == []  # renewed, now that it is committed
+    assert holder.release_lease(key)
+    assert other.take_lease(key) == "free"
+
+
+def test_a_grant_that_waits_for_a_release_sees_what_the_release_committed_with_it(
+    stores: Callable[..., SessionStore],
+) -> None:
+    """The grant's statement began before that commit: the revision it read may be old, so the
+    entry cached at that revision is not kept."""
+    holder, taker = stores("holder", lease_secs=LONG), stores("taker", lease_secs=LONG)
+    old = taker.get_or_create_session(SOURCE)  # cached by the taker, at the row's revision
+    key = old.session_key
+    assert holder.take_lease(key) == "free"
+
+    def new_and_release() -> None:  # /new and the release, in one commit
+        assert holder.reset_session(key) is not None
+        assert holder.release_lease(key)
+
+    waits_for_commit = _while_held_open(holder, key, new_and_release)
+    assert waits_for_commit(lambda: taker.take_lease(key)) == "free"
+    entry, new = taker.lookup_by_session_key(key), holder.lookup_by_session_key(key)
+    assert entry is not None
+    assert new is not None
+    assert entry.session_id == new.session_id != old.session_id
+
+
 def test_a_turns_start_and_finish_write_nothing_once_the_lease_is_lost(
     stores: Callable[..., SessionStore], empty_database: str
 ) -> None:

@@ -466,12 +466,13 @@ class TurnLeases(Protocol):
 
     def take_lease(
         self, session_key: str, owner: str, boot: str, token: str, ttl: float
-    ) -> tuple[LeaseGrant, bool] | None:
+    ) -> tuple[LeaseGrant, bool, int | None] | None:
         """Grant the lane's lease to ``(owner, boot)`` under ``token`` for ``ttl`` seconds
-        (absent, expired or already this boot's) and say how, and whether events wait in the
-        lane's durable queue; None while another boot holds it. Either way the lease is kept
-        from changing hands until the transaction ends (so a release waits for an event the
-        caller queues in it)."""
+        (absent, expired or already this boot's) and say how, whether events wait in the
+        lane's durable queue, and the revision of its routing row (None: no row, or not known
+        to be current when the grant commits), read in the same statement; None while another
+        boot holds it. Either way the lease is kept from changing hands until the transaction
+        ends (so a release waits for an event the caller queues in it)."""
 
     def check_lease(self, session_key: str, token: str) -> bool:
         """Whether ``token`` still holds the lane's lease, keeping it so until the enclosing

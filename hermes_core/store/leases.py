@@ -2,8 +2,9 @@
 false).
 
 A process runs a lane's turn only while it holds the lane's lease: :meth:`LeaseStore.take_lease`
-grants it with a new token (and drops the lane's cached entry, so the entry is read afresh under
-the lease) and says whether it took over a lease its holder never released (then the lane needs
+grants it with a new token (and keeps the lane's cached entry only while the routing row still has
+the revision it was read or written at, so what another process wrote is read afresh under the
+lease) and says whether it took over a lease its holder never released (then the lane needs
 the takeover's recovery before anything runs on it); the runtime renews its leases every
 quarter of ``storage.turn_lease_secs`` (:meth:`LeaseStore.renew_leases`: on a thread and a
 connection of its own, never behind the writer's queued steps) and releases a lane when
@@ -30,6 +31,7 @@ class LeaseStore(RoutingStore):
     """Lease bookkeeping of one store: which lanes this process holds, under which token."""
 
     _held: dict[str, str] | None = None
+    _uncommitted: set[str] | None = None
     _owner: tuple[str, str] | None = None
     _unleased: dict[str, int] | None = None
     """The lanes the last scan left for their enqueuer (see :meth:`claim_orphaned_lanes`)."""
@@ -58,6 +60,21 @@ class LeaseStore(RoutingStore):
                     self._held = {}
         return self._held
 
+    @property
+    def _granting(self) -> set[str]:
+        """Tokens granted in a batch not committed yet: a renewal, on a connection of its own,
+        cannot see their rows and would take them for lost, so it leaves them for next time."""
+        if self._uncommitted is None:
+            with self._map_lock:
+                if self._uncommitted is None:
+                    self._uncommitted = set()
+        return self._uncommitted
+
+    def _granted(self, token: str) -> None:
+        granting = self._granting
+        with self._map_lock:
+            granting.discard(token)
+
     def holds(self, session_key: str) -> bool:
         """Whether this process holds the lane's lease (always, on a single-instance store)."""
         return not self.shared or session_key in self._leases
@@ -85,7 +102,9 @@ class LeaseStore(RoutingStore):
     def take_lease(self, session_key: str) -> LeaseGrant | None:
         """Take the lane's lease (a new token), unless another live process holds it (None);
         ``unreleased`` when it replaced a lease never given back (see :data:`LeaseGrant`). The
-        lane's cached entry is dropped: what another process wrote is read afresh."""
+        lane's cached entry is dropped unless its routing row is still at the revision it was
+        read or written at (read in the grant's statement): what another process wrote is read
+        afresh, and an entry nothing changed is not read again."""
         taken = self.take_idle_lease(session_key)
         return None if taken is None else taken[0]
 
@@ -101,16 +120,20 @@ class LeaseStore(RoutingStore):
         owner, boot = self.owner
         ttl = self.config.storage.turn_lease_secs
         with self._canonical():
-            grant = rows.take_lease(session_key, owner, boot, token, ttl)
-        if grant is None:
+            taken = rows.take_lease(session_key, owner, boot, token, ttl)
+        if taken is None:
             return None
-        held = self._leases
+        grant, waiting, revision = taken
+        held, granting = self._leases, self._granting
         with self._map_lock:
             previous = held.get(session_key)
             held[session_key] = token
+            granting.add(token)
+        self._writer.after_commit(lambda: self._granted(token))
+        self._writer.on_rollback(lambda: self._granted(token))
         self._writer.on_rollback(lambda: self._restore(session_key, previous))
-        self._forget(session_key)
-        return grant
+        self._forget_unless_at(session_key, revision)
+        return grant, waiting
 
     def _restore(self, session_key: str, token: str | None) -> None:
         held = self._leases
@@ -147,9 +170,9 @@ class LeaseStore(RoutingStore):
         it commits on a connection of its own, so it never waits behind the lanes' steps (call
         it from a thread other than the writer's and the event loop's)."""
         rows = self._bound.leases
-        leases = self._leases
+        leases, granting = self._leases, self._granting
         with self._map_lock:
-            held = dict(leases)
+            held = {key: token for key, token in leases.items() if token not in granting}
         if rows is None or not held:
             return []
         kept = rows.renew_leases(list(held.values()), self.config.storage.turn_lease_secs)

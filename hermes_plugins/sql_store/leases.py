@@ -30,12 +30,20 @@ ON CONFLICT (session_key) DO UPDATE SET
     token = EXCLUDED.token, acquired_at = EXCLUDED.acquired_at, expires_at = EXCLUDED.expires_at
 WHERE l.expires_at < EXCLUDED.acquired_at OR l.owner_boot = EXCLUDED.owner_boot
 RETURNING l.xmax <> 0,
-    EXISTS (SELECT 1 FROM queued_events WHERE session_key = %(key)s AND dead_at IS NULL)
+    EXISTS (SELECT 1 FROM queued_events WHERE session_key = %(key)s AND dead_at IS NULL),
+    CASE WHEN NOT EXISTS (SELECT 1 FROM session_turn_leases WHERE session_key = %(key)s)
+        THEN (SELECT revision FROM gateway_routing WHERE session_key = %(key)s) END
 """
 # An inserted row has no xmax; a row the conflict clause updated carries the updater's. The
 # queue is read with the statement's snapshot: an event committed after it was queued by a
 # process whose own grant then fails on this row (or that holds the row locked), so the release
-# of this lease sees it.
+# of this lease sees it. The lane's routing row revision (NULL: no row) is read with the same
+# snapshot, so it is returned only when that snapshot has no lease row for the lane: a statement
+# that waited for a transaction holding the row (a holder's fenced write, its release) began
+# before that transaction committed, and its snapshot misses the routing writes committed with
+# it (then NULL: the entry is read afresh; so always for a lease replaced). A write committed
+# after the snapshot without the lease row counts as one made after the entry was read (the
+# next checked write of the entry sees it).
 
 _FENCE = """
 SELECT 1 FROM session_turn_leases WHERE session_key = %(key)s AND token = %(token)s FOR SHARE
@@ -106,17 +114,19 @@ class LeaseRows(SqlConnection):
 
     def take_lease(
         self, session_key: str, owner: str, boot: str, token: str, ttl: float
-    ) -> tuple[LeaseGrant, bool] | None:
+    ) -> tuple[LeaseGrant, bool, int | None] | None:
         """Grant the lane's lease to ``(owner, boot)`` with ``token`` for ``ttl`` seconds:
-        ``free`` (a new row) or ``unreleased`` (a row replaced), and whether events wait in
-        the lane's durable queue; None while another boot holds it unexpired (the row stays
-        locked until the transaction ends either way)."""
+        ``free`` (a new row) or ``unreleased`` (a row replaced), whether events wait in the
+        lane's durable queue, and its routing row's revision (None: no row, or it may have
+        changed since the statement began: the lane had a lease row then); None while
+        another boot holds it unexpired (the row stays locked until the transaction ends
+        either way)."""
         params = {"key": session_key, "owner": owner, "boot": boot, "token": token, "ttl": ttl}
         with self._write("taking a turn lease") as cursor:
             row = cursor.execute(_TAKE, params).fetchone()
         if row is None:
             return None
-        return ("unreleased" if row[0] else "free"), bool(row[1])
+        return ("unreleased" if row[0] else "free"), bool(row[1]), row[2]
 
     def check_lease(self, session_key: str, token: str) -> bool:
         """Whether ``token`` still holds the lane's lease; the row stays locked (shared) until
