@@ -11,6 +11,8 @@ import json
 import logging
 import os
 import secrets
+import socket
+import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, Protocol
@@ -41,6 +43,37 @@ def _json_object(raw: bytes | None) -> dict[str, Any] | None:
     except (UnicodeDecodeError, ValueError):
         return None
     return value if isinstance(value, dict) else None
+
+
+HOLDER_RECORD_WAIT_SECS = 1.0
+"""How long a refused process waits for the lock's new holder to write its record."""
+
+
+def _holder_record(fd: int) -> dict[str, Any]:
+    """The record of the process holding the lock on ``fd``. A holder writes it right after
+    taking the lock, so a record that is still empty, half written, or names a process of this
+    host that is gone (the previous holder's) is read again for up to
+    :data:`HOLDER_RECORD_WAIT_SECS`; then whatever is there is returned."""
+    deadline = time.monotonic() + HOLDER_RECORD_WAIT_SECS
+    while True:
+        holder = _json_object(os.pread(fd, 4096, 0)) or {}
+        if (holder and not _gone(holder)) or time.monotonic() >= deadline:
+            return holder
+        time.sleep(0.01)
+
+
+def _gone(holder: Mapping[str, Any]) -> bool:
+    """Whether the record names a process of this host that no longer runs."""
+    pid = holder.get("pid")
+    if not isinstance(pid, int) or holder.get("host") != socket.gethostname():
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except OSError:  # it exists, owned by another user
+        return False
+    return False
 
 
 class LockFile:
@@ -75,15 +108,18 @@ class LockFile:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as exc:
-            holder = _json_object(os.pread(fd, 4096, 0)) or {}
-            os.close(fd)
-            if exc.errno in (errno.EWOULDBLOCK, errno.EACCES):
-                raise refused(holder) from None
-            raise StoreError(f"cannot lock {path}: {exc.strerror}") from exc
+            if exc.errno not in (errno.EWOULDBLOCK, errno.EACCES):
+                os.close(fd)
+                raise StoreError(f"cannot lock {path}: {exc.strerror}") from exc
+            try:
+                holder = _holder_record(fd)
+            finally:
+                os.close(fd)
+            raise refused(holder) from None
         previous = _json_object(os.pread(fd, 4096, 0)) or {}
         data = json.dumps(dict(record)).encode("utf-8") + b"\n"
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, data, 0)
+        os.pwrite(fd, data, 0)  # then cut what is left of a longer record: never an empty file
+        os.ftruncate(fd, len(data))
         os.fsync(fd)
         return cls(fd, path, previous)
 

@@ -12,7 +12,10 @@ from __future__ import annotations
 import json
 import os
 import re
+import socket
 import stat
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -29,6 +32,7 @@ from hermes_core.errors import (
     ReadOnlyStoreError,
     StoreUnavailableError,
 )
+from hermes_core.instance import LockFile
 from hermes_core.runtime import Gateway
 from hermes_core.store import SessionStore
 from hermes_core.testing import fresh_plugin_manager, telegram_dm
@@ -241,3 +245,45 @@ def test_a_writer_whose_lock_was_taken_while_disconnected_writes_nothing_more(
         assert current is not None
         assert not current.suspended
         assert current.session_id != entry.session_id
+
+
+_SLOW_HOLDER = """
+import fcntl, json, os, socket, sys, time
+fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT, 0o600)
+fcntl.flock(fd, fcntl.LOCK_EX)
+print("locked", flush=True)
+time.sleep(float(sys.argv[2]))  # the moment between taking the lock and naming itself
+data = json.dumps({"pid": os.getpid(), "host": socket.gethostname()}).encode()
+os.pwrite(fd, data, 0)
+os.ftruncate(fd, len(data))
+time.sleep(5)
+"""
+
+
+@pytest.mark.parametrize("before", ["nothing", "a gone holder's record"])
+def test_a_refused_writer_names_a_holder_that_has_not_written_its_record_yet(
+    tmp_path: Path, before: str
+) -> None:
+    """A process refused in the instant after the holder took the lock, before the holder
+    wrote its record, waits for the record instead of naming nobody or the previous holder."""
+    path = tmp_path / "state.db.lock"
+    if before != "nothing":
+        path.write_text(json.dumps({"pid": 2**22 + 1, "host": socket.gethostname()}))
+    holder = subprocess.Popen(
+        [sys.executable, "-c", _SLOW_HOLDER, str(path), "0.3"], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert holder.stdout is not None
+        assert holder.stdout.readline().strip() == "locked"
+        named: list[dict[str, Any]] = []
+
+        def refused(record: dict[str, Any]) -> GatewayLockedError:
+            named.append(record)
+            return GatewayLockedError("held")
+
+        with pytest.raises(GatewayLockedError):
+            LockFile.acquire(path, {"pid": os.getpid()}, refused)
+        assert named == [{"pid": holder.pid, "host": socket.gethostname()}]
+    finally:
+        holder.kill()
+        holder.wait()
