@@ -53,6 +53,8 @@ class Lane:
     in_agent: bool = False
     """Only the agent's part of a turn is cancelled: before it the marker is being written, after
     it the reply is being delivered, both short and both better finished."""
+    opening: bool = False
+    """Its first message is taking the lane's lease (a shared store): no turn of it runs yet."""
 
     def halt(self, reason: str) -> None:
         """Stop after the current turn; cancel it if the agent is still working on it."""

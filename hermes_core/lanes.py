@@ -46,6 +46,7 @@ class LaneRunner(GatewayCore):
         """A lane task that begins with ``first`` (an idle lane's message or an internal
         resume) or else the queue head; ``begun`` learns how storing ``first`` went."""
         lane = self._lanes[key] = Lane()
+        lane.opening = begun is not None and self.shared is not None
         lane.task = asyncio.create_task(self._run_lane(key, lane, first, begun))
 
     def _dispatch_next(self, key: str) -> None:
@@ -80,6 +81,7 @@ class LaneRunner(GatewayCore):
         """Run the lane's turns one after another until its queue has nothing dispatchable."""
         try:
             turn = await self._begin_next(key, first, begun)
+            lane.opening = False
             while turn is not None:
                 await self._run_turn(lane, turn)
                 lane.interrupted = False

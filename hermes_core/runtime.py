@@ -159,6 +159,11 @@ class Gateway(LaneCommands, LaneRunner, Delivery):
         meanwhile): recover it once, send what it owes (marked where it may be a duplicate),
         resume its interrupted turn once; its queue runs next (see ``sharing``)."""
         shared = self.shared
+        lane = self._lanes.get(key)
+        if lane is not None and lane.opening and lane.task is not None:
+            # A message for the lane is taking its lease: its step comes after this takeover's
+            # grant, so it only queues the message and the task ends; then recover the lane.
+            await asyncio.gather(lane.task, return_exceptions=True)
         if shared is None or self._busy(key):  # a lane of ours whose lease was renewed late
             return
         await asyncio.to_thread(shared.recover, key)

@@ -331,3 +331,49 @@ def test_a_starting_gateway_leaves_the_owed_replies_of_lanes_held_elsewhere_alon
         return adapter.texts()
 
     assert asyncio.run(scenario()) == []
+
+
+def test_a_scan_takeover_racing_a_message_for_the_lane_still_resumes_the_cut_turn(
+    tmp_path: Path, empty_database: str
+) -> None:
+    """The scan claims a hung holder's lane just before a message for it arrives here: the
+    message's lane task is still taking the lease (its step, after the claim, only queues the
+    message) when the takeover starts. The takeover waits for it, then resumes the cut turn
+    before the message runs (it used to take the task for a turn of its own and skip the
+    recovery, so the cut turn was never answered)."""
+
+    async def scenario() -> list[str]:
+        release, started = asyncio.Event(), asyncio.Event()
+        hung, _ = _gateway(tmp_path, "hung", empty_database, lambda: Held(release, started))
+        taker, adapter = _gateway(tmp_path, "taker", empty_database, EchoAgent)
+        await hung.start()
+        await taker.start()
+        await hung.handle_message(_message("first", "m1"))
+        await started.wait()
+        assert hung.shared is not None
+        shared = taker.shared
+        assert shared is not None
+        await hung.shared.stop()  # it hangs: its lease is no longer renewed
+        await _wait(lambda: _lease_expired(empty_database), "the hung holder's lease to expire")
+        opening = shared.open
+
+        async def slow_open(*args: object, **kwargs: object) -> object:
+            opened = await opening(*args, **kwargs)  # type: ignore[arg-type]
+            await asyncio.sleep(0.3)  # a loaded loop: the lane task resumes late
+            return opened
+
+        shared.open = slow_open  # type: ignore[assignment,method-assign]
+        claim = asyncio.ensure_future(taker.store.arun(shared._claim_step))  # the scan's step
+        message = asyncio.ensure_future(taker.handle_message(_message("second", "m2")))
+        taken = await claim
+        assert taken == [taker.store.session_key_for(SOURCE)]
+        await shared._recover_lanes(taken)  # as the scan goes on
+        await message
+        await _wait(lambda: len(adapter.sent) >= 2, "both answers")
+        await taker.idle()
+        release.set()
+        await hung.stop()
+        await taker.stop()
+        return adapter.texts()
+
+    assert asyncio.run(scenario()) == ["echo: first", "echo: second"]
