@@ -151,7 +151,7 @@ class StorageConfig(Section):
     read_connections: int = Field(8, ge=1, le=64, description="an integer from 1 to 64")
     """PostgreSQL: pooled read connections per process, beside its writer connections (a
     process needs ``writer_connections + read_connections`` of the server's
-    ``max_connections``)."""
+    ``max_connections``, and one more that listens for lane wake-ups when shared)."""
 
 
 class BusyQueueConfig(Section):
