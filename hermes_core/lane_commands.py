@@ -4,7 +4,9 @@ at once or when they reach the head of the queue."""
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
+from collections.abc import Awaitable, Callable
 
 from hermes_core.commands import parse_command
 from hermes_core.errors import MessageNotStoredError
@@ -18,6 +20,7 @@ from hermes_core.gateway_texts import (
     TURN_FAILED,
 )
 from hermes_core.models import MessageEvent, SessionSource
+from hermes_core.queue import QueuedItem
 
 logger = logging.getLogger(__name__)
 
@@ -66,15 +69,23 @@ class LaneCommands(GatewayCore):
             return  # an idle lane runs its queued commands from the head, as usual
         if shared.recovering(key) or not self.store.holds(key):
             return
-        self._commands[key] = asyncio.create_task(self._command_from_elsewhere(key))
+        take = functools.partial(self._queue.take_first, key, self._is_command)
+        self._commands[key] = asyncio.create_task(self._command_task(key, take, self._carry_out))
 
-    async def _command_from_elsewhere(self, key: str) -> None:
+    async def _command_task(
+        self,
+        key: str,
+        take: Callable[[], QueuedItem | None],
+        run: Callable[[str, MessageEvent], Awaitable[None]],
+    ) -> None:
+        """The task of a command taken out of the lane's queue (``take``, a writer step): carry
+        it out with ``run``, then let the lane go on."""
         try:
-            item = await self.store.arun(self._queue.take_first, key, self._is_command, lane=key)
+            item = await self.store.arun(take, lane=key)
             if item is not None:
-                await self._carry_out(key, item.event)
+                await run(key, item.event)
         except Exception:
-            logger.exception("a command queued through another gateway could not be carried out")
+            logger.exception("a queued command could not be carried out")
         finally:
             self._commands.pop(key, None)
         self._dispatch_next(key)
@@ -170,12 +181,4 @@ class LaneCommands(GatewayCore):
     async def _queued_command(self, key: str) -> None:
         """A command that was queued (behind the start-up gate or a drain) reaches the head:
         take it out of the queue and carry it out."""
-        try:
-            item = await self.store.arun(self._take_head, key, lane=key)
-            if item is not None:
-                await self._run_command(key, item.event)
-        except Exception:
-            logger.exception("a queued command could not be carried out")
-        finally:
-            self._commands.pop(key, None)
-        self._dispatch_next(key)
+        await self._command_task(key, functools.partial(self._take_head, key), self._run_command)

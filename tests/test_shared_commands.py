@@ -7,18 +7,15 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 from sqlalchemy import create_engine, text
-from support.shared_driver import configure
+from test_shared_takeover import _gateway, _wait
 
 from hermes_core import MessageEvent, SessionSource
-from hermes_core.agents import EchoAgent, InMemoryAdapter, TurnRequest
+from hermes_core.agents import EchoAgent, TurnRequest
 from hermes_core.gateway_texts import NEW_SESSION, STOPPED
-from hermes_core.models import SessionEntry
-from hermes_core.runtime import Gateway
 
 pytestmark = [pytest.mark.postgres, pytest.mark.multi_process]
 
@@ -38,26 +35,6 @@ class Endless(EchoAgent):
         return None
 
 
-def _gateway(
-    root: Path, name: str, url: str, agent: Callable[[], EchoAgent]
-) -> tuple[Gateway, InMemoryAdapter]:
-    config = configure(root / name, url, lease_secs=10, scan_secs=3600)
-    adapter = InMemoryAdapter(platform="telegram")
-
-    def agents(entry: SessionEntry) -> EchoAgent:
-        return agent()
-
-    return Gateway(config, None, agents, [adapter]), adapter
-
-
-async def _wait(condition: Callable[[], bool], what: str, timeout: float = 10) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.02)
-
-
 def _queued(url: str) -> int:
     engine = create_engine(url)
     with engine.connect() as conn:
@@ -72,8 +49,8 @@ def test_a_command_through_another_gateway_interrupts_the_turn_running_in_the_ho
 ) -> None:
     async def scenario() -> tuple[list[str], list[str], float, str, str]:
         started = asyncio.Event()
-        holder, held = _gateway(tmp_path, "holder", empty_database, lambda: Endless(started))
-        other, elsewhere = _gateway(tmp_path, "other", empty_database, EchoAgent)
+        holder, held = _gateway(tmp_path, "holder", empty_database, lambda: Endless(started), 10)
+        other, elsewhere = _gateway(tmp_path, "other", empty_database, EchoAgent, 10)
         await holder.start()
         await other.start()
         key = holder.store.session_key_for(SOURCE)
@@ -108,9 +85,9 @@ def test_the_lane_goes_on_after_a_command_carried_out_for_another_gateway(
         started = asyncio.Event()
         turns = iter([Endless(started)])
         holder, held = _gateway(
-            tmp_path, "holder", empty_database, lambda: next(turns, None) or EchoAgent()
+            tmp_path, "holder", empty_database, lambda: next(turns, None) or EchoAgent(), 10
         )
-        other, elsewhere = _gateway(tmp_path, "other", empty_database, EchoAgent)
+        other, elsewhere = _gateway(tmp_path, "other", empty_database, EchoAgent, 10)
         await holder.start()
         await other.start()
         await holder.handle_message(MessageEvent(text="think", source=SOURCE, message_id="m1"))
@@ -143,8 +120,8 @@ def test_the_holder_listens_again_after_its_listening_connection_was_cut(
 ) -> None:
     async def scenario() -> list[str]:
         started = asyncio.Event()
-        holder, held = _gateway(tmp_path, "holder", empty_database, lambda: Endless(started))
-        other, _ = _gateway(tmp_path, "other", empty_database, EchoAgent)
+        holder, held = _gateway(tmp_path, "holder", empty_database, lambda: Endless(started), 10)
+        other, _ = _gateway(tmp_path, "other", empty_database, EchoAgent, 10)
         await holder.start()
         await other.start()
         assert await asyncio.to_thread(_terminate_listeners, empty_database) == 2
