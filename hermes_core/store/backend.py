@@ -459,20 +459,43 @@ LeaseGrant = Literal["free", "unreleased"]
 or already this boot's), so the holder may have left a turn cut short or a reply unsent."""
 
 
+@dataclass(frozen=True)
+class LeaseTaken:
+    """A lease granted by :meth:`TurnLeases.take_lease`, and the lane as the grant's own
+    statement read it."""
+
+    grant: LeaseGrant
+    waiting: bool
+    """Events wait in the lane's durable queue."""
+    revision: int | None
+    """The lane's routing row revision; None: no row, or not known to be current when the grant
+    commits (the grant waited for another transaction holding the lease row)."""
+    entry: EntryDict | None = None
+    """The lane's stored entry, when ``revision`` is known and not the caller's cached one."""
+    ended: bool = False
+    """That entry's session has ended (a stale route: the lane has no current session)."""
+
+
 class TurnLeases(Protocol):
     """What a backend without ``StoreSpec.single_instance`` implements: lane leases shared by
     every process using the store (times on the backend's clock), and routing rows read with
     their revision and written only at the revision read (the store's cache may be stale)."""
 
     def take_lease(
-        self, session_key: str, owner: str, boot: str, token: str, ttl: float
-    ) -> tuple[LeaseGrant, bool, int | None] | None:
+        self,
+        session_key: str,
+        owner: str,
+        boot: str,
+        token: str,
+        ttl: float,
+        cached: int | None = None,
+    ) -> LeaseTaken | None:
         """Grant the lane's lease to ``(owner, boot)`` under ``token`` for ``ttl`` seconds
-        (absent, expired or already this boot's) and say how, whether events wait in the
-        lane's durable queue, and the revision of its routing row (None: no row, or not known
-        to be current when the grant commits), read in the same statement; None while another
-        boot holds it. Either way the lease is kept from changing hands until the transaction
-        ends (so a release waits for an event the caller queues in it)."""
+        (absent, expired or already this boot's) and say how, with what the same statement
+        read (:class:`LeaseTaken`; the lane's entry only when its routing row's revision is not
+        ``cached``, the one the caller holds); None while another boot holds it. Either way the
+        lease is kept from changing hands until the transaction ends (so a release waits for an
+        event the caller queues in it)."""
 
     def check_lease(self, session_key: str, token: str) -> bool:
         """Whether ``token`` still holds the lane's lease, keeping it so until the enclosing

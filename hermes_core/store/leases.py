@@ -102,9 +102,10 @@ class LeaseStore(RoutingStore):
     def take_lease(self, session_key: str) -> LeaseGrant | None:
         """Take the lane's lease (a new token), unless another live process holds it (None);
         ``unreleased`` when it replaced a lease never given back (see :data:`LeaseGrant`). The
-        lane's cached entry is dropped unless its routing row is still at the revision it was
-        read or written at (read in the grant's statement): what another process wrote is read
-        afresh, and an entry nothing changed is not read again."""
+        lane's cached entry is kept while its routing row is still at the revision it was read
+        or written at, and replaced by the entry read in the grant's own statement when the row
+        moved on; when the grant waited for another process's transaction on the lease, it is
+        dropped and read afresh (the statement's snapshot may miss what that one wrote)."""
         taken = self.take_idle_lease(session_key)
         return None if taken is None else taken[0]
 
@@ -119,11 +120,11 @@ class LeaseStore(RoutingStore):
         token = secrets.token_hex(16)
         owner, boot = self.owner
         ttl = self.config.storage.turn_lease_secs
+        cached = self._cached_revision(session_key)
         with self._canonical():
-            taken = rows.take_lease(session_key, owner, boot, token, ttl)
+            taken = rows.take_lease(session_key, owner, boot, token, ttl, cached)
         if taken is None:
             return None
-        grant, waiting, revision = taken
         held, granting = self._leases, self._granting
         with self._map_lock:
             previous = held.get(session_key)
@@ -132,8 +133,12 @@ class LeaseStore(RoutingStore):
         self._writer.after_commit(lambda: self._granted(token))
         self._writer.on_rollback(lambda: self._granted(token))
         self._writer.on_rollback(lambda: self._restore(session_key, previous))
-        self._forget_unless_at(session_key, revision)
-        return grant, waiting
+        if taken.entry is not None:  # the row moved on: its entry came with the grant
+            entry = None if taken.ended else self._parse(taken.entry)
+            self._cache(session_key, entry, taken.revision)
+        elif taken.revision is None or taken.revision != cached:
+            self._forget(session_key)
+        return taken.grant, taken.waiting
 
     def _restore(self, session_key: str, token: str | None) -> None:
         held = self._leases

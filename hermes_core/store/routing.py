@@ -22,9 +22,9 @@ A turn's marker writes (its start, its reply and its end) change only the marker
 the activity time, under the lane's lease and its fence: they are not checked, and the cached
 revision moves on by one with each (:meth:`RoutingStore._bumped`), so another process's write in
 between still shows at the next checked write, and at the next lease taken (``leases``), which
-keeps a lane's cached entry only while the row's revision is the cached one
-(:meth:`RoutingStore._forget_unless_at`). Recovery's writes of the lanes it holds, read
-just before, are not checked either and leave those lanes uncached. A single-instance store
+keeps a lane's cached entry only while the row's revision is the cached one (otherwise it caches
+the entry read by the grant's own statement). Recovery's writes of the lanes it holds, read just
+before, are not checked either and leave those lanes uncached. A single-instance store
 checks nothing and keeps no revision: no statement more.
 """
 
@@ -55,14 +55,10 @@ class RoutingStore(StoreBase):
         with self._map_lock:
             return self._revisions.get(session_key)
 
-    def _forget_unless_at(self, session_key: str, revision: int | None) -> None:
-        """Drop the key's cached entry unless this process last read or wrote its row at
-        ``revision``, the row's current one (None: no row): then no other process wrote it
-        since, and the entry need not be read again."""
+    def _cached_revision(self, session_key: str) -> int | None:
+        """The revision of the key's cached entry (None: no entry cached, or not known)."""
         with self._map_lock:
-            if revision is not None and self._revisions.get(session_key) == revision:
-                return
-        self._forget(session_key)
+            return self._revisions.get(session_key) if session_key in self._entries else None
 
     def _bumped(self, session_key: str) -> int | None:
         """The key's row revision after one more (unchecked) write by this process."""

@@ -16,34 +16,48 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from hermes_core.store.backend import LeaseGrant
+from hermes_core.store.backend import LeaseTaken
 from hermes_plugins.sql_store.connection import SqlConnection
+from hermes_plugins.sql_store.rows import route_entry
 
 _NOW = "extract(epoch from clock_timestamp())"
 
 _TAKE = f"""
-INSERT INTO session_turn_leases AS l
-    (session_key, owner_instance, owner_boot, token, acquired_at, expires_at)
-VALUES (%(key)s, %(owner)s, %(boot)s, %(token)s, {_NOW}, {_NOW} + %(ttl)s)
-ON CONFLICT (session_key) DO UPDATE SET
-    owner_instance = EXCLUDED.owner_instance, owner_boot = EXCLUDED.owner_boot,
-    token = EXCLUDED.token, acquired_at = EXCLUDED.acquired_at, expires_at = EXCLUDED.expires_at
-WHERE l.expires_at < EXCLUDED.acquired_at OR l.owner_boot = EXCLUDED.owner_boot
-RETURNING l.xmax <> 0,
+WITH taken AS (
+    INSERT INTO session_turn_leases AS l
+        (session_key, owner_instance, owner_boot, token, acquired_at, expires_at)
+    VALUES (%(key)s, %(owner)s, %(boot)s, %(token)s, {_NOW}, {_NOW} + %(ttl)s)
+    ON CONFLICT (session_key) DO UPDATE SET
+        owner_instance = EXCLUDED.owner_instance, owner_boot = EXCLUDED.owner_boot,
+        token = EXCLUDED.token, acquired_at = EXCLUDED.acquired_at,
+        expires_at = EXCLUDED.expires_at
+    WHERE l.expires_at < EXCLUDED.acquired_at OR l.owner_boot = EXCLUDED.owner_boot
+    RETURNING l.xmax <> 0 AS replaced
+), route AS (
+    SELECT r.revision, r.entry_json, r.updated_at, r.active_turn_token,
+        r.active_turn_started_at, s.end_reason IS NOT NULL AS ended
+    FROM gateway_routing AS r LEFT JOIN sessions AS s ON s.id = r.session_id
+    WHERE r.session_key = %(key)s
+        AND NOT EXISTS (SELECT 1 FROM session_turn_leases WHERE session_key = %(key)s)
+)
+SELECT taken.replaced,
     EXISTS (SELECT 1 FROM queued_events WHERE session_key = %(key)s AND dead_at IS NULL),
-    CASE WHEN NOT EXISTS (SELECT 1 FROM session_turn_leases WHERE session_key = %(key)s)
-        THEN (SELECT revision FROM gateway_routing WHERE session_key = %(key)s) END
+    route.revision,
+    CASE WHEN route.revision IS DISTINCT FROM %(cached)s THEN route.entry_json END,
+    route.updated_at, route.active_turn_token, route.active_turn_started_at, route.ended
+FROM taken LEFT JOIN route ON true
 """
-# An inserted row has no xmax; a row the conflict clause updated carries the updater's. The
-# queue is read with the statement's snapshot: an event committed after it was queued by a
-# process whose own grant then fails on this row (or that holds the row locked), so the release
-# of this lease sees it. The lane's routing row revision (NULL: no row) is read with the same
-# snapshot, so it is returned only when that snapshot has no lease row for the lane: a statement
-# that waited for a transaction holding the row (a holder's fenced write, its release) began
-# before that transaction committed, and its snapshot misses the routing writes committed with
-# it (then NULL: the entry is read afresh; so always for a lease replaced). A write committed
-# after the snapshot without the lease row counts as one made after the entry was read (the
-# next checked write of the entry sees it).
+# An inserted row has no xmax; a row the conflict clause updated carries the updater's. Every
+# part of the statement reads with one snapshot, taken when it began. The queue: an event
+# committed after it was queued by a process whose own grant then fails on this row (or that
+# holds the row locked), so the release of this lease sees it. The lane's routing row (none: no
+# row), with its session's end, is returned only when that snapshot has no lease row for the
+# lane: a statement that waited for a transaction holding the row (a holder's fenced write, its
+# release) began before that transaction committed, and its snapshot misses the routing writes
+# committed with it (then nothing: the entry is read afresh; so always for a lease replaced). A
+# write committed after the snapshot without the lease row counts as one made after the entry
+# was read (the next checked write of the entry sees it). The entry itself comes only when its
+# revision is not the one the caller has cached.
 
 _FENCE = """
 SELECT 1 FROM session_turn_leases WHERE session_key = %(key)s AND token = %(token)s FOR SHARE
@@ -113,20 +127,34 @@ class LeaseRows(SqlConnection):
     inside the store's batch."""
 
     def take_lease(
-        self, session_key: str, owner: str, boot: str, token: str, ttl: float
-    ) -> tuple[LeaseGrant, bool, int | None] | None:
-        """Grant the lane's lease to ``(owner, boot)`` with ``token`` for ``ttl`` seconds:
-        ``free`` (a new row) or ``unreleased`` (a row replaced), whether events wait in the
-        lane's durable queue, and its routing row's revision (None: no row, or it may have
-        changed since the statement began: the lane had a lease row then); None while
-        another boot holds it unexpired (the row stays locked until the transaction ends
-        either way)."""
-        params = {"key": session_key, "owner": owner, "boot": boot, "token": token, "ttl": ttl}
+        self,
+        session_key: str,
+        owner: str,
+        boot: str,
+        token: str,
+        ttl: float,
+        cached: int | None = None,
+    ) -> LeaseTaken | None:
+        """Grant the lane's lease to ``(owner, boot)`` with ``token`` for ``ttl`` seconds
+        (see :class:`~hermes_core.store.backend.LeaseTaken`; the entry comes with it when the
+        routing row's revision is not ``cached``); None while another boot holds it unexpired
+        (the row stays locked until the transaction ends either way)."""
+        params = {
+            "key": session_key, "owner": owner, "boot": boot, "token": token, "ttl": ttl,
+            "cached": cached,
+        }  # fmt: skip
         with self._write("taking a turn lease") as cursor:
             row = cursor.execute(_TAKE, params).fetchone()
         if row is None:
             return None
-        return ("unreleased" if row[0] else "free"), bool(row[1]), row[2]
+        replaced, waiting, revision, entry_json, *route = row
+        entry = None
+        if entry_json is not None:
+            columns = ("entry_json", "updated_at", "active_turn_token", "active_turn_started_at")
+            entry = route_entry(dict(zip(columns, (entry_json, *route[:3]), strict=True)))
+        return LeaseTaken(
+            "unreleased" if replaced else "free", bool(waiting), revision, entry, bool(route[3])
+        )
 
     def check_lease(self, session_key: str, token: str) -> bool:
         """Whether ``token`` still holds the lane's lease; the row stays locked (shared) until
