@@ -171,6 +171,20 @@ def test_append_to_unknown_session_is_refused(open_store: Opener) -> None:
 # -- pruning and lane rebuilds -------------------------------------------------------------------
 
 
+def test_a_new_session_on_a_pruned_lane_ends_its_open_session(open_store: Opener) -> None:
+    """Pruning keeps the lane's session open; a forced new session then ends it (the key may
+    have one open session only) instead of failing."""
+    store = open_store()
+    old = store.get_or_create_session(telegram_dm("idle"))
+    time.sleep(0.3)
+    assert store.prune_old_entries(2e-6) == 1
+    new = store.get_or_create_session(telegram_dm("idle"), force_new=True)
+    assert new.session_id != old.session_id
+    assert new.prev_session_id == old.session_id
+    ended = store.session_row(old.session_id)
+    assert ended is not None and ended.end_reason == "session_reset"
+
+
 def test_prune_removes_only_idle_unprotected_routes(open_store: Opener) -> None:
     def active(key: str) -> bool:
         if key.endswith(":c=boom"):

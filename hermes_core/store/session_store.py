@@ -133,20 +133,31 @@ class SessionStore(RekeyStore, TranscriptStore):
         loaded: SessionEntry | None = None,
     ) -> SessionEntry:
         entry = loaded if loaded is not None else self._load(key)
-        if force_new:
-            return self._create(key, source, entry, "session_reset", kind="force_new")
-        if entry is not None:
+        if entry is not None and not force_new:
             if entry.suspended:
                 return self._create(key, source, entry, "suspended", kind="suspended")
             return self._touch(entry) if touch else entry
-        with self._canonical():
-            row = self._backend.newest_session(key)
+        row = None
+        if entry is None:  # a new lane, or one whose routing entry was pruned
+            with self._canonical():
+                row = self._backend.newest_session(key)
+        if force_new:
+            if entry is None and row is not None and row.end_reason is None:
+                entry = self._rebuilt(key, source, row)  # still open: it ends here
+            return self._create(key, source, entry, "session_reset", kind="force_new")
         if row is not None and row.reopenable:
             return self._reopen(key, source, row)
         return self._create(key, source, None, None, kind="new")
 
     def _reopen(self, key: str, source: SessionSource, row: SessionRow) -> SessionEntry:
-        """Rebuild the lane's entry from its newest resumable row."""
+        """Rebuild the lane's entry from its newest resumable row, and store it."""
+        entry = self._rebuilt(key, source, row)
+        self._write_entry(entry, lambda: self._backend.reopen_session(row.id, entry.to_dict()))
+        self._notify("session_reopened", entry)
+        return entry
+
+    def _rebuilt(self, key: str, source: SessionSource, row: SessionRow) -> SessionEntry:
+        """The lane's entry for the session ``row``, rebuilt from it (nothing written)."""
         origin = source
         if row.origin_json:
             try:
@@ -158,7 +169,7 @@ class SessionStore(RekeyStore, TranscriptStore):
             activity = datetime.fromtimestamp(row.last_activity_at or row.started_at, timezone.utc)
         except (OverflowError, OSError, ValueError):
             activity = _EPOCH  # invalid activity reads as old, never fresh
-        entry = SessionEntry(
+        return SessionEntry(
             session_key=key, session_id=row.id, created_at=started, updated_at=activity,
             origin=origin, display_name=row.display_name or origin.chat_name,
             platform=origin.platform, chat_type=row.chat_type or origin.chat_type,
@@ -167,9 +178,6 @@ class SessionStore(RekeyStore, TranscriptStore):
             total_tokens=row.total_tokens, estimated_cost_usd=row.estimated_cost_usd,
             cost_status=row.cost_status or "unknown",
         )  # fmt: skip
-        self._write_entry(entry, lambda: self._backend.reopen_session(row.id, entry.to_dict()))
-        self._notify("session_reopened", entry)
-        return entry
 
     def _create(
         self,
