@@ -76,6 +76,30 @@ def test_a_write_from_a_stale_cache_keeps_the_new_session_made_elsewhere(
     assert current.session_id == new.session_id  # the stale copy was dropped
 
 
+def test_a_row_pruned_and_created_again_is_not_taken_for_the_cached_one(
+    stores: Callable[..., SessionStore], empty_database: str
+) -> None:
+    """A new row starts at a random revision, not at the first revision of the row it
+    replaces: a write from a copy cached before the prune fails its check and is redone."""
+    here, there = stores("here"), stores("there")
+    old = here.get_or_create_session(SOURCE)  # cached here at the row's first revision
+    key = old.session_key
+    engine = create_engine(empty_database)
+    with engine.begin() as conn:  # idle for long: due for pruning
+        conn.execute(
+            text("UPDATE gateway_routing SET updated_at = 0 WHERE session_key = :key"),
+            {"key": key},
+        )
+    engine.dispose()
+    assert there.prune_old_entries(1) == 1
+    new = there.get_or_create_session(SOURCE, force_new=True)  # the lane's row, created again
+    assert new.session_id != old.session_id
+    assert here.set_session_metadata(key, "topic", "kept")  # from the copy cached before
+    entry, _ = _stored(empty_database, key)
+    assert entry["session_id"] == new.session_id
+    assert entry["metadata"] == {"topic": "kept"}
+
+
 def test_a_reset_from_a_stale_cache_resets_the_session_made_elsewhere(
     stores: Callable[..., SessionStore], empty_database: str
 ) -> None:

@@ -126,7 +126,7 @@ class SqlBackend(RekeyRows, OperatorRows, LeaseRows, WakeupRows):
             checked = params | {"expected": revision}
             applied = bool(self._sql.update_route.run(cursor, checked).rowcount == 1)
         if applied:
-            written[key] = 1 if revision is None else revision + 1
+            written[key] = params["revision"] if revision is None else revision + 1
         return applied
 
     def clear_turn_marker(self, entry: SessionEntry, token: str) -> bool:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import secrets
 from collections.abc import Mapping
 from datetime import datetime, timezone
 from typing import Any
@@ -19,6 +20,9 @@ from hermes_core.timeutil import format_utc
 from hermes_plugins.sql_store.schema import gateway_routing
 
 SESSION_COLUMNS = tuple(SessionRow.__dataclass_fields__)
+FIRST_REVISIONS = 2**30
+"""A new routing row's revision is drawn from 1 to this; the column (32-bit) then has room for
+at least as many writes of the row."""
 ROUTE_READ = tuple(
     gateway_routing.c[name]
     for name in (
@@ -74,8 +78,12 @@ def session_values(row: SessionRow) -> dict[str, Any]:
 
 def route_params(entry: EntryDict) -> dict[str, Any]:
     """A routing row: ``entry_json`` and the columns queries need. The turn marker and the
-    activity time are authoritative in their columns (a turn updates only those)."""
+    activity time are authoritative in their columns (a turn updates only those). ``revision``
+    is the row's first if the write inserts it: random, so that a row pruned and created again
+    does not count up through the revisions of the row it replaces, which another process may
+    still hold a cached copy of (a checked write from that copy must fail, not match)."""
     return {
+        "revision": 1 + secrets.randbelow(FIRST_REVISIONS),
         "session_key": entry["session_key"],
         "session_id": entry["session_id"],
         "updated_at": epoch(entry["updated_at"]),

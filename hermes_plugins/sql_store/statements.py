@@ -86,7 +86,7 @@ def _upsert_route(dialect: Dialect) -> Insert:
     values: dict[str, Any] = {
         name: bindparam(name) for name in ("session_key", *ROUTE_COPY_COLUMNS)
     }
-    values["revision"] = literal_column("1")
+    values["revision"] = bindparam("revision")
     statement = insert_fn(gateway_routing).values(values)
     changes: dict[str, Any] = {name: statement.excluded[name] for name in ROUTE_COPY_COLUMNS}
     changes["revision"] = gateway_routing.c.revision + literal_column("1")
@@ -111,7 +111,7 @@ class Statements:
         }
         self.insert_route = prepare(
             insert_fn(routing)
-            .values(route | {"revision": literal_column("1")})
+            .values(route | {"revision": bindparam("revision")})
             .on_conflict_do_nothing(index_elements=["session_key"])
         )
         copies: dict[str, Any] = {name: bindparam(name) for name in ROUTE_COPY_COLUMNS}
