@@ -182,7 +182,8 @@ def test_a_new_session_on_a_pruned_lane_ends_its_open_session(open_store: Opener
     assert new.session_id != old.session_id
     assert new.prev_session_id == old.session_id
     ended = store.session_row(old.session_id)
-    assert ended is not None and ended.end_reason == "session_reset"
+    assert ended is not None
+    assert ended.end_reason == "session_reset"
 
 
 def test_prune_removes_only_idle_unprotected_routes(open_store: Opener) -> None:
