@@ -177,6 +177,56 @@ def test_a_release_waits_for_an_event_queued_under_a_failed_grant_and_keeps_the_
     assert holder.holds(key)
 
 
+def test_a_release_with_nothing_waiting_is_one_statement(
+    stores: Callable[..., SessionStore],
+) -> None:
+    holder = stores("holder", lease_secs=LONG)
+    key = holder.session_key_for(SOURCE)
+    assert holder.take_lease(key) == "free"
+    before = holder.stats()
+    assert holder.release_lease(key)
+    after = holder.stats()
+    assert after["round_trips"] - before["round_trips"] == 2  # the delete and its commit
+    assert not holder.holds(key)
+
+
+def test_a_refused_grant_that_queued_nothing_does_not_keep_the_lease_held(
+    stores: Callable[..., SessionStore],
+) -> None:
+    """A grant refused while the lane is held marks the lease row as waiting (the caller may be
+    queueing an event); with nothing queued, the holder's release still lets the lane go."""
+    holder, other = stores("holder", lease_secs=LONG), stores("other", lease_secs=LONG)
+    key = holder.session_key_for(SOURCE)
+    assert holder.take_lease(key) == "free"
+    assert other.take_lease(key) is None  # refused, nothing queued
+    assert holder.release_lease(key)
+    assert not holder.holds(key)
+    assert other.take_lease(key) == "free"
+
+
+def test_a_release_after_an_event_was_queued_under_a_refused_grant_keeps_the_lease(
+    stores: Callable[..., SessionStore],
+) -> None:
+    """Committed before the release began: the release sees the event, keeps the lease, and the
+    next one (once the event ran) lets the lane go."""
+    holder, enqueuer = stores("holder", lease_secs=LONG), stores("enqueuer", lease_secs=LONG)
+    key = holder.get_or_create_session(SOURCE).session_key
+    assert holder.take_lease(key) == "free"
+
+    def enqueue_under_the_grant() -> int | None:
+        with enqueuer.atomically():
+            assert enqueuer.take_idle_lease(key) is None
+            return enqueuer.queue_add(key, _message("hi", "m1"))
+
+    event_id = enqueuer.run(enqueue_under_the_grant, lane=key)
+    assert event_id is not None
+    assert holder.release_lease(key) is False
+    assert holder.holds(key)
+    assert holder.mark_turn_active(key, consumed_event_id=event_id)  # the event runs, dequeued
+    assert holder.release_lease(key)
+    assert enqueuer.take_lease(key) == "free"
+
+
 def test_an_enqueuer_whose_grant_waits_for_a_release_finds_the_lane_free(
     stores: Callable[..., SessionStore],
 ) -> None:

@@ -385,6 +385,18 @@ def test_version_five_database_upgrades_in_place(open_store: Opener, backend: st
     assert upgraded.prune_seen_messages() == 1
 
 
+def test_version_six_database_upgrades_in_place(open_store: Opener, backend: str) -> None:
+    store = open_store()
+    store.close()
+    sql(store, "ALTER TABLE session_turn_leases DROP COLUMN waiting")
+    sql(store, "INSERT INTO session_turn_leases (session_key, owner_instance, owner_boot, token, "
+               "acquired_at, expires_at) VALUES ('k', 'i', 'b', 't', 0, 1)")  # fmt: skip
+    sql(store, "UPDATE schema_version SET version = 6")
+    upgraded = open_store()
+    assert sql(upgraded, "SELECT version FROM schema_version")[0][0] == SCHEMA_VERSION
+    assert sql(upgraded, "SELECT session_key, waiting FROM session_turn_leases") == [("k", 0)]
+
+
 # -- sessions.json mirror ------------------------------------------------------------------------
 
 

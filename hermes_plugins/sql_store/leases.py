@@ -4,11 +4,12 @@ A lane's lease is one row of ``session_turn_leases``: its owner (instance and bo
 is new with every grant, and an expiry on the server's clock (so the hosts' clocks never matter).
 A grant succeeds when the lane has no lease, its lease expired, or this boot holds it, and
 says whether it replaced a row (a lease never released: the takeover of a dead or hung holder's
-lane); the conflicting row is locked by the grant either way, so a grant and a release of one
-lane serialise on that row. A turn's writes are fenced: the lease row is locked (shared) in the
-write's own transaction, by :meth:`LeaseRows.check_lease` or by the turn's start and finish
-statements themselves (see ``postgres``), and the write goes ahead only if the token still holds
-it. Renewals commit on a pooled connection and skip the rows locked at that moment.
+lane); the conflicting row is locked by the grant either way (and marked ``waiting`` when the
+grant is refused), so a grant and a release of one lane serialise on that row. A turn's writes
+are fenced: the lease row is locked (shared) in the write's own transaction, by
+:meth:`LeaseRows.check_lease` or by the turn's start and finish statements themselves (see
+``postgres``), and the write goes ahead only if the token still holds it. Renewals commit on a
+pooled connection and skip the rows locked at that moment.
 """
 
 from __future__ import annotations
@@ -22,17 +23,20 @@ from hermes_plugins.sql_store.rows import route_entry
 
 _NOW = "extract(epoch from clock_timestamp())"
 
+_GRANTABLE = "(l.expires_at < EXCLUDED.acquired_at OR l.owner_boot = EXCLUDED.owner_boot)"
+_GRANTED = ", ".join(
+    f"{column} = CASE WHEN {_GRANTABLE} THEN EXCLUDED.{column} ELSE l.{column} END"
+    for column in ("owner_instance", "owner_boot", "token", "acquired_at", "expires_at")
+)
+
 _TAKE = f"""
 WITH taken AS (
     INSERT INTO session_turn_leases AS l
         (session_key, owner_instance, owner_boot, token, acquired_at, expires_at)
     VALUES (%(key)s, %(owner)s, %(boot)s, %(token)s, {_NOW}, {_NOW} + %(ttl)s)
     ON CONFLICT (session_key) DO UPDATE SET
-        owner_instance = EXCLUDED.owner_instance, owner_boot = EXCLUDED.owner_boot,
-        token = EXCLUDED.token, acquired_at = EXCLUDED.acquired_at,
-        expires_at = EXCLUDED.expires_at
-    WHERE l.expires_at < EXCLUDED.acquired_at OR l.owner_boot = EXCLUDED.owner_boot
-    RETURNING l.xmax <> 0 AS replaced
+        {_GRANTED}, waiting = CASE WHEN {_GRANTABLE} THEN 0 ELSE 1 END
+    RETURNING l.token = %(token)s AS granted, l.xmax <> 0 AS replaced
 ), route AS (
     SELECT r.revision, r.entry_json, r.updated_at, r.active_turn_token,
         r.active_turn_started_at, s.end_reason IS NOT NULL AS ended
@@ -46,11 +50,17 @@ SELECT taken.replaced,
     CASE WHEN route.revision IS DISTINCT FROM %(cached)s THEN route.entry_json END,
     route.updated_at, route.active_turn_token, route.active_turn_started_at, route.ended
 FROM taken LEFT JOIN route ON true
+WHERE taken.granted
 """
-# An inserted row has no xmax; a row the conflict clause updated carries the updater's. Every
-# part of the statement reads with one snapshot, taken when it began. The queue: an event
-# committed after it was queued by a process whose own grant then fails on this row (or that
-# holds the row locked), so the release of this lease sees it. The lane's routing row (none: no
+# An inserted row has no xmax; a row the conflict clause updated carries the updater's. The
+# conflict clause always updates the row as it is now (whatever the statement's snapshot): a
+# grant replaces the owner and clears the mark; a refused one (the lease is another boot's,
+# unexpired) only marks the row ``waiting``, since the caller queues an event in this
+# transaction, and the holder's release, which deletes the row only while it is not marked,
+# waits for this transaction and then sees the mark (see ``_RELEASE``). Every part of the
+# statement reads with one snapshot, taken when it began. The queue: an event committed after it
+# was queued by a process whose own grant then fails on this row (or that holds the row
+# locked), so the release of this lease sees it. The lane's routing row (none: no
 # row), with its session's end, is returned only when that snapshot has no lease row for the
 # lane: a statement that waited for a transaction holding the row (a holder's fenced write, its
 # release) began before that transaction committed, and its snapshot misses the routing writes
@@ -78,17 +88,22 @@ SELECT token FROM session_turn_leases WHERE token = ANY(%(tokens)s)
 # writer's batch that locks several lease rows; such a lease is renewed next time. The tokens
 # returned are those present when the statement began (a skipped lease counts as kept).
 
-_LOCK_OWN = """
-SELECT 1 FROM session_turn_leases WHERE session_key = %(key)s AND token = %(token)s FOR UPDATE
-"""
-_DROP_UNLESS_WAITING = """
-DELETE FROM session_turn_leases WHERE session_key = %(key)s AND token = %(token)s
+_RELEASE = """
+DELETE FROM session_turn_leases WHERE session_key = %(key)s AND token = %(token)s AND waiting = 0
     AND NOT EXISTS (SELECT 1 FROM queued_events WHERE session_key = %(key)s AND dead_at IS NULL)
 RETURNING 1
 """
-# Two statements, not one: the lock waits for any transaction that holds the row (an enqueuer's
-# failed grant locks it until its event is committed), and only a statement begun after the
-# wait has a snapshot that sees that event.
+_KEEP = """
+UPDATE session_turn_leases SET waiting = 0 WHERE session_key = %(key)s AND token = %(token)s
+RETURNING EXISTS (SELECT 1 FROM queued_events WHERE session_key = %(key)s AND dead_at IS NULL)
+"""
+# One statement in the common case. An event committed before the release's snapshot is seen
+# by its queue check. One being queued meanwhile comes with a refused grant that marks the row
+# ``waiting`` in the same transaction: the delete waits for that transaction (the row is being
+# updated), then checks the row as that transaction left it, marked, and keeps it (a row only
+# locked would not be checked again, and the queue check keeps its snapshot, which misses the
+# event). A release that kept the row clears the mark and looks at the queue with a snapshot
+# taken after that wait; while its transaction holds the row, nobody can mark it again.
 
 _ORPHANS = f"""
 WITH owing AS (
@@ -179,9 +194,15 @@ class LeaseRows(SqlConnection):
         event queued concurrently is either seen here or finds the lane free afterwards."""
         params = {"key": session_key, "token": token}
         with self._write("releasing a turn lease") as cursor:
-            if cursor.execute(_LOCK_OWN, params).fetchone() is None:
+            if cursor.execute(_RELEASE, params).fetchone() is not None:
+                return True
+            kept = cursor.execute(_KEEP, params).fetchone()
+            if kept is None:
                 return True  # not ours any more
-            return cursor.execute(_DROP_UNLESS_WAITING, params).fetchone() is not None
+            if kept[0]:
+                return False  # events wait: the holder runs them
+            # marked by a refused grant that queued nothing (a scan's): unmarked now, so gone
+            return cursor.execute(_RELEASE, params).fetchone() is not None
 
     def orphaned_lanes(self, owner: str, boot: str, expired: bool) -> list[tuple[str, int | None]]:
         """Lanes with a turn marker, queued events or unsettled replies whose lease is absent

@@ -169,6 +169,7 @@ session_turn_leases = Table(
     Column("token", String, nullable=False),
     Column("acquired_at", Float, nullable=False),
     Column("expires_at", Float, nullable=False),
+    Column("waiting", Integer, nullable=False, server_default="0"),
 )
 
 restart_failure_counts = Table(
@@ -330,6 +331,16 @@ def _v2_search(conn: Connection) -> None:
             conn.exec_driver_sql(statement)
 
 
+def _add_missing_columns(conn: Connection, added: dict[str, tuple[tuple[str, str], ...]]) -> None:
+    """Add each ``(name, type)`` column to its table unless the table has it already (a
+    database created at a later version was made with it)."""
+    for table, columns in added.items():
+        present = {column["name"] for column in inspect(conn).get_columns(table)}
+        for name, kind in columns:
+            if name not in present:
+                conn.exec_driver_sql(f"ALTER TABLE {table} ADD COLUMN {name} {kind}")
+
+
 def _v3_redelivery_and_dead_letters(conn: Connection) -> None:
     """Version 3: ``seen_messages`` (the durable redelivery check), the dispatch attempts of
     queued events (dead letters), the marked re-sends of ledger rows, message counts kept by a
@@ -337,17 +348,12 @@ def _v3_redelivery_and_dead_letters(conn: Connection) -> None:
     ``entry_json``). Tables and columns a database created at version 3 already has are
     skipped."""
     seen_messages.create(conn, checkfirst=True)
-    added = {
+    _add_missing_columns(conn, {
         "queued_events": (("attempts", "INTEGER NOT NULL DEFAULT 0"), ("last_error", "TEXT"),
                           ("dead_at", "FLOAT")),
         "delivery_obligations": (("marked_sends", "INTEGER NOT NULL DEFAULT 0"),),
         "gateway_routing": (("active_turn_started_at", "FLOAT"),),
-    }  # fmt: skip
-    for table, columns in added.items():
-        present = {column["name"] for column in inspect(conn).get_columns(table)}
-        for name, kind in columns:
-            if name not in present:
-                conn.exec_driver_sql(f"ALTER TABLE {table} ADD COLUMN {name} {kind}")
+    })  # fmt: skip
     sqlite = conn.dialect.name == "sqlite"
     for statement in (SQLITE_COUNT_TRIGGER,) if sqlite else POSTGRES_COUNT_TRIGGER:
         conn.exec_driver_sql(statement)
@@ -446,9 +452,17 @@ def _v6_fewer_pages_per_turn(conn: Connection) -> None:
         conn.exec_driver_sql(f"DROP INDEX IF EXISTS {index}")
 
 
+def _v7_lease_waiting(conn: Connection) -> None:
+    """Version 7: a lease row says when a process queued an event for the lane while another
+    held it (``waiting``), so that the holder's release is one statement (see ``leases``)."""
+    _add_missing_columns(
+        conn, {"session_turn_leases": (("waiting", "INTEGER NOT NULL DEFAULT 0"),)}
+    )
+
+
 MIGRATIONS: tuple[Callable[[Connection], None], ...] = (
     _v1_canonical, _v2_search, _v3_redelivery_and_dead_letters, _v4_index_behind_a_watermark,
-    _v5_shared_instances, _v6_fewer_pages_per_turn,
+    _v5_shared_instances, _v6_fewer_pages_per_turn, _v7_lease_waiting,
 )  # fmt: skip
 """Upgrade steps; step ``n`` brings a database from version ``n`` to ``n + 1``."""
 
