@@ -18,7 +18,7 @@ import time
 import unicodedata
 from collections.abc import Callable, Container, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from hermes_core.config import DeliveryLedgerConfig
 from hermes_core.errors import StoreError
@@ -128,16 +128,22 @@ class DeliveryLedger:
             return
         self._transition(row, state)
 
-    def claimed(self, row: Obligation, *, marked: bool = False) -> Obligation:
-        """``row`` as it is once claimed: ``attempting``, one more attempt spent (a ``marked``
-        one when the send carries a duplicate prefix), owned by this instance for the lease."""
+    def claim_state(self, attempts: int = 1, marked_sends: int = 0) -> dict[str, Any]:
+        """The fields of a row claimed now: ``attempting`` with ``attempts`` spent (and
+        ``marked_sends``), owned by this instance for the lease."""
         owner, boot = self.owner
         now = self._clock()
-        return dataclasses.replace(
-            row, state="attempting", attempts=row.attempts + 1, owner_instance=owner,
-            owner_boot=boot, lease_expires_at=now + self.settings.lease_secs, updated_at=now,
-            marked_sends=row.marked_sends + int(marked),
-        )  # fmt: skip
+        return {
+            "state": "attempting", "attempts": attempts, "owner_instance": owner,
+            "owner_boot": boot, "lease_expires_at": now + self.settings.lease_secs,
+            "updated_at": now, "marked_sends": marked_sends,
+        }  # fmt: skip
+
+    def claimed(self, row: Obligation, *, marked: bool = False) -> Obligation:
+        """``row`` as it is once claimed: one more attempt spent (a ``marked`` one when the
+        send carries a duplicate prefix), see :meth:`claim_state`."""
+        claim = self.claim_state(row.attempts + 1, row.marked_sends + int(marked))
+        return dataclasses.replace(row, **claim)
 
     def claim(self, row: Obligation, *, marked: bool = False) -> Obligation | None:
         """Mark a row ``attempting`` just before the platform call, spending an attempt; the

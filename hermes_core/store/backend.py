@@ -170,15 +170,18 @@ def new_obligation(
     *,
     obligation_id: str = "",
     origin_kind: str = "turn",
+    **claim: Any,
 ) -> Obligation:
-    """A new, unsent ledger row (``obligation_id`` empty for a reply sent without the ledger)."""
+    """A new ledger row (``obligation_id`` empty for a reply sent without the ledger): unsent,
+    or recorded already claimed with the fields of ``claim`` (``DeliveryLedger.claim_state``;
+    the row is built once, and a frozen row costs a few microseconds to build)."""
     now = time.time()
+    state: dict[str, Any] = {"state": "pending", "attempts": 0, "updated_at": now} | claim
     return Obligation(
         obligation_id=obligation_id, session_key=session_key, session_id=session_id,
         platform=platform, chat_id=chat_id, thread_id=thread_id,
         reply_to_message_id=reply_to_message_id, content=content, origin_kind=origin_kind,
-        state="pending", attempts=0, failure_kind=None, last_error=None, created_at=now,
-        updated_at=now,
+        failure_kind=None, last_error=None, created_at=now, **state,
     )  # fmt: skip
 
 

@@ -348,7 +348,8 @@ class SessionStore(RekeyStore, TranscriptStore):
             changes["updated_at"] = now
         updated = entry.model_copy(update=changes)
         message = (entry.session_id, user_message) if user_message is not None else None
-        with self._canonical(), self._backend.transaction(), self._fenced(session_key) as fence:
+        # one backend write: its own transaction, fenced in its own statement
+        with self._canonical(), self._fenced(session_key) as fence:
             begun = self._backend.begin_turn(updated, consumed_event_id, message, seen, **fence)
         if not begun:
             raise MessageRedeliveredError("the platform delivered this message again")

@@ -242,10 +242,8 @@ class TurnRecoveryStore(LeaseStore):
         record = new_obligation(
             session_key, session_id, platform, chat_id, thread_id, reply_to_message_id, content,
             obligation_id=obligation_id(session_key, message_ref, content),
-            origin_kind=origin_kind,
+            origin_kind=origin_kind, **(ledger.claim_state() if claimed else {}),
         )  # fmt: skip
-        if claimed:
-            record = ledger.claimed(record)
         entry = self._load(session_key) if turn_token else None
         cleared = None
         if entry is not None and entry.active_turn_token == turn_token:
@@ -257,7 +255,7 @@ class TurnRecoveryStore(LeaseStore):
             fenced: AbstractContextManager[dict[str, str]] = (
                 self._fenced(session_key) if turn_token else nullcontext({})
             )
-            with self._canonical(), self._backend.transaction(), fenced as fence:
+            with self._canonical(), fenced as fence:  # one backend write, one transaction
                 _added, marker_cleared = ledger.rows.add_obligation(record, marker, stored, **fence)
         except LeaseLostError:
             raise

@@ -121,6 +121,14 @@ class _Slot:
         self.counters = {"commits": 0, "statements": 0}
 
 
+class _Bound(threading.local):
+    """Per thread: the writer connection its writes go over (``slot`` starts as the first in
+    every thread, so reading it never misses: a missed thread-local lookup costs an error)."""
+
+    def __init__(self, first: _Slot) -> None:
+        self.slot = first
+
+
 class SqlConnection:
     """The engine, the writer connections and schema of one SQL store."""
 
@@ -141,7 +149,7 @@ class SqlConnection:
             )
         writers = config.storage.writer_connections if self.name == "postgresql" else 1
         self._slots = [_Slot() for _ in range(writers)]
-        self._bound = threading.local()
+        self._bound = _Bound(self._slots[0])
         self._checks = threading.local()
         """Per thread: the routing revisions its writes expect (``SqlBackend.checked_routes``)."""
         self._connecting = threading.Lock()
@@ -333,8 +341,7 @@ class SqlConnection:
     @property
     def _slot(self) -> _Slot:
         """The calling thread's writer connection (the first unless it was bound)."""
-        slot: _Slot = getattr(self._bound, "slot", self._slots[0])
-        return slot
+        return self._bound.slot
 
     @property
     def _in_batch(self) -> bool:
@@ -793,7 +800,8 @@ class SqlConnection:
 
 
 class _CountingCursor:
-    """The writer's DBAPI cursor, counting the statements it sends."""
+    """The writer's DBAPI cursor, counting the statements it sends; what every write reads
+    back is forwarded explicitly (``__getattr__`` is reached only after a failed lookup)."""
 
     __slots__ = ("_counters", "_cursor")
 
@@ -806,6 +814,18 @@ class _CountingCursor:
         if params is None:
             return self._cursor.execute(sql)
         return self._cursor.execute(sql, params)
+
+    @property
+    def rowcount(self) -> int:
+        count: int = self._cursor.rowcount
+        return count
+
+    @property
+    def lastrowid(self) -> Any:
+        return self._cursor.lastrowid
+
+    def fetchone(self) -> Any:
+        return self._cursor.fetchone()
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._cursor, name)
