@@ -244,3 +244,25 @@ def test_a_lease_taken_again_sees_what_another_process_wrote_in_between(
     assert (entry.session_id != old.session_id) == (change == "new")
     assert entry.metadata == theirs.metadata
     assert entry.input_tokens == theirs.input_tokens
+
+
+def test_a_lease_taken_on_a_lane_whose_session_ended_elsewhere_keeps_no_stale_entry(
+    stores: Callable[..., SessionStore], empty_database: str
+) -> None:
+    """The grant reads the routing row with its session's end: a row pointing at an ended
+    session is a stale route, cached as no entry (the lane's next message opens a session)."""
+    here = stores("here", lease_secs=60)
+    entry = here.get_or_create_session(SOURCE)  # cached here
+    engine = create_engine(empty_database)
+    with engine.begin() as conn:  # another writer ends the session and touches the row
+        conn.execute(
+            text("UPDATE sessions SET end_reason = 'idle' WHERE id = :id"),
+            {"id": entry.session_id},
+        )
+        conn.execute(
+            text("UPDATE gateway_routing SET revision = revision + 1 WHERE session_key = :key"),
+            {"key": entry.session_key},
+        )
+    engine.dispose()
+    assert here.take_lease(entry.session_key) == "free"
+    assert here.lookup_by_session_key(entry.session_key) is None
