@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 from sqlalchemy import create_engine, text
+from support.database import run_sql
 from test_shared_takeover import _gateway, _wait
 
 from hermes_core import MessageEvent, SessionSource
@@ -105,13 +106,11 @@ def test_the_lane_goes_on_after_a_command_carried_out_for_another_gateway(
 
 def _terminate_listeners(url: str) -> int:
     """End every connection that waits for lane wake-ups (as a server restart would)."""
-    engine = create_engine(url)
-    with engine.connect() as conn:
-        ended = conn.execute(text(
-            "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
-            "WHERE datname = current_database() AND query LIKE 'LISTEN %'"
-        )).scalar_one()  # fmt: skip
-    engine.dispose()
+    [(ended,)] = run_sql(
+        url,
+        "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
+        "WHERE datname = current_database() AND query LIKE 'LISTEN %'",
+    )
     return int(ended)
 
 

@@ -12,7 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from sqlalchemy import create_engine, text
+from support.database import run_sql
 from test_shared_takeover import (
     OTHER,
     SOURCE,
@@ -34,10 +34,7 @@ LONG = 60.0
 
 
 def _scalar(url: str, sql: str) -> object:
-    engine = create_engine(url)
-    with engine.connect() as conn:
-        value = conn.execute(text(sql)).scalar()
-    engine.dispose()
+    [(value,)] = run_sql(url, sql)
     return value
 
 

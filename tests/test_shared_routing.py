@@ -10,7 +10,7 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-from sqlalchemy import create_engine, text
+from support.database import run_sql
 
 from hermes_core import SessionEntry, SessionSource
 from hermes_core.errors import RoutingConflictError
@@ -23,18 +23,12 @@ SOURCE = SessionSource(platform="telegram", chat_id="c1", chat_type="dm", user_i
 
 def _stored(url: str, key: str) -> tuple[dict[str, Any], list[tuple[str, str | None]]]:
     """The key's routing entry as stored, and its sessions (id, end reason), oldest first."""
-    engine = create_engine(url)
-    with engine.connect() as conn:
-        entry = conn.execute(
-            text("SELECT entry_json FROM gateway_routing WHERE session_key = :key"), {"key": key}
-        ).scalar_one()
-        sessions = conn.execute(
-            text(
-                "SELECT id, end_reason FROM sessions WHERE session_key = :key ORDER BY started_at"
-            ),
-            {"key": key},
-        ).all()
-    engine.dispose()
+    [(entry,)] = run_sql(url, "SELECT entry_json FROM gateway_routing WHERE session_key = :key",
+                         key=key)  # fmt: skip
+    sessions = run_sql(
+        url, "SELECT id, end_reason FROM sessions WHERE session_key = :key ORDER BY started_at",
+        key=key,
+    )  # fmt: skip
     return json.loads(entry), [(row[0], row[1]) for row in sessions]
 
 
@@ -84,13 +78,10 @@ def test_a_row_pruned_and_created_again_is_not_taken_for_the_cached_one(
     here, there = stores("here"), stores("there")
     old = here.get_or_create_session(SOURCE)  # cached here at the row's first revision
     key = old.session_key
-    engine = create_engine(empty_database)
-    with engine.begin() as conn:  # idle for long: due for pruning
-        conn.execute(
-            text("UPDATE gateway_routing SET updated_at = 0 WHERE session_key = :key"),
-            {"key": key},
-        )
-    engine.dispose()
+    run_sql(  # idle for long: due for pruning
+        empty_database, "UPDATE gateway_routing SET updated_at = 0 WHERE session_key = :key",
+        key=key,
+    )  # fmt: skip
     assert there.prune_old_entries(1) == 1
     new = there.get_or_create_session(SOURCE, force_new=True)  # the lane's row, created again
     assert new.session_id != old.session_id
@@ -253,16 +244,13 @@ def test_a_lease_taken_on_a_lane_whose_session_ended_elsewhere_keeps_no_stale_en
     session is a stale route, cached as no entry (the lane's next message opens a session)."""
     here = stores("here", lease_secs=60)
     entry = here.get_or_create_session(SOURCE)  # cached here
-    engine = create_engine(empty_database)
-    with engine.begin() as conn:  # another writer ends the session and touches the row
-        conn.execute(
-            text("UPDATE sessions SET end_reason = 'idle' WHERE id = :id"),
-            {"id": entry.session_id},
-        )
-        conn.execute(
-            text("UPDATE gateway_routing SET revision = revision + 1 WHERE session_key = :key"),
-            {"key": entry.session_key},
-        )
-    engine.dispose()
+    # another writer ends the session and touches the row
+    run_sql(empty_database, "UPDATE sessions SET end_reason = 'idle' WHERE id = :id",
+            id=entry.session_id)  # fmt: skip
+    run_sql(
+        empty_database,
+        "UPDATE gateway_routing SET revision = revision + 1 WHERE session_key = :key",
+        key=entry.session_key,
+    )
     assert here.take_lease(entry.session_key) == "free"
     assert here.lookup_by_session_key(entry.session_key) is None

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import TypeVar
 
 import pytest
-from sqlalchemy import create_engine, text
+from support.database import run_sql
 from support.shared_driver import configure
 
 from hermes_core import MessageEvent, SessionSource
@@ -253,13 +253,11 @@ def _message(words: str, message_id: str) -> MessageEvent:
 
 def _lease_expired(url: str) -> bool:
     """Whether the one lease in the store has expired (on the server's clock)."""
-    engine = create_engine(url)
-    with engine.connect() as conn:
-        expired = conn.execute(text(
-            "SELECT bool_and(expires_at < extract(epoch from clock_timestamp())) "
-            "FROM session_turn_leases"
-        )).scalar()  # fmt: skip
-    engine.dispose()
+    [(expired,)] = run_sql(
+        url,
+        "SELECT bool_and(expires_at < extract(epoch from clock_timestamp())) "
+        "FROM session_turn_leases",
+    )
     return bool(expired)
 
 

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from sqlalchemy import create_engine, text
+from support.database import run_sql
 
 from conftest import POSTGRES_URL
 from hermes_core import GatewayConfig, MessageEvent
@@ -59,13 +59,7 @@ def open_store(backend: str, tmp_path: Path) -> Iterator[Opener]:
 
 def sql(store: SessionStore, statement: str, **params: Any) -> list[Any]:
     """Run raw SQL against the store's database (to arrange states the API never creates)."""
-    engine = create_engine(store.config.storage_url)
-    try:
-        with engine.begin() as conn:
-            result = conn.execute(text(statement), params)
-            return list(result) if result.returns_rows else []
-    finally:
-        engine.dispose()
+    return run_sql(store.config.storage_url, statement, **params)
 
 
 # -- search ------------------------------------------------------------------------------------
