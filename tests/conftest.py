@@ -47,6 +47,22 @@ FakeDistribution = Callable[..., Path]
 
 
 @pytest.fixture
+def home(tmp_path: Path) -> Path:
+    """A state directory's path, not created (a test module may define its own)."""
+    return tmp_path / "home"
+
+
+@pytest.fixture
+def fresh_config_warnings() -> Iterator[None]:
+    """The config's once-per-process warnings count as not yet logged, before and after."""
+    from hermes_core import config
+
+    config._reset_warnings()
+    yield
+    config._reset_warnings()
+
+
+@pytest.fixture
 def fake_distribution(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> Iterator[FakeDistribution]:
