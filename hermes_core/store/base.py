@@ -15,7 +15,7 @@ import secrets
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import AbstractContextManager, contextmanager
 from datetime import datetime
 from pathlib import Path
@@ -64,6 +64,21 @@ def _bind_nothing(index: int) -> None:
 def new_session_id(now: datetime) -> str:
     """``YYYYMMDD_HHMMSS_<8 hex>`` from the creation time (UTC) and 32 random bits."""
     return f"{now:%Y%m%d_%H%M%S}_{secrets.token_hex(4)}"
+
+
+def changed(entry: SessionEntry, updates: Mapping[str, Any]) -> SessionEntry:
+    """``entry.model_copy(update=updates)``, built directly at a fraction of its cost: the same
+    field values and fields set, nothing validated (as with ``model_copy``: the store's updates
+    are values it made itself). ``SessionEntry`` forbids extra fields and has no private
+    attributes, so those parts of a copy are None."""
+    copied = type(entry).__new__(type(entry))
+    fields_set = set(entry.__pydantic_fields_set__)
+    fields_set.update(updates)
+    object.__setattr__(copied, "__dict__", {**entry.__dict__, **updates})
+    object.__setattr__(copied, "__pydantic_fields_set__", fields_set)
+    object.__setattr__(copied, "__pydantic_extra__", None)
+    object.__setattr__(copied, "__pydantic_private__", None)
+    return copied
 
 
 def _on_writer(
@@ -477,7 +492,7 @@ class StoreBase:
     def _snapshot(entry: SessionEntry) -> SessionEntry:
         """A copy for callers, so the cached entry never changes under them (or by them)."""
         metadata = copy.deepcopy(entry.metadata) if entry.metadata else {}
-        return entry.model_copy(update={"metadata": metadata})
+        return changed(entry, {"metadata": metadata})
 
     # -- sessions.json mirror --------------------------------------------------------
 
