@@ -13,7 +13,7 @@ import logging
 import threading
 import time
 from collections.abc import Collection, Mapping
-from contextlib import AbstractContextManager, nullcontext
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -34,7 +34,7 @@ from hermes_core.store.backend import (
     new_obligation,
 )
 from hermes_core.store.base import changed, serialised
-from hermes_core.store.leases import LeaseStore
+from hermes_core.store.leases import UNFENCED, LeaseStore
 from hermes_core.text import clean_text
 from hermes_core.timeutil import utc_now
 
@@ -253,7 +253,7 @@ class TurnRecoveryStore(LeaseStore):
         try:
             # a turn's reply is written only under its lane's lease
             fenced: AbstractContextManager[dict[str, str]] = (
-                self._fenced(session_key) if turn_token else nullcontext({})
+                self._fenced(session_key) if turn_token else UNFENCED
             )
             with self._canonical(), fenced as fence:  # one backend write, one transaction
                 _added, marker_cleared = ledger.rows.add_obligation(record, marker, stored, **fence)
