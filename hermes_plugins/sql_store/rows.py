@@ -30,6 +30,8 @@ ROUTE_READ = tuple(
     )
 )  # fmt: skip
 """What a routing entry is read from (see :func:`route_entry`), with the row's revision."""
+_NOT_EXTRA = frozenset(MESSAGE_COLUMNS) | {"id"}
+"""Message fields that do not go to ``extra_json`` (``id`` is the stored row's, dropped)."""
 
 
 def epoch(stamp: object) -> float | None:
@@ -42,7 +44,11 @@ def message_row(session_id: str, message: Message) -> dict[str, Any]:
     ``extra_json``."""
     message = clean_message(message)
     content = message.get("content")
-    extras = {k: v for k, v in message.items() if k not in MESSAGE_COLUMNS and k != "id"}
+    extras = (
+        {}
+        if message.keys() <= _NOT_EXTRA  # the common message: no field without a column
+        else {k: v for k, v in message.items() if k not in _NOT_EXTRA}
+    )
     if content is not None and not isinstance(content, str):
         extras["content"] = content  # structured content round-trips through extra_json
         content = None
