@@ -138,6 +138,27 @@ def test_rewrite_with_force_while_a_turn_runs(open_store: Opener) -> None:
     assert [m["content"] for m in store.load_transcript(entry.session_id)] == ["a"]
 
 
+def test_fields_without_a_column_round_trip_in_order(open_store: Opener) -> None:
+    """A message's fields without a column come back after the columns', in the message's
+    order (structured content among them); its own ``id`` is never stored."""
+    store = open_store()
+    entry = store.get_or_create_session(telegram_dm())
+    store.append_to_transcript(
+        entry.session_id,
+        {"zeta": 1, "id": 99, "role": "assistant", "alpha": {"b": [None, 2.5]},
+         "content": [{"type": "text", "text": "hi"}], "tool_calls": [{"name": "f"}],
+         "timestamp": 5},
+    )  # fmt: skip
+    store.append_to_transcript(entry.session_id, {"role": "user", "content": "plain"})
+    first, second = store.load_transcript(entry.session_id)
+    assert first["id"] != 99
+    assert list(first.items())[1:] == [
+        ("role", "assistant"), ("tool_calls", [{"name": "f"}]), ("timestamp", 5.0),
+        ("zeta", 1), ("alpha", {"b": [None, 2.5]}), ("content", [{"type": "text", "text": "hi"}]),
+    ]  # fmt: skip
+    assert [name for name in second if name != "timestamp"] == ["id", "role", "content"]
+
+
 def test_soft_delete_never_deletes(open_store: Opener) -> None:
     store = open_store()
     entry = store.get_or_create_session(telegram_dm())
