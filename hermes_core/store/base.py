@@ -350,6 +350,7 @@ class StoreBase:
         return self._canonical_guard
 
     def _corrupt(self, error: CorruptDatabaseError) -> None:
+        """A local canonical database found corrupt: continue degraded (see :meth:`_canonical`)."""
         if not self.degraded and self._bound.spec.local:
             self._enter_degraded(error)
 
