@@ -13,6 +13,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from sqlalchemy import bindparam, delete, update
+from sqlalchemy.dialects import sqlite
 from support.database import run_sql
 
 from conftest import POSTGRES_URL
@@ -26,7 +28,8 @@ from hermes_core.errors import (
 from hermes_core.store import SessionStore
 from hermes_core.store.mirror import MIRROR_README
 from hermes_core.testing import LifecycleRecorder, fresh_plugin_manager, telegram_dm
-from hermes_plugins.sql_store.schema import SCHEMA_VERSION
+from hermes_plugins.sql_store.schema import SCHEMA_VERSION, messages, queued_events
+from hermes_plugins.sql_store.statements import Prepared
 
 Opener = Callable[..., SessionStore]
 
@@ -593,3 +596,19 @@ def test_restart_counts_live_where_the_backend_says(open_store: Opener, backend:
     again.close()
     other = open_store(gateway={"instance_id": "instance-b"}).restart_counts()
     assert other.load() == {"agent:main:telegram:dm:3": 1}
+
+
+def test_prepared_statements_bind_by_position_in_statement_order() -> None:
+    """SQLite's parameters are a tuple in the order of the statement's placeholders, for one
+    placeholder or many; defaults fill what is not given, a missing value is a KeyError."""
+    dialect = sqlite.dialect(paramstyle="qmark")
+    single = Prepared(
+        delete(queued_events).where(queued_events.c.id == bindparam("event_id")), dialect
+    )
+    assert single.bind({"event_id": 7}) == (7,)
+    many = Prepared(
+        update(messages).where(messages.c.session_id == bindparam("sid")).values(active=0), dialect
+    )
+    assert many.bind({"sid": "s"}) == (0, "s")
+    with pytest.raises(KeyError, match="sid"):
+        many.bind({"active": 1})
