@@ -402,10 +402,11 @@ class SessionStore(RekeyStore, TranscriptStore):
         """End a turn: clear its marker if ``token`` still owns it; after a success also the
         resume flag and the stuck-loop count, each only where set (failed turns keep the flag).
         Writes nothing that would not change."""
-        if token is not None:
-            self.clear_turn_active(session_key, token)
-        if success:
+        entry = self._load(session_key) if token is not None or success else None
+        if token is not None and entry is not None and entry.active_turn_token == token:
+            self.clear_turn_active(session_key, token)  # a turn's reply usually cleared it
             entry = self._load(session_key)
+        if success:
             if entry is not None and entry.resume_pending:
                 self.clear_resume_pending(session_key)
             self.counts.remove(session_key)
