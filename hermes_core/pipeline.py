@@ -133,11 +133,12 @@ class TurnPipeline:
         reply = clean_text(reply)  # sent as it is stored, whatever the agent returned
         session_id = turn.entry.session_id
         message = {"role": "assistant", "content": reply}
-        if is_silent_reply(reply) and turn.event.internal:
+        silent = is_silent_reply(reply)
+        if silent and turn.event.internal:
             store.append_to_transcript(session_id, message)
             store.close_turn(key, turn.token, success=success)
             return None
-        content = SILENCE_NOTICE if is_silent_reply(reply) else reply
+        content = SILENCE_NOTICE if silent else reply
         source = turn.event.source
         row = store.record_delivery_obligation(
             key, session_id, source.platform, source.chat_id, source.thread_id, content,

@@ -20,6 +20,8 @@ MAX_NESTING = 64
 """How deep lists and mappings inside metadata and messages may nest."""
 
 _SURROGATE_RE = re.compile("[\ud800-\udfff]")
+_SCALARS = frozenset({type(None), bool, int, float})
+"""Exact types :func:`clean_value` returns as they are (a float only when finite)."""
 
 
 def clean_text(value: str) -> str:
@@ -39,18 +41,26 @@ def clean_value(value: Any, *, field: str, plain: bool = False, depth: int = 0) 
     mappings with string keys), as a transcript message must hold."""
     if isinstance(value, str):
         return clean_text(value)
-    if isinstance(value, (list, tuple, Mapping)):
+    kind = type(value)
+    if kind in _SCALARS and (kind is not float or math.isfinite(value)):
+        return value  # told by exact type, before any abstract-class check
+    is_mapping = kind is dict or (kind is not list and isinstance(value, Mapping))
+    if is_mapping or isinstance(value, (list, tuple)):
         if depth >= MAX_NESTING:
             raise InvalidValueError(
                 field, f"{field} nests lists or mappings more than {MAX_NESTING} levels deep."
             )
-        if isinstance(value, Mapping):
+        if is_mapping:
             cleaned_map: dict[Any, Any] = {}
             for key, item in value.items():
                 if plain and not isinstance(key, str):
                     raise InvalidValueError(field, f"{field} has a non-string key {key!r}.")
                 name = clean_text(key) if isinstance(key, str) else key
-                cleaned_map[name] = clean_value(item, field=field, plain=plain, depth=depth + 1)
+                cleaned_map[name] = (
+                    clean_text(item)  # the common item, without a call of this function
+                    if type(item) is str
+                    else clean_value(item, field=field, plain=plain, depth=depth + 1)
+                )
             return cleaned_map
         cleaned = [clean_value(item, field=field, plain=plain, depth=depth + 1) for item in value]
         return cleaned if isinstance(value, list) or plain else tuple(cleaned)

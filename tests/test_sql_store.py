@@ -13,6 +13,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from sqlalchemy import bindparam, delete, update
+from sqlalchemy.dialects import sqlite
 from support.database import run_sql
 
 from conftest import POSTGRES_URL
@@ -26,7 +28,8 @@ from hermes_core.errors import (
 from hermes_core.store import SessionStore
 from hermes_core.store.mirror import MIRROR_README
 from hermes_core.testing import LifecycleRecorder, fresh_plugin_manager, telegram_dm
-from hermes_plugins.sql_store.schema import SCHEMA_VERSION
+from hermes_plugins.sql_store.schema import SCHEMA_VERSION, messages, queued_events
+from hermes_plugins.sql_store.statements import Prepared
 
 Opener = Callable[..., SessionStore]
 
@@ -136,6 +139,27 @@ def test_rewrite_with_force_while_a_turn_runs(open_store: Opener) -> None:
         entry.session_id, [{"role": "user", "content": "a"}], force=True
     )
     assert [m["content"] for m in store.load_transcript(entry.session_id)] == ["a"]
+
+
+def test_fields_without_a_column_round_trip_in_order(open_store: Opener) -> None:
+    """A message's fields without a column come back after the columns', in the message's
+    order (structured content among them); its own ``id`` is never stored."""
+    store = open_store()
+    entry = store.get_or_create_session(telegram_dm())
+    store.append_to_transcript(
+        entry.session_id,
+        {"zeta": 1, "id": 99, "role": "assistant", "alpha": {"b": [None, 2.5]},
+         "content": [{"type": "text", "text": "hi"}], "tool_calls": [{"name": "f"}],
+         "timestamp": 5},
+    )  # fmt: skip
+    store.append_to_transcript(entry.session_id, {"role": "user", "content": "plain"})
+    first, second = store.load_transcript(entry.session_id)
+    assert first["id"] != 99
+    assert list(first.items())[1:] == [
+        ("role", "assistant"), ("tool_calls", [{"name": "f"}]), ("timestamp", 5.0),
+        ("zeta", 1), ("alpha", {"b": [None, 2.5]}), ("content", [{"type": "text", "text": "hi"}]),
+    ]  # fmt: skip
+    assert [name for name in second if name != "timestamp"] == ["id", "role", "content"]
 
 
 def test_soft_delete_never_deletes(open_store: Opener) -> None:
@@ -572,3 +596,19 @@ def test_restart_counts_live_where_the_backend_says(open_store: Opener, backend:
     again.close()
     other = open_store(gateway={"instance_id": "instance-b"}).restart_counts()
     assert other.load() == {"agent:main:telegram:dm:3": 1}
+
+
+def test_prepared_statements_bind_by_position_in_statement_order() -> None:
+    """SQLite's parameters are a tuple in the order of the statement's placeholders, for one
+    placeholder or many; defaults fill what is not given, a missing value is a KeyError."""
+    dialect = sqlite.dialect(paramstyle="qmark")
+    single = Prepared(
+        delete(queued_events).where(queued_events.c.id == bindparam("event_id")), dialect
+    )
+    assert single.bind({"event_id": 7}) == (7,)
+    many = Prepared(
+        update(messages).where(messages.c.session_id == bindparam("sid")).values(active=0), dialect
+    )
+    assert many.bind({"sid": "s"}) == (0, "s")
+    with pytest.raises(KeyError, match="sid"):
+        many.bind({"active": 1})

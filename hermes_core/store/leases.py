@@ -18,13 +18,17 @@ from __future__ import annotations
 
 import secrets
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 
 from hermes_core.errors import LeaseLostError
 from hermes_core.instance import instance_id
 from hermes_core.store.backend import LeaseGrant
 from hermes_core.store.base import serialised
 from hermes_core.store.routing import RoutingStore
+
+UNFENCED: AbstractContextManager[dict[str, str]] = nullcontext({})
+"""What :meth:`LeaseStore._fenced` is on a single-instance store: no keyword arguments (the
+one dict is only ever read)."""
 
 
 class LeaseStore(RoutingStore):
@@ -225,16 +229,17 @@ class LeaseStore(RoutingStore):
                 if not rows.check_lease(session_key, fence["lease"]):
                     raise LeaseLostError("the lane's lease is held under another token")
 
-    @contextmanager
-    def _fenced(self, session_key: str) -> Iterator[dict[str, str]]:
+    def _fenced(self, session_key: str) -> AbstractContextManager[dict[str, str]]:
         """Around a write that fences itself (the backend checks the lease in the write's own
         statement): the keyword arguments to pass it, ``lease`` (the token) on a shared store
         and none otherwise, so a backend without leases never gets one. Raises
         :class:`LeaseLostError` when this process holds no lease on the lane, or when the
         backend found it lost; the lease is forgotten here then."""
-        if self._bound.leases is None:
-            yield {}
-            return
+        return UNFENCED if self._bound.leases is None else self._leased(session_key)
+
+    @contextmanager
+    def _leased(self, session_key: str) -> Iterator[dict[str, str]]:
+        """:meth:`_fenced` on a shared store."""
         try:
             token = self._leases.get(session_key)
             if token is None:

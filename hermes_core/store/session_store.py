@@ -43,7 +43,7 @@ from hermes_core.store.backend import (
     Obligation,
     SessionRow,
 )
-from hermes_core.store.base import exclusive, new_session_id, serialised
+from hermes_core.store.base import changed, exclusive, new_session_id, serialised
 from hermes_core.store.rekey import RekeyStore
 from hermes_core.store.transcripts import TranscriptStore
 from hermes_core.text import clean_text, clean_value
@@ -105,7 +105,7 @@ class SessionStore(RekeyStore, TranscriptStore):
         return self._snapshot(entry)
 
     def _touch(self, entry: SessionEntry) -> SessionEntry:
-        touched = entry.model_copy(update={"updated_at": utc_now()})
+        touched = changed(entry, {"updated_at": utc_now()})
         self._persist(touched, touch=True)
         return touched
 
@@ -275,7 +275,7 @@ class SessionStore(RekeyStore, TranscriptStore):
             updates = change(entry) if entry is not None else None
             if entry is None or updates is None:
                 return None
-            updated = entry.model_copy(update=updates)
+            updated = changed(entry, updates)
             self._persist(updated)
             return updated
 
@@ -346,7 +346,7 @@ class SessionStore(RekeyStore, TranscriptStore):
         changes: dict[str, Any] = {"active_turn_token": token, "active_turn_started_at": now}
         if touch:
             changes["updated_at"] = now
-        updated = entry.model_copy(update=changes)
+        updated = changed(entry, changes)
         message = (entry.session_id, user_message) if user_message is not None else None
         # one backend write: its own transaction, fenced in its own statement
         with self._canonical(), self._fenced(session_key) as fence:
@@ -364,9 +364,7 @@ class SessionStore(RekeyStore, TranscriptStore):
         entry = self._load(session_key)
         if entry is None or entry.active_turn_token != token:
             return False
-        updated = entry.model_copy(
-            update={"active_turn_token": None, "active_turn_started_at": None}
-        )
+        updated = changed(entry, {"active_turn_token": None, "active_turn_started_at": None})
         with self._canonical(), self._backend.transaction():
             self._fence(session_key)
             cleared = self._backend.clear_turn_marker(updated, token)
@@ -404,10 +402,11 @@ class SessionStore(RekeyStore, TranscriptStore):
         """End a turn: clear its marker if ``token`` still owns it; after a success also the
         resume flag and the stuck-loop count, each only where set (failed turns keep the flag).
         Writes nothing that would not change."""
-        if token is not None:
-            self.clear_turn_active(session_key, token)
-        if success:
+        entry = self._load(session_key) if token is not None or success else None
+        if token is not None and entry is not None and entry.active_turn_token == token:
+            self.clear_turn_active(session_key, token)  # a turn's reply usually cleared it
             entry = self._load(session_key)
+        if success:
             if entry is not None and entry.resume_pending:
                 self.clear_resume_pending(session_key)
             self.counts.remove(session_key)
@@ -456,7 +455,7 @@ class SessionStore(RekeyStore, TranscriptStore):
                 updates["cost_status"] = clean_text(cost_status)
             if touch_activity:
                 updates["updated_at"] = utc_now()
-            updated = entry.model_copy(update=updates)
+            updated = changed(entry, updates)
             delta = CounterDelta(
                 input_tokens=input_tokens, output_tokens=output_tokens,
                 cache_read_tokens=cache_read_tokens, cache_write_tokens=cache_write_tokens,

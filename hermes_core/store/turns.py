@@ -13,7 +13,7 @@ import logging
 import threading
 import time
 from collections.abc import Collection, Mapping
-from contextlib import AbstractContextManager, nullcontext
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -33,8 +33,8 @@ from hermes_core.store.backend import (
     RestartCountRows,
     new_obligation,
 )
-from hermes_core.store.base import serialised
-from hermes_core.store.leases import LeaseStore
+from hermes_core.store.base import changed, serialised
+from hermes_core.store.leases import UNFENCED, LeaseStore
 from hermes_core.text import clean_text
 from hermes_core.timeutil import utc_now
 
@@ -144,7 +144,7 @@ class TurnRecoveryStore(LeaseStore):
     def discard_active_turn_markers(self) -> int:
         """Clear every turn marker without arming a resume (after a clean stop); the count."""
         entries = self._entries_with_markers()
-        self._write_all([entry.model_copy(update=_CLEARED_MARKER) for entry in entries])
+        self._write_all([changed(entry, _CLEARED_MARKER) for entry in entries])
         return len(entries)
 
     @serialised
@@ -171,7 +171,7 @@ class TurnRecoveryStore(LeaseStore):
                     armed.append(entry.session_key)
                     changes.update(resume_pending=True, resume_reason="restart_interrupted",
                                    last_resume_marked_at=now)  # fmt: skip
-            updated.append(entry.model_copy(update=changes))
+            updated.append(changed(entry, changes))
         self._write_all(updated)
         return MarkerRecovery(tuple(armed), tuple(kept), len(updated))
 
@@ -247,13 +247,13 @@ class TurnRecoveryStore(LeaseStore):
         entry = self._load(session_key) if turn_token else None
         cleared = None
         if entry is not None and entry.active_turn_token == turn_token:
-            cleared = entry.model_copy(update=_CLEARED_MARKER)
+            cleared = changed(entry, _CLEARED_MARKER)
         marker = (cleared, turn_token) if cleared and turn_token else None
         stored = (session_id, reply) if reply is not None and session_id is not None else None
         try:
             # a turn's reply is written only under its lane's lease
             fenced: AbstractContextManager[dict[str, str]] = (
-                self._fenced(session_key) if turn_token else nullcontext({})
+                self._fenced(session_key) if turn_token else UNFENCED
             )
             with self._canonical(), fenced as fence:  # one backend write, one transaction
                 _added, marker_cleared = ledger.rows.add_obligation(record, marker, stored, **fence)

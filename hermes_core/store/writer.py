@@ -86,6 +86,7 @@ class StoreWriter:
             queue.SimpleQueue() for _ in range(lanes)
         ]
         self._local = threading.local()
+        """Per thread: ``writer`` (True on a writer thread) and ``step`` (the step it runs)."""
         self._handing_over = threading.Lock()
         """Held while a step goes into every queue: two such steps handed over at once by two
         threads must reach every queue in the same order, or each writer thread would wait at
@@ -109,11 +110,12 @@ class StoreWriter:
     @property
     def on_writer_thread(self) -> bool:
         """Whether the caller is a writer thread (inside a step)."""
-        return threading.current_thread() in self._threads
+        on_writer: bool = getattr(self._local, "writer", False)
+        return on_writer
 
     @property
     def _current(self) -> _Step | None:
-        """The step the calling writer thread runs now."""
+        """The step the calling writer thread runs now (None on any other thread)."""
         step: _Step | None = getattr(self._local, "step", None)
         return step
 
@@ -152,7 +154,7 @@ class StoreWriter:
 
     def after_commit(self, callback: Callable[[], None]) -> None:
         """Run ``callback`` once the current step is committed (at once outside a step)."""
-        step = self._current if self.on_writer_thread else None
+        step = self._current
         if step is None:
             callback()
         else:
@@ -161,7 +163,7 @@ class StoreWriter:
     def on_rollback(self, callback: Callable[[], None]) -> None:
         """Undo an in-memory change of the current step if its batch is rolled back (the step
         then runs again); nothing outside a step."""
-        step = self._current if self.on_writer_thread else None
+        step = self._current
         if step is not None:
             step.undo.append(callback)
 
@@ -207,6 +209,7 @@ class StoreWriter:
     # -- the writer thread ---------------------------------------------------------------------
 
     def _loop(self, index: int) -> None:
+        self._local.writer = True
         self._bind(index)
         waiting = self._queues[index]
         counts = self._counts[index]

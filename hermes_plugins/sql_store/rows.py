@@ -30,6 +30,8 @@ ROUTE_READ = tuple(
     )
 )  # fmt: skip
 """What a routing entry is read from (see :func:`route_entry`), with the row's revision."""
+_NO_VALUES = dict.fromkeys(MESSAGE_COLUMNS)
+"""A message row's columns, all None (a message's own values then replace them, in place)."""
 
 
 def epoch(stamp: object) -> float | None:
@@ -40,14 +42,18 @@ def epoch(stamp: object) -> float | None:
 def message_row(session_id: str, message: Message) -> dict[str, Any]:
     """A transcript message as column values (:func:`clean_message` first); unknown keys go to
     ``extra_json``."""
-    message = clean_message(message)
-    content = message.get("content")
-    extras = {k: v for k, v in message.items() if k not in MESSAGE_COLUMNS and k != "id"}
+    row = {**_NO_VALUES, **clean_message(message)}
+    extras: dict[str, Any] = {}
+    if len(row) > len(_NO_VALUES):  # fields without a column follow, in the message's order
+        for name in list(row)[len(_NO_VALUES) :]:
+            value = row.pop(name)
+            if name != "id":  # the id of a stored message, never stored again
+                extras[name] = value
+    content = row["content"]
     if content is not None and not isinstance(content, str):
         extras["content"] = content  # structured content round-trips through extra_json
         content = None
-    tool_calls = message.get("tool_calls")
-    row = {name: message.get(name) for name in MESSAGE_COLUMNS}
+    tool_calls = row["tool_calls"]
     row.update(
         session_id=session_id,
         content=content,

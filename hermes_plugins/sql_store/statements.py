@@ -7,7 +7,8 @@ per-call compile-cache and parameter-processing work, which dominates a one-row 
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import operator
+from collections.abc import Callable, Mapping
 from typing import Any, cast
 
 from sqlalchemy import (
@@ -52,7 +53,7 @@ class Prepared:
     parameters given at run time.
     """
 
-    __slots__ = ("defaults", "names", "sql")
+    __slots__ = ("defaults", "pick", "sql")
 
     def __init__(self, statement: ClauseElement, dialect: Dialect) -> None:
         compiled = cast(SQLCompiler, statement.compile(dialect=dialect))
@@ -61,23 +62,31 @@ class Prepared:
         self.defaults: dict[str, Any] = {
             name: value for name, value in compiled.params.items() if name not in required
         }
-        self.names: tuple[str, ...] | None = (
-            tuple(compiled.positiontup) if compiled.positiontup is not None else None
-        )
+        names = compiled.positiontup
+        self.pick = None if names is None else _picker(tuple(names))
+        """A positional driver's parameter tuple from the values given (None: named)."""
 
     def bind(self, params: Mapping[str, Any] | None = None) -> Any:
         """The driver parameters for ``params`` (a tuple for positional drivers, else a dict)."""
         values: Mapping[str, Any] = self.defaults if params is None else params
         if params is not None and self.defaults:
             values = {**self.defaults, **params}
-        if self.names is not None:
-            return tuple(values[name] for name in self.names)
+        if self.pick is not None:
+            return self.pick(values)
         return dict(values)
 
     def run(self, cursor: Any, params: Mapping[str, Any] | None = None) -> Any:
         """Execute on a DBAPI cursor."""
         cursor.execute(self.sql, self.bind(params))
         return cursor
+
+
+def _picker(names: tuple[str, ...]) -> Callable[[Mapping[str, Any]], tuple[Any, ...]]:
+    """``values -> tuple(values[name] for name in names)``, as one C call for two names or
+    more (``itemgetter`` then returns a tuple); a missing name raises ``KeyError(name)``."""
+    if len(names) > 1:
+        return operator.itemgetter(*names)
+    return lambda values: tuple(values[name] for name in names)
 
 
 def _upsert_route(dialect: Dialect) -> Insert:
