@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from hermes_core.errors import InvalidValueError
-from hermes_core.text import clean_value
+from hermes_core.text import clean_text, clean_value
 from hermes_core.timeutil import format_utc, parse_utc, utc_now
 
 if TYPE_CHECKING:
@@ -33,6 +33,8 @@ PLATFORM_NAME_RE = re.compile(r"[a-z0-9_]+")
 _SESSION_ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 _CONTROL_RE = re.compile(r"[\x00-\x1f]")
 _DRIVE_RE = re.compile(r"^[A-Za-z]:")
+_SCALARS = frozenset({type(None), bool, int, float})
+"""Types of untrusted values that hold no text (exactly these: subclasses go the long way)."""
 
 
 def session_id_problem(value: str) -> str | None:
@@ -95,7 +97,12 @@ class _Untrusted(_Model):
     @classmethod
     def _clean_texts(cls, data: Any) -> Any:
         if isinstance(data, dict):
-            return {name: clean_value(value, field=name) for name, value in data.items()}
+            return {
+                name: clean_text(value) if value.__class__ is str
+                else value if value.__class__ in _SCALARS  # nothing to clean (the common case)
+                else clean_value(value, field=name)
+                for name, value in data.items()
+            }  # fmt: skip
         return data
 
 
