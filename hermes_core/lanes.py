@@ -12,7 +12,7 @@ from hermes_core.agents import Agent, TurnRequest
 from hermes_core.context import build_session_context, build_session_context_prompt, prefix_sender
 from hermes_core.crashpoints import crash_point
 from hermes_core.errors import LeaseLostError
-from hermes_core.gateway_core import GatewayCore, Lane
+from hermes_core.gateway_core import PROMPT_CACHE_SIZE, GatewayCore, Lane
 from hermes_core.gateway_texts import (
     SUSPENDED_NOTICE,
     TURN_FAILED,
@@ -291,11 +291,16 @@ class LaneRunner(GatewayCore):
         """The agent's input: the session-context prompt (cached per session and source: it is
         byte-identical from turn to turn) and the message; the history loads on demand."""
         source, session_id = turn.event.source, turn.entry.session_id
-        cached = self._prompts.get((session_id, source))
+        prompts, cache_key = self._prompts, (session_id, source)
+        cached = prompts.get(cache_key)
         if cached is None:
             context = build_session_context(source, self.config, turn.entry, plugins=self.plugins)
             prompt = build_session_context_prompt(context, plugins=self.plugins)
-            cached = self._prompts[(session_id, source)] = (prompt, context)
+            cached = prompts[cache_key] = (prompt, context)
+            if len(prompts) > PROMPT_CACHE_SIZE:
+                prompts.popitem(last=False)
+        else:
+            prompts.move_to_end(cache_key)
         prompt, context = cached
         text = turn.event.text
         if context.shared_multi_user_session and not turn.event.internal:

@@ -89,6 +89,20 @@ async def test_a_message_runs_one_turn(make_gateway: Any, synchronous: str) -> N
     assert (gateway.config.hermes_home / ".clean_shutdown").exists()
 
 
+async def test_the_prompt_cache_keeps_the_most_recently_used_sessions(
+    make_gateway: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr("hermes_core.lanes.PROMPT_CACHE_SIZE", 2)
+    gateway, adapter, _ = make_gateway()
+    await gateway.start()
+    for chat in ("1", "2", "1", "3"):  # chat 2 is the least recently used when 3 arrives
+        await gateway.handle_message(_event(f"hi {chat}", chat=chat))
+        await gateway.idle()
+    assert [source.chat_id for _, source in gateway._prompts] == ["1", "3"]
+    assert adapter.texts() == ["echo: hi 1", "echo: hi 2", "echo: hi 1", "echo: hi 3"]
+    assert await gateway.stop()
+
+
 async def test_turns_of_one_key_never_overlap_and_keys_run_concurrently(make_gateway: Any) -> None:
     gateway, adapter, _agents = make_gateway(delay=0.2, display={"busy_input_mode": "queue"})
     await gateway.start()
