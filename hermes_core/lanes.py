@@ -114,17 +114,17 @@ class LaneRunner(GatewayCore):
             except Exception as exc:
                 if begun is None:
                     logger.exception("a resumed turn could not start; it resumes next start")
-                else:
+                elif not begun.done():
                     begun.set_exception(exc)
                 return None
             if isinstance(opened, EnqueueResult):  # queued instead: the lane's queue runs it
-                if begun is not None:
+                if begun is not None and not begun.done():
                     begun.set_result(opened)
                 return None
             turn = opened
             if turn is not None:
                 self._begun(key, first)
-            if begun is not None:
+            if begun is not None and not begun.done():  # done: its caller was cancelled
                 begun.set_result(turn)
             return turn
         while (head := self._queue.head(key)) is not None:

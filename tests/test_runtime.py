@@ -103,6 +103,27 @@ async def test_the_prompt_cache_keeps_the_most_recently_used_sessions(
     assert await gateway.stop()
 
 
+async def test_a_caller_cancelled_while_its_message_is_stored_leaves_the_turn_running(
+    make_gateway: Any,
+) -> None:
+    """The adapter gives up on ``handle_message`` before the turn's first commit: the turn
+    still runs and its reply is sent (the lane is never left stuck)."""
+    gateway, adapter, _ = make_gateway()
+    await gateway.start()
+    handling = asyncio.create_task(gateway.handle_message(_event("hi")))
+    await asyncio.sleep(0)  # the lane task is started; its first commit is not done yet
+    assert gateway._lanes
+    handling.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await handling
+    await gateway.idle()
+    assert adapter.texts() == ["echo: hi"]
+    entry = gateway.store.lookup_by_session_key("agent:main:telegram:dm:c=1")
+    assert entry is not None
+    assert entry.active_turn_token is None
+    assert await gateway.stop()
+
+
 async def test_turns_of_one_key_never_overlap_and_keys_run_concurrently(make_gateway: Any) -> None:
     gateway, adapter, _agents = make_gateway(delay=0.2, display={"busy_input_mode": "queue"})
     await gateway.start()
