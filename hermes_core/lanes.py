@@ -1,6 +1,9 @@
 """Lanes and turns: one task per busy lane runs its turns in order, each turn through the
 :class:`~hermes_core.pipeline.TurnPipeline` (begin, agent, finish, deliver, settle), then the
-lane's queue; a turn's every stage is guarded so a failure never stops the lane."""
+lane's queue; a turn's every stage is guarded so a failure never stops the lane.
+
+A turn's steps are handed over with ``await store.submit(...)``: what ``store.arun`` does,
+without its two coroutine layers on every turn."""
 
 from __future__ import annotations
 
@@ -110,7 +113,9 @@ class LaneRunner(GatewayCore):
                 if begun is not None and self.shared is not None:  # takes the lane's lease
                     opened = await self.shared.open(key, first, self._pipeline.begin)
                 else:
-                    opened = await self.store.arun(self._pipeline.begin, key, first, None, lane=key)
+                    opened = await self.store.submit(
+                        self._pipeline.begin, key, first, None, lane=key
+                    )
             except Exception as exc:
                 if begun is None:
                     logger.exception("a resumed turn could not start; it resumes next start")
@@ -137,7 +142,7 @@ class LaneRunner(GatewayCore):
                 await self.store.arun(self._take_head, key, lane=key)
                 continue
             try:
-                turn = await self.store.arun(self._begin_head, key, lane=key)
+                turn = await self.store.submit(self._begin_head, key, lane=key)
             except LeaseLostError as exc:
                 logger.warning("a lane's turn did not start: %s", exc)
                 return None
@@ -255,7 +260,7 @@ class LaneRunner(GatewayCore):
             lane.in_agent = False
         success = not failed and not lane.interrupted
         try:
-            owed = await self.store.arun(
+            owed = await self.store.submit(
                 self._pipeline.finish, turn, None if failed else reply, success, lane=turn.key
             )
         except LeaseLostError as exc:  # another gateway took the lane over and resumes it
