@@ -35,8 +35,9 @@ PLATFORM_NAME_RE = re.compile(r"[a-z0-9_]+")
 _SESSION_ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 _CONTROL_RE = re.compile(r"[\x00-\x1f]")
 _DRIVE_RE = re.compile(r"^[A-Za-z]:")
-_SCALARS = frozenset({type(None), bool, int, float})
-"""Types of untrusted values that hold no text (exactly these: subclasses go the long way)."""
+_SCALARS = frozenset({str, type(None), bool, int, float})
+"""Types of plain untrusted values (exactly these: subclasses go the long way)."""
+_is_str = str.__instancecheck__
 
 
 def session_id_problem(value: str) -> str | None:
@@ -99,9 +100,14 @@ class _Untrusted(_Model):
     @classmethod
     def _clean_texts(cls, data: Any) -> Any:
         if isinstance(data, dict):
+            values = data.values()
+            if _SCALARS.issuperset(map(type, values)):  # no container, model or subclass
+                texts = "".join(filter(_is_str, values))
+                if texts.isascii() and "\x00" not in texts:
+                    return data  # clean_text keeps every one of these strings as it is
             return {
                 name: clean_text(value) if value.__class__ is str
-                else value if value.__class__ in _SCALARS  # nothing to clean (the common case)
+                else value if value.__class__ in _SCALARS  # nothing to clean
                 else clean_value(value, field=name)
                 for name, value in data.items()
             }  # fmt: skip
