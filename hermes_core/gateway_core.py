@@ -113,11 +113,11 @@ class GatewayCore(abc.ABC):
         self._loop: asyncio.AbstractEventLoop | None = None
         self._housekeeping: Housekeeping | None = None
         self._seen = SeenMessages(SEEN_MESSAGES)
-        self._prompts: OrderedDict[tuple[str, SessionSource], tuple[str, SessionContext]]
+        self._prompts: OrderedDict[tuple[object, ...], tuple[str, SessionContext]]
         self._prompts = OrderedDict()
-        """The session-context prompts of the ``PROMPT_CACHE_SIZE`` most recently used (session,
-        source) pairs, least recently used first (a plain ``OrderedDict``: a hit hashes its key,
-        the whole source, twice, where an ``LRUCache`` hashes it three times)."""
+        """The session-context prompts of the ``PROMPT_CACHE_SIZE`` most recently used (session
+        id, source field values...) keys, least recently used first (a plain ``OrderedDict``: a
+        hit hashes its key twice, where an ``LRUCache`` hashes it three times)."""
         self._unadapted: set[str] = set()
         """Platforms without an adapter whose events were already warned about."""
         self._stop_task: asyncio.Task[bool] | None = None

@@ -296,7 +296,9 @@ class LaneRunner(GatewayCore):
         """The agent's input: the session-context prompt (cached per session and source: it is
         byte-identical from turn to turn) and the message; the history loads on demand."""
         source, session_id = turn.event.source, turn.entry.session_id
-        prompts, cache_key = self._prompts, (session_id, source)
+        # The source stands in the key as its field values (in field order): hashing and
+        # comparing that tuple runs in C, a SessionSource's own __hash__ and __eq__ in Python.
+        prompts, cache_key = self._prompts, (session_id, *source.__dict__.values())
         cached = prompts.get(cache_key)
         if cached is None:
             context = build_session_context(source, self.config, turn.entry, plugins=self.plugins)
