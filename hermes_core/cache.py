@@ -125,7 +125,9 @@ class AgentCache(Generic[A]):
         self._notify = notify
         self._lock = threading.Lock()
         self._entries: OrderedDict[str, _Entry[A]] = OrderedDict()
-        self._building: dict[str, threading.Event] = {}
+        self._building: dict[str, threading.Lock] = {}
+        """Keys whose agent is being built: the builder holds the lock, a caller waiting for the
+        build takes it once it is released (a bare lock: an ``Event`` costs a ``Condition``)."""
 
     # -- lookups and turn bookkeeping --------------------------------------------------------------
 
@@ -166,7 +168,8 @@ class AgentCache(Generic[A]):
                 return self._install(
                     key, pending, stale, factory, fingerprint, self._clock, begin_turn
                 )
-            pending.wait()
+            with pending:  # released when the build ends
+                pass
 
     def put(self, key: str, agent: A, fingerprint: str, *, last_activity: float | None) -> None:
         """Cache an agent the host built itself, with its last activity on the cache's clock.
@@ -182,11 +185,12 @@ class AgentCache(Generic[A]):
                     key, pending, stale, lambda: agent, fingerprint, lambda: last_activity
                 )
                 return
-            pending.wait()
+            with pending:  # released when the build ends
+                pass
 
-    def _claim(self, key: str) -> tuple[threading.Event, bool, _Entry[A] | None]:
-        """Under the lock: the build event of ``key``, whether this caller builds (else it waits
-        on the event) and, when it does, the entry it replaces."""
+    def _claim(self, key: str) -> tuple[threading.Lock, bool, _Entry[A] | None]:
+        """Under the lock: the build lock of ``key``, whether this caller builds (else it waits
+        for it) and, when it does, the entry it replaces."""
         pending = self._building.get(key)
         if pending is not None:
             return pending, False, None
@@ -196,11 +200,12 @@ class AgentCache(Generic[A]):
                 "the cached agent of this session has a turn in flight; replace it once the turn "
                 "has ended"
             )
-        self._building[key] = pending = threading.Event()
+        self._building[key] = pending = threading.Lock()
+        pending.acquire()
         return pending, True, self._entries.pop(key, None)
 
     def _install(
-        self, key: str, pending: threading.Event, stale: _Entry[A] | None,
+        self, key: str, pending: threading.Lock, stale: _Entry[A] | None,
         factory: Callable[[], A], fingerprint: str, stamp: Callable[[], float | None],
         begin_turn: bool = False,
     ) -> A:  # fmt: skip
@@ -215,7 +220,7 @@ class AgentCache(Generic[A]):
         finally:
             with self._lock:
                 del self._building[key]
-            pending.set()
+            pending.release()
         self._evict("capacity", lambda: self._select_lru(len(self._entries) - self.max_size, {key}))
         return agent
 

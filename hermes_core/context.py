@@ -8,6 +8,7 @@ neutralised and ids of PII-safe platforms pseudonymised as :mod:`hermes_core.red
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Callable
 from pathlib import Path
@@ -112,9 +113,17 @@ def _redactor(
     return Redactor(registry, enabled=enabled, mode=context.redact_pii_mode, key_file=key_file)
 
 
-def _display_path(path: Path) -> str:
-    """``path`` with the user's home directory shown as ``~``."""
-    text, home = str(path), os.path.expanduser("~").rstrip(os.sep)
+def _output_dir(context: SessionContext) -> str:
+    """The directory of scheduled tasks' local output as the prompt shows it, the user's home
+    directory as ``~`` (built once per state directory and ``$HOME``)."""
+    return _shown_output_dir(_hermes_home(context), os.environ.get("HOME"))
+
+
+@functools.lru_cache(maxsize=64)
+def _shown_output_dir(hermes_home: Path, user_home: str | None) -> str:
+    """``<hermes_home>/cron/output`` with the user's home directory shown as ``~`` (``user_home``,
+    ``$HOME`` as the caller read it, keys the cache: ``expanduser`` reads it)."""
+    text, home = str(hermes_home / "cron" / "output"), os.path.expanduser("~").rstrip(os.sep)
     if home and home != "~" and (text == home or text.startswith(home + os.sep)):
         return "~" + text[len(home) :]
     return text
@@ -232,7 +241,7 @@ def build_session_context_prompt(
     else:
         origin = source.chat_name or ids.chat_id(source.platform, source.chat_id)
         lines.append(f'- "origin" → back to this chat ({quote_untrusted(origin)})')
-    output_dir = _display_path(_hermes_home(context) / "cron" / "output")
+    output_dir = _output_dir(context)
     lines += [f'- "{name}" → save to local files only ({output_dir}/)' for name in local]
     for home in homes:
         lines.append(f'- "{home.platform}" → home channel ({quote_untrusted(home.name)})')

@@ -10,10 +10,11 @@ from __future__ import annotations
 import abc
 import asyncio
 import logging
+from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from cachetools import LRUCache, TTLCache
+from cachetools import TTLCache
 
 from hermes_core.agents import Adapter, Agent, HostCallbacks
 from hermes_core.cache import AgentCache
@@ -112,9 +113,11 @@ class GatewayCore(abc.ABC):
         self._loop: asyncio.AbstractEventLoop | None = None
         self._housekeeping: Housekeeping | None = None
         self._seen = SeenMessages(SEEN_MESSAGES)
-        self._prompts: LRUCache[tuple[str, SessionSource], tuple[str, SessionContext]] = LRUCache(
-            maxsize=PROMPT_CACHE_SIZE
-        )
+        self._prompts: OrderedDict[tuple[object, ...], tuple[str, SessionContext]]
+        self._prompts = OrderedDict()
+        """The session-context prompts of the ``PROMPT_CACHE_SIZE`` most recently used (session
+        id, source field values...) keys, least recently used first (a plain ``OrderedDict``: a
+        hit hashes its key twice, where an ``LRUCache`` hashes it three times)."""
         self._unadapted: set[str] = set()
         """Platforms without an adapter whose events were already warned about."""
         self._stop_task: asyncio.Task[bool] | None = None

@@ -1,6 +1,9 @@
 """Lanes and turns: one task per busy lane runs its turns in order, each turn through the
 :class:`~hermes_core.pipeline.TurnPipeline` (begin, agent, finish, deliver, settle), then the
-lane's queue; a turn's every stage is guarded so a failure never stops the lane."""
+lane's queue; a turn's every stage is guarded so a failure never stops the lane.
+
+A turn's steps are handed over with ``await store.submit(...)``: what ``store.arun`` does,
+without its two coroutine layers on every turn."""
 
 from __future__ import annotations
 
@@ -12,7 +15,7 @@ from hermes_core.agents import Agent, TurnRequest
 from hermes_core.context import build_session_context, build_session_context_prompt, prefix_sender
 from hermes_core.crashpoints import crash_point
 from hermes_core.errors import LeaseLostError
-from hermes_core.gateway_core import GatewayCore, Lane
+from hermes_core.gateway_core import PROMPT_CACHE_SIZE, GatewayCore, Lane
 from hermes_core.gateway_texts import (
     SUSPENDED_NOTICE,
     TURN_FAILED,
@@ -110,21 +113,23 @@ class LaneRunner(GatewayCore):
                 if begun is not None and self.shared is not None:  # takes the lane's lease
                     opened = await self.shared.open(key, first, self._pipeline.begin)
                 else:
-                    opened = await self.store.arun(self._pipeline.begin, key, first, None, lane=key)
+                    opened = await self.store.submit(
+                        self._pipeline.begin, key, first, None, lane=key
+                    )
             except Exception as exc:
                 if begun is None:
                     logger.exception("a resumed turn could not start; it resumes next start")
-                else:
+                elif not begun.done():
                     begun.set_exception(exc)
                 return None
             if isinstance(opened, EnqueueResult):  # queued instead: the lane's queue runs it
-                if begun is not None:
+                if begun is not None and not begun.done():
                     begun.set_result(opened)
                 return None
             turn = opened
             if turn is not None:
                 self._begun(key, first)
-            if begun is not None:
+            if begun is not None and not begun.done():  # done: its caller was cancelled
                 begun.set_result(turn)
             return turn
         while (head := self._queue.head(key)) is not None:
@@ -137,7 +142,7 @@ class LaneRunner(GatewayCore):
                 await self.store.arun(self._take_head, key, lane=key)
                 continue
             try:
-                turn = await self.store.arun(self._begin_head, key, lane=key)
+                turn = await self.store.submit(self._begin_head, key, lane=key)
             except LeaseLostError as exc:
                 logger.warning("a lane's turn did not start: %s", exc)
                 return None
@@ -255,7 +260,7 @@ class LaneRunner(GatewayCore):
             lane.in_agent = False
         success = not failed and not lane.interrupted
         try:
-            owed = await self.store.arun(
+            owed = await self.store.submit(
                 self._pipeline.finish, turn, None if failed else reply, success, lane=turn.key
             )
         except LeaseLostError as exc:  # another gateway took the lane over and resumes it
@@ -291,11 +296,18 @@ class LaneRunner(GatewayCore):
         """The agent's input: the session-context prompt (cached per session and source: it is
         byte-identical from turn to turn) and the message; the history loads on demand."""
         source, session_id = turn.event.source, turn.entry.session_id
-        cached = self._prompts.get((session_id, source))
+        # The source stands in the key as its field values (in field order): hashing and
+        # comparing that tuple runs in C, a SessionSource's own __hash__ and __eq__ in Python.
+        prompts, cache_key = self._prompts, (session_id, *source.__dict__.values())
+        cached = prompts.get(cache_key)
         if cached is None:
             context = build_session_context(source, self.config, turn.entry, plugins=self.plugins)
             prompt = build_session_context_prompt(context, plugins=self.plugins)
-            cached = self._prompts[(session_id, source)] = (prompt, context)
+            cached = prompts[cache_key] = (prompt, context)
+            if len(prompts) > PROMPT_CACHE_SIZE:
+                prompts.popitem(last=False)
+        else:
+            prompts.move_to_end(cache_key)
         prompt, context = cached
         text = turn.event.text
         if context.shared_multi_user_session and not turn.event.internal:

@@ -22,10 +22,12 @@ from typing import TYPE_CHECKING, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from hermes_core.errors import InvalidValueError
-from hermes_core.text import clean_value
+from hermes_core.text import clean_text, clean_value
 from hermes_core.timeutil import format_utc, parse_utc, utc_now
 
 if TYPE_CHECKING:
+    from typing_extensions import Self
+
     from hermes_core.plugins import HermesPluginManager
     from hermes_core.specs import PlatformSpec
 
@@ -33,6 +35,9 @@ PLATFORM_NAME_RE = re.compile(r"[a-z0-9_]+")
 _SESSION_ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 _CONTROL_RE = re.compile(r"[\x00-\x1f]")
 _DRIVE_RE = re.compile(r"^[A-Za-z]:")
+_SCALARS = frozenset({str, type(None), bool, int, float})
+"""Types of plain untrusted values (exactly these: subclasses go the long way)."""
+_is_str = str.__instancecheck__
 
 
 def session_id_problem(value: str) -> str | None:
@@ -95,7 +100,17 @@ class _Untrusted(_Model):
     @classmethod
     def _clean_texts(cls, data: Any) -> Any:
         if isinstance(data, dict):
-            return {name: clean_value(value, field=name) for name, value in data.items()}
+            values = data.values()
+            if _SCALARS.issuperset(map(type, values)):  # no container, model or subclass
+                texts = "".join(filter(_is_str, values))
+                if texts.isascii() and "\x00" not in texts:
+                    return data  # clean_text keeps every one of these strings as it is
+            return {
+                name: clean_text(value) if value.__class__ is str
+                else value if value.__class__ in _SCALARS  # nothing to clean
+                else clean_value(value, field=name)
+                for name, value in data.items()
+            }  # fmt: skip
         return data
 
 
@@ -365,6 +380,20 @@ class SessionEntry(_Model):
     @classmethod
     def _aware_utc(cls, value: datetime | None) -> datetime | None:
         return None if value is None else parse_utc(value)
+
+    def __copy__(self) -> Self:
+        """A shallow copy (what ``model_copy`` starts from; the store copies an entry on every
+        read and write). Pydantic's own goes through ``copy.copy`` three times; an entry holds
+        no extra or private data, so its field values and the set of fields given are all there
+        is to copy (anything else falls back to pydantic's)."""
+        if self.__pydantic_extra__ is not None or self.__pydantic_private__ is not None:
+            return super().__copy__()
+        copied = self.__class__.__new__(self.__class__)
+        object.__setattr__(copied, "__dict__", self.__dict__.copy())
+        object.__setattr__(copied, "__pydantic_extra__", None)
+        object.__setattr__(copied, "__pydantic_fields_set__", set(self.__pydantic_fields_set__))
+        object.__setattr__(copied, "__pydantic_private__", None)
+        return copied
 
     def to_dict(self) -> dict[str, Any]:
         """Serialise in a stable key order; datetimes as ISO UTC with microseconds."""

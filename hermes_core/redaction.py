@@ -47,6 +47,8 @@ _WHITESPACE_RE = re.compile(r"\s+")
 _KEY_RE = re.compile(rb"[0-9a-f]{64}\n?")
 _KEY_FILE_MAX_BYTES = 128
 _RACE_WINDOW_SECS = 1.0
+_QUOTER = json.JSONEncoder(ensure_ascii=False)
+"""What ``json.dumps(value, ensure_ascii=False)`` uses, built once (not on every call)."""
 
 
 def _clean(value: str) -> str:
@@ -64,7 +66,7 @@ def _cap(text: str) -> str:
 def quote_untrusted(value: str) -> str:
     """The quoted form of untrusted metadata: cleaned, trimmed, capped, then a JSON string literal
     without ASCII escaping, so an injected heading or newline stays inside one quoted value."""
-    return json.dumps(_cap(_clean(value).strip()), ensure_ascii=False)
+    return _QUOTER.encode(_cap(_clean(value).strip()))
 
 
 def inline_untrusted(value: str) -> str:

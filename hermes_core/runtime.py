@@ -252,7 +252,7 @@ class Gateway(LaneCommands, LaneRunner, Delivery):
         begun: asyncio.Future[Turn | EnqueueResult | None] = loop.create_future()
         self._start_lane(key, event, begun)
         try:
-            turn = await asyncio.shield(begun)
+            turn = await begun  # cancelling this caller cancels ``begun`` only: the lane goes on
         except Exception as exc:  # noqa: BLE001 - whatever the cause, the message is not stored
             await self._not_stored(event, exc)
         if isinstance(turn, EnqueueResult):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import copy
 import json
 from collections.abc import Callable
 from datetime import datetime, timedelta, timezone
@@ -360,3 +361,21 @@ def test_event_from_dict_errors(data: dict[str, Any], field: str) -> None:
 def test_event_from_dict_on_arbitrary_input(data: object) -> None:
     with contextlib.suppress(InvalidValueError):
         MessageEvent.from_dict(data)
+
+
+def test_an_entry_copy_is_equal_and_independent() -> None:
+    """``model_copy`` (the store copies entries on every read and write) gives an equal entry
+    whose changes, and whose record of the fields given, leave the original alone."""
+    original = _entry(metadata={"topic": "x"}, resume_reason="restart_timeout")
+    fields_given = set(original.model_fields_set)
+    assert copy.copy(original) == original
+    assert copy.copy(original) is not original
+    changed = original.model_copy(update={"suspended": True, "metadata": {}})
+    assert changed.suspended
+    assert changed.metadata == {}
+    assert changed.origin is original.origin
+    assert not original.suspended
+    assert original.metadata == {"topic": "x"}
+    assert original.model_fields_set == fields_given
+    assert changed.model_fields_set == fields_given | {"suspended", "metadata"}
+    assert changed.to_dict() == {**original.to_dict(), "suspended": True, "metadata": {}}

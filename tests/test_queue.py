@@ -14,7 +14,7 @@ import pytest
 from hermes_core import GatewayConfig
 from hermes_core.errors import StoreError
 from hermes_core.models import MessageEvent, MessageType
-from hermes_core.queue import MERGED_KEY, QueuedItem, TurnQueue
+from hermes_core.queue import MERGED_KEY, QueuedItem, SeenMessages, TurnQueue
 from hermes_core.specs import LifecycleEvent
 from hermes_core.store import SessionStore
 from hermes_core.testing import fresh_plugin_manager, telegram_dm
@@ -735,3 +735,17 @@ def run_threads(target: Callable[[int], object], count: int) -> None:
         worker.start()
     for worker in workers:
         worker.join()
+
+
+def test_seen_messages_forget_the_least_recently_noted_beyond_their_size() -> None:
+    seen = SeenMessages(2)
+    seen.remember(LANE, "m1")
+    seen.remember(LANE, "m2")
+    seen.remember(LANE, "m1")  # noted again: m2 is now the least recent
+    seen.remember_event(LANE, msg(message_id="m3"))
+    seen.remember_event(LANE, msg(message_id="m4", internal=True))  # internal: never noted
+    assert [seen.seen_before(LANE, msg(message_id=m)) for m in ("m1", "m2", "m3", "m4")] == [
+        True, False, True, False,
+    ]  # fmt: skip
+    assert not seen.seen_before("other", msg(message_id="m1"))
+    assert not seen.seen_before(LANE, msg())  # no message id: never a redelivery

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from hermes_core import GatewayConfig, LifecycleEvent, MessageEvent, SessionEntry, hookimpl
-from hermes_core.agents import EchoAgent, HostCallbacks, InMemoryAdapter
+from hermes_core.agents import EchoAgent, HostCallbacks, InMemoryAdapter, TurnRequest
 from hermes_core.gateway_texts import (
     ACK_INTERRUPT,
     ACK_QUEUED,
@@ -87,6 +87,69 @@ async def test_a_message_runs_one_turn(make_gateway: Any, synchronous: str) -> N
     assert roles == ["user", "assistant"]
     assert await gateway.stop()
     assert (gateway.config.hermes_home / ".clean_shutdown").exists()
+
+
+async def test_the_prompt_cache_keeps_the_most_recently_used_sessions(
+    make_gateway: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr("hermes_core.lanes.PROMPT_CACHE_SIZE", 2)
+    gateway, adapter, _ = make_gateway()
+    await gateway.start()
+    for chat in ("1", "2", "1", "3"):  # chat 2 is the least recently used when 3 arrives
+        await gateway.handle_message(_event(f"hi {chat}", chat=chat))
+        await gateway.idle()
+    sessions = [gateway.store.lookup_by_session_key(f"agent:main:telegram:dm:c={chat}")
+                for chat in ("1", "3")]  # fmt: skip
+    assert [key[0] for key in gateway._prompts] == [entry.session_id for entry in sessions if entry]
+    assert len(gateway._prompts) == 2
+    assert adapter.texts() == ["echo: hi 1", "echo: hi 2", "echo: hi 1", "echo: hi 3"]
+    assert await gateway.stop()
+
+
+async def test_the_prompt_is_reused_for_an_equal_source_and_rebuilt_for_a_changed_one(
+    hermes_home: Path,
+) -> None:
+    prompts: list[str] = []
+
+    class Recording(EchoAgent):
+        async def run_turn(self, request: TurnRequest) -> str | None:
+            prompts.append(request.system_prompt)
+            return await super().run_turn(request)
+
+    config = GatewayConfig.from_dict({}, environ={"HERMES_HOME": str(hermes_home)})
+    adapter = InMemoryAdapter("telegram")
+    gateway = Gateway(config, fresh_plugin_manager(hermes_home), lambda _: Recording(), [adapter])
+    await gateway.start()
+    for name in ("Ann", "Ann", "Bea"):  # a new but equal source object, then a renamed user
+        source = telegram_dm("1", user_id="u1", user_name=name)
+        await gateway.handle_message(MessageEvent(source=source, text="hi"))
+        await gateway.idle()
+    assert '**User:** "Ann"' in prompts[0]
+    assert prompts[1] is prompts[0]  # the cached prompt itself
+    assert '**User:** "Bea"' in prompts[2]
+    assert len(gateway._prompts) == 2
+    assert await gateway.stop()
+
+
+async def test_a_caller_cancelled_while_its_message_is_stored_leaves_the_turn_running(
+    make_gateway: Any,
+) -> None:
+    """The adapter gives up on ``handle_message`` before the turn's first commit: the turn
+    still runs and its reply is sent (the lane is never left stuck)."""
+    gateway, adapter, _ = make_gateway()
+    await gateway.start()
+    handling = asyncio.create_task(gateway.handle_message(_event("hi")))
+    await asyncio.sleep(0)  # the lane task is started; its first commit is not done yet
+    assert gateway._lanes
+    handling.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await handling
+    await gateway.idle()
+    assert adapter.texts() == ["echo: hi"]
+    entry = gateway.store.lookup_by_session_key("agent:main:telegram:dm:c=1")
+    assert entry is not None
+    assert entry.active_turn_token is None
+    assert await gateway.stop()
 
 
 async def test_turns_of_one_key_never_overlap_and_keys_run_concurrently(make_gateway: Any) -> None:
