@@ -10,7 +10,6 @@ from __future__ import annotations
 import abc
 import asyncio
 import logging
-from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -29,6 +28,7 @@ from hermes_core.models import MessageEvent, SessionContext, SessionEntry, Sessi
 from hermes_core.pipeline import Turn, TurnPipeline
 from hermes_core.plugins import HermesPluginManager, default_plugin_manager
 from hermes_core.queue import EnqueueResult, QueuedItem, SeenMessages, TurnQueue
+from hermes_core.recent import Recent
 from hermes_core.recovery import GatewayState
 from hermes_core.sharing import SharedLanes
 from hermes_core.store import SessionStore
@@ -113,11 +113,10 @@ class GatewayCore(abc.ABC):
         self._loop: asyncio.AbstractEventLoop | None = None
         self._housekeeping: Housekeeping | None = None
         self._seen = SeenMessages(SEEN_MESSAGES)
-        self._prompts: OrderedDict[tuple[object, ...], tuple[str, SessionContext]]
-        self._prompts = OrderedDict()
-        """The session-context prompts of the ``PROMPT_CACHE_SIZE`` most recently used (session
-        id, source field values...) keys, least recently used first (a plain ``OrderedDict``: a
-        hit hashes its key twice, where an ``LRUCache`` hashes it three times)."""
+        self._prompts: Recent[tuple[object, ...], tuple[str, SessionContext]]
+        self._prompts = Recent(PROMPT_CACHE_SIZE)
+        """The session-context prompts of the most recently used (session id, source field
+        values...) keys."""
         self._unadapted: set[str] = set()
         """Platforms without an adapter whose events were already warned about."""
         self._stop_task: asyncio.Task[bool] | None = None

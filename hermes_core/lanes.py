@@ -15,7 +15,7 @@ from hermes_core.agents import Agent, TurnRequest
 from hermes_core.context import build_session_context, build_session_context_prompt, prefix_sender
 from hermes_core.crashpoints import crash_point
 from hermes_core.errors import LeaseLostError
-from hermes_core.gateway_core import PROMPT_CACHE_SIZE, GatewayCore, Lane
+from hermes_core.gateway_core import GatewayCore, Lane
 from hermes_core.gateway_texts import (
     SUSPENDED_NOTICE,
     TURN_FAILED,
@@ -299,15 +299,11 @@ class LaneRunner(GatewayCore):
         # The source stands in the key as its field values (in field order): hashing and
         # comparing that tuple runs in C, a SessionSource's own __hash__ and __eq__ in Python.
         prompts, cache_key = self._prompts, (session_id, *source.__dict__.values())
-        cached = prompts.get(cache_key)
+        cached = prompts.use(cache_key)
         if cached is None:
             context = build_session_context(source, self.config, turn.entry, plugins=self.plugins)
-            prompt = build_session_context_prompt(context, plugins=self.plugins)
-            cached = prompts[cache_key] = (prompt, context)
-            if len(prompts) > PROMPT_CACHE_SIZE:
-                prompts.popitem(last=False)
-        else:
-            prompts.move_to_end(cache_key)
+            cached = (build_session_context_prompt(context, plugins=self.plugins), context)
+            prompts.put(cache_key, cached)
         prompt, context = cached
         text = turn.event.text
         if context.shared_multi_user_session and not turn.event.internal:

@@ -30,7 +30,6 @@ import itertools
 import logging
 import threading
 import time
-from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Literal
@@ -38,6 +37,7 @@ from typing import Literal
 from hermes_core.config import GatewayConfig
 from hermes_core.errors import MessageRedeliveredError, StoreError
 from hermes_core.models import MessageEvent, MessageType
+from hermes_core.recent import Recent
 from hermes_core.specs import LifecycleEvent, LifecycleKind
 from hermes_core.store import SessionStore
 
@@ -479,10 +479,7 @@ class SeenMessages:
     locked, since several writer threads note messages of their lanes."""
 
     def __init__(self, size: int = 10_000) -> None:
-        self._size = size
-        self._seen: OrderedDict[tuple[str, str], None] = OrderedDict()
-        """Least recently noted first (an ``OrderedDict`` in place of an ``LRUCache``: a note is
-        a few C calls, not several Python frames)."""
+        self._seen: Recent[tuple[str, str], None] = Recent(size)
         self._lock = threading.Lock()
 
     def seen_before(self, session_key: str, event: MessageEvent) -> bool:
@@ -495,12 +492,8 @@ class SeenMessages:
     def remember(self, session_key: str, message_id: object) -> None:
         """Note a platform message id as seen on the lane (empty ids are ignored)."""
         if message_id:
-            key = (session_key, str(message_id))
             with self._lock:
-                self._seen[key] = None
-                self._seen.move_to_end(key)
-                if len(self._seen) > self._size:
-                    self._seen.popitem(last=False)
+                self._seen.put((session_key, str(message_id)), None)
 
     def remember_event(self, session_key: str, event: MessageEvent) -> None:
         """Note a human event's platform message."""

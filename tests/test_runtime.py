@@ -92,7 +92,7 @@ async def test_a_message_runs_one_turn(make_gateway: Any, synchronous: str) -> N
 async def test_the_prompt_cache_keeps_the_most_recently_used_sessions(
     make_gateway: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr("hermes_core.lanes.PROMPT_CACHE_SIZE", 2)
+    monkeypatch.setattr("hermes_core.gateway_core.PROMPT_CACHE_SIZE", 2)
     gateway, adapter, _ = make_gateway()
     await gateway.start()
     for chat in ("1", "2", "1", "3"):  # chat 2 is the least recently used when 3 arrives

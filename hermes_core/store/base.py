@@ -14,7 +14,6 @@ import logging
 import secrets
 import threading
 import time
-from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from contextlib import AbstractContextManager
 from datetime import datetime
@@ -35,6 +34,7 @@ from hermes_core.files import ensure_private_dir
 from hermes_core.keys import KeySchema, resolve_for_config
 from hermes_core.models import SessionEntry, SessionSource
 from hermes_core.plugins import HermesPluginManager, default_plugin_manager
+from hermes_core.recent import Recent
 from hermes_core.specs import LifecycleEvent, LifecycleKind, StoreCapability, StoreSpec
 from hermes_core.store.backend import Maintenance, ParallelWriters, StoreBackend
 from hermes_core.store.capabilities import WITHOUT, BoundBackend, bind_backend
@@ -68,17 +68,12 @@ def new_session_id(now: datetime) -> str:
 
 
 def changed(entry: SessionEntry, updates: Mapping[str, Any]) -> SessionEntry:
-    """``entry.model_copy(update=updates)``, built directly at a fraction of its cost: the same
-    field values and fields set, nothing validated (as with ``model_copy``: the store's updates
-    are values it made itself). ``SessionEntry`` forbids extra fields and has no private
-    attributes, so those parts of a copy are None."""
-    copied = type(entry).__new__(type(entry))
-    fields_set = set(entry.__pydantic_fields_set__)
-    fields_set.update(updates)
-    object.__setattr__(copied, "__dict__", {**entry.__dict__, **updates})
-    object.__setattr__(copied, "__pydantic_fields_set__", fields_set)
-    object.__setattr__(copied, "__pydantic_extra__", None)
-    object.__setattr__(copied, "__pydantic_private__", None)
+    """``entry.model_copy(update=updates)`` without its generic path (it runs on every turn):
+    the entry's own shallow copy with ``updates`` set, unvalidated as with ``model_copy`` (the
+    store's updates are values it made itself)."""
+    copied = entry.__copy__()
+    copied.__dict__.update(updates)
+    copied.__pydantic_fields_set__.update(updates)
     return copied
 
 
@@ -155,7 +150,7 @@ class StoreBase:
         self._has_active_processes = has_active_processes_fn
         self._cache_size = entry_cache_size
         self._map_lock = threading.Lock()
-        self._entries: OrderedDict[str, SessionEntry] = OrderedDict()
+        self._entries: Recent[str, SessionEntry] = Recent(entry_cache_size)
         self._revisions: dict[str, int] = {}
         """Shared store: the row revision of keys as last read or written here (``routing``)."""
         self._mirror = MirrorWriter(self.sessions_dir / "sessions.json")
@@ -436,10 +431,8 @@ class StoreBase:
             if entry is None or (shared and revision is None):
                 self._entries.pop(key, None)
                 return
-            self._entries[key] = entry
-            self._entries.move_to_end(key)
-            while len(self._entries) > self._cache_size:
-                self._revisions.pop(self._entries.popitem(last=False)[0], None)
+            for dropped in self._entries.put(key, entry):
+                self._revisions.pop(dropped, None)
 
     def _forget(self, session_key: str) -> None:
         with self._map_lock:
@@ -472,9 +465,8 @@ class StoreBase:
         row's revision, even of a row read as none (the write replacing it expects it)."""
         session_key = clean_text(session_key)  # as a key built from a source would have it
         with self._map_lock:
-            entry = self._entries.get(session_key)
+            entry = self._entries.use(session_key)
             if entry is not None:
-                self._entries.move_to_end(session_key)
                 return entry
         leases, revision = self._bound.leases, None
         with self._canonical():
