@@ -189,6 +189,19 @@ def test_append_to_unknown_session_is_refused(open_store: Opener) -> None:
 # -- pruning and lane rebuilds -------------------------------------------------------------------
 
 
+def test_a_new_lane_reads_its_routing_row_once(open_store: Opener) -> None:
+    """A lane's first turn reads its routing row (absent), its newest session row (none) and
+    writes both rows: four statements, the routing row not read a second time."""
+    store = open_store()
+    source = telegram_dm("1")
+    key = store.session_key_for(source)
+    before = store.stats()["statements"]
+    entry, suspended = store.open_lane(key, source)
+    assert store.stats()["statements"] - before == 4
+    assert not suspended
+    assert store.lookup_by_session_key(key) == entry
+
+
 def test_a_new_session_on_a_pruned_lane_ends_its_open_session(open_store: Opener) -> None:
     """Pruning keeps the lane's session open; a forced new session then ends it (the key may
     have one open session only) instead of failing."""

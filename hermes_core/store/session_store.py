@@ -101,7 +101,9 @@ class SessionStore(RekeyStore, TranscriptStore):
     ) -> SessionEntry:
         """The lane's current session, creating one at a boundary."""
         key = self.session_key_for(source)
-        entry = self._redo(lambda: self._get_or_create(key, source, force_new, touch_activity))
+        entry = self._redo(
+            lambda: self._get_or_create(key, source, self._load(key), force_new, touch_activity)
+        )
         return self._snapshot(entry)
 
     def _touch(self, entry: SessionEntry) -> SessionEntry:
@@ -117,7 +119,7 @@ class SessionStore(RekeyStore, TranscriptStore):
 
         def attempt() -> tuple[SessionEntry, bool]:
             entry = self._load(session_key)
-            opened = self._get_or_create(session_key, source, False, False, loaded=entry)
+            opened = self._get_or_create(session_key, source, entry, False, False)
             return opened, entry is not None and entry.suspended
 
         opened, suspended = self._redo(attempt)
@@ -127,12 +129,12 @@ class SessionStore(RekeyStore, TranscriptStore):
         self,
         key: str,
         source: SessionSource,
+        entry: SessionEntry | None,
         force_new: bool,
         touch: bool,
-        *,
-        loaded: SessionEntry | None = None,
     ) -> SessionEntry:
-        entry = loaded if loaded is not None else self._load(key)
+        """The lane's session given its ``entry`` as just loaded (None: no routing entry, so it
+        is not read a second time), created or reopened where needed."""
         if entry is not None and not force_new:
             if entry.suspended:
                 return self._create(key, source, entry, "suspended", kind="suspended")
