@@ -27,7 +27,6 @@ import time
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
-from types import TracebackType
 from typing import Any, TypeVar, cast
 
 from sqlalchemy import (
@@ -73,6 +72,7 @@ from hermes_plugins.sql_store.schema import (
     state_meta,
 )
 from hermes_plugins.sql_store.statements import Prepared, Statements
+from hermes_plugins.sql_store.writes import CountingCursor, Transaction, Write
 
 logger = logging.getLogger(__name__)
 
@@ -109,7 +109,7 @@ class _Slot:
         self.lock = threading.RLock()
         self.writer: PoolProxiedConnection | None = None
         """None until first used, while read-only, or after a loss (see ``_live``)."""
-        self.cursor: _CountingCursor | None = None
+        self.cursor: CountingCursor | None = None
         self.backend_pid: int | None = None
         """PostgreSQL's server process of the connection (to tell our lock holders apart)."""
         self.lost = False
@@ -297,10 +297,10 @@ class SqlConnection:
             if stat.S_ISREG(info.st_mode) and info.st_mode & 0o077:
                 os.chmod(sidecar, 0o600)
 
-    def transaction(self) -> _Transaction:
+    def transaction(self) -> Transaction:
         """One transaction around several write methods (the store's group commit): the writes
         inside join it and it commits once at the end; nothing is committed if it raises."""
-        return _Transaction(self)
+        return Transaction(self)
 
     def writer_connections(self) -> int:
         """Writer connections: ``storage.writer_connections`` on PostgreSQL, 1 on SQLite."""
@@ -366,7 +366,7 @@ class SqlConnection:
                 "is back", self.display, type(exc).__name__,
             )  # fmt: skip
 
-    def _live(self) -> tuple[PoolProxiedConnection, _CountingCursor]:
+    def _live(self) -> tuple[PoolProxiedConnection, CountingCursor]:
         """The calling thread's writer connection and cursor; opened at first use, and after a
         loss a new connection that has taken the writer lock again (one attempt per back-off
         interval, else the write is refused)."""
@@ -464,16 +464,16 @@ class SqlConnection:
                 writer.close()
                 raise
             slot.writer, slot.backend_pid = writer, backend_pid
-            slot.cursor = _CountingCursor(writer.cursor(), slot.counters)
+            slot.cursor = CountingCursor(writer.cursor(), slot.counters)
 
-    def _write(self, what: str, *, ddl: bool = False) -> _Write:
+    def _write(self, what: str, *, ddl: bool = False) -> Write:
         """One write transaction on the writer's DBAPI cursor, committed on success (or part of
         the open :meth:`transaction`, which commits it); ``what`` names it in errors.
 
         Statements are Core, compiled once (``Statements``); executing them on the driver
         directly keeps a one-row transaction close to the cost of raw SQL.
         """
-        return _Write(self, what, ddl)
+        return Write(self, what, ddl)
 
     @contextmanager
     def _read(self, what: str) -> Iterator[Connection]:
@@ -526,7 +526,7 @@ class SqlConnection:
             if self._file_lock is not None:
                 self._file_lock.release()
 
-    def _unlock(self, writer: PoolProxiedConnection, cursor: _CountingCursor) -> None:
+    def _unlock(self, writer: PoolProxiedConnection, cursor: CountingCursor) -> None:
         """Release PostgreSQL's writer lock before closing: the server ends a closed session's
         locks only once its process notices, and the next writer may be starting already."""
         try:
@@ -742,162 +742,3 @@ class SqlConnection:
     def _execute(self, cursor: Any, statement: Any) -> Any:
         """Run a rarely used Core statement on the writer cursor (compiled per call)."""
         return Prepared(statement, self._engine.dialect).run(cursor, None)
-
-
-class _Transaction:
-    """The context of :meth:`SqlConnection.transaction` (a class, like :class:`_Write`). Holds
-    the slot's lock throughout; only the outermost of nested ones commits or rolls back."""
-
-    __slots__ = ("_conn", "_slot")
-
-    def __init__(self, conn: SqlConnection) -> None:
-        self._conn = conn
-
-    def __enter__(self) -> None:
-        conn = self._conn
-        slot = self._slot = conn._slot
-        slot.lock.acquire()
-        try:
-            if slot.depth == 0:
-                conn._live()  # reconnected before the batch starts, or the batch is refused
-                if conn._lost_at is not None:
-                    conn._revive()
-        except BaseException:
-            slot.lock.release()
-            raise
-        slot.depth += 1
-        if slot.depth == 1:
-            slot.spoiled = False
-            slot.owner = threading.get_ident()
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
-        conn, slot = self._conn, self._slot
-        try:
-            try:
-                if exc is not None:
-                    self._failed(exc)
-                    return
-                if slot.depth == 1:
-                    try:
-                        if slot.spoiled:
-                            raise StoreError(f"{conn.display}: a write of the batch failed")
-                        conn._live()[0].commit()
-                    except BaseException as error:
-                        self._failed(error)
-                        raise
-                    slot.counters["commits"] += 1
-            finally:
-                slot.depth -= 1
-                if slot.depth == 0:
-                    slot.owner = None
-            if slot.depth == 0:
-                conn._index_behind()
-        finally:
-            slot.lock.release()
-
-    def _failed(self, exc: BaseException) -> None:
-        """After ``exc``: the outermost transaction is rolled back; a driver error is raised as
-        a store error."""
-        conn = self._conn
-        if self._slot.depth == 1:
-            conn._rollback()
-        if isinstance(exc, conn._driver_error):
-            raise conn._translate(exc, "committing") from exc
-
-
-class _Write:
-    """The context of :meth:`SqlConnection._write` (a class: a generator-based context costs
-    several times as much, on every write). Holds the slot's lock throughout; yields the
-    writer's cursor."""
-
-    __slots__ = ("_conn", "_ddl", "_slot", "_what", "_writer")
-
-    def __init__(self, conn: SqlConnection, what: str, ddl: bool) -> None:
-        self._conn, self._what, self._ddl = conn, what, ddl
-
-    def __enter__(self) -> _CountingCursor:
-        conn = self._conn
-        slot = self._slot = conn._slot
-        slot.lock.acquire()
-        try:
-            writer, cursor = conn._live()
-            self._writer = None if slot.depth > 0 else writer  # None: the open transaction's
-            if self._writer is not None and self._ddl and conn.name == "sqlite":
-                try:  # DDL does not open pysqlite's implicit transaction
-                    cursor.execute("BEGIN IMMEDIATE")
-                except BaseException as exc:
-                    self._failed(exc)
-                    raise
-        except BaseException:
-            slot.lock.release()
-            raise
-        return cursor
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
-        try:
-            if exc is not None:
-                self._failed(exc)
-            elif self._writer is not None:
-                try:
-                    self._writer.commit()
-                except BaseException as error:
-                    self._failed(error)
-                    raise
-                self._slot.counters["commits"] += 1
-                self._conn._index_behind()
-        finally:
-            self._slot.lock.release()
-
-    def _failed(self, exc: BaseException) -> None:
-        """After ``exc``: a write of the open transaction spoils it (even if the caller
-        swallows the error, the transaction is not to be trusted now); a write of its own is
-        rolled back. A driver error is raised as a store error naming the write."""
-        conn = self._conn
-        if self._writer is None:
-            self._slot.spoiled = True
-        else:
-            conn._rollback()
-        if isinstance(exc, conn._driver_error):
-            raise conn._translate(exc, self._what) from exc
-
-
-class _CountingCursor:
-    """The writer's DBAPI cursor, counting the statements it sends; what every write reads
-    back is forwarded explicitly (``__getattr__`` is reached only after a failed lookup)."""
-
-    __slots__ = ("_counters", "_cursor")
-
-    def __init__(self, cursor: Any, counters: dict[str, int]) -> None:
-        self._cursor = cursor
-        self._counters = counters
-
-    def execute(self, sql: str, params: Any = None) -> Any:
-        self._counters["statements"] += 1
-        if params is None:
-            return self._cursor.execute(sql)
-        return self._cursor.execute(sql, params)
-
-    @property
-    def rowcount(self) -> int:
-        count: int = self._cursor.rowcount
-        return count
-
-    @property
-    def lastrowid(self) -> Any:
-        return self._cursor.lastrowid
-
-    def fetchone(self) -> Any:
-        return self._cursor.fetchone()
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._cursor, name)
