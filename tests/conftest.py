@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from support.config_files import CONFIG_VARIABLES
 
 POSTGRES_URL = os.environ.get("HERMES_TEST_POSTGRES_URL", "")
 POSTGRES_SKIP_REASON = (
@@ -21,15 +22,7 @@ POSTGRES_SKIP_REASON = (
 CRASH_TABLE: list[tuple[str, int, int, int, int]] = []
 """Crash-suite rows: point, restarts, messages acknowledged, lost, duplicate deliveries."""
 
-_CONFIG_ENV = (
-    "HERMES_AGENT_TIMEOUT",
-    "HERMES_AUTO_CONTINUE_FRESHNESS",
-    "GATEWAY_MULTIPLEX_PROFILES",
-    "HERMES_GATEWAY_BUSY_ACK_ENABLED",
-    "HERMES_DISABLE_PLUGINS",
-    "HERMES_PLUGINS_AUTOLOAD",
-    "HERMES_CRASH_AT",
-)
+_CONFIG_ENV = (*CONFIG_VARIABLES, "HERMES_CRASH_AT")
 
 
 @pytest.fixture(autouse=True)

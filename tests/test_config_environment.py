@@ -16,7 +16,15 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from support.config_files import APPENDIX_A2_DEFAULTS, LOGGER, attr, load_yaml, warnings_of, write
+from support.config_files import (
+    APPENDIX_A2_DEFAULTS,
+    CONFIG_VARIABLES,
+    LOGGER,
+    attr,
+    load_yaml,
+    warnings_of,
+    write,
+)
 
 from hermes_core.config import LEGACY_RESET_WARNING, GatewayConfig
 from hermes_core.errors import ConfigError
@@ -383,15 +391,7 @@ _json_like = st.recursive(
     max_leaves=25,
 )
 _env_values = st.one_of(st.text(max_size=8), st.sampled_from(["1", "off", "-3", "2.5", "a,,b"]))
-ENV_VARIABLES = [
-    "HERMES_AGENT_TIMEOUT",
-    "HERMES_AUTO_CONTINUE_FRESHNESS",
-    "GATEWAY_MULTIPLEX_PROFILES",
-    "HERMES_GATEWAY_BUSY_ACK_ENABLED",
-    "HERMES_DISABLE_PLUGINS",
-    "HERMES_PLUGINS_AUTOLOAD",
-]
-_environ = st.dictionaries(st.sampled_from(ENV_VARIABLES), _env_values, max_size=3)
+_environ = st.dictionaries(st.sampled_from(CONFIG_VARIABLES), _env_values, max_size=3)
 
 
 @settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -11,6 +11,16 @@ from hermes_core.config import GatewayConfig
 
 LOGGER = "hermes_core.config"
 
+CONFIG_VARIABLES = (
+    "HERMES_AGENT_TIMEOUT",
+    "HERMES_AUTO_CONTINUE_FRESHNESS",
+    "GATEWAY_MULTIPLEX_PROFILES",
+    "HERMES_GATEWAY_BUSY_ACK_ENABLED",
+    "HERMES_DISABLE_PLUGINS",
+    "HERMES_PLUGINS_AUTOLOAD",
+)
+"""The environment variables the configuration reads."""
+
 APPENDIX_A2_DEFAULTS: list[tuple[str, object]] = [
     ("group_sessions_per_user", True),
     ("thread_sessions_per_user", False),
