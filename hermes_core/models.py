@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 import re
 import secrets
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from datetime import datetime
 from enum import Enum
 from pathlib import Path
@@ -155,6 +155,12 @@ _SOURCE_ID_FIELDS = (
     "parent_chat_id", "message_id", "prospective_thread_id",
 )  # fmt: skip
 _SOURCE_TEXT_FIELDS = ("chat_name", "user_name", "chat_topic", "auto_thread_initial_name")
+_SOURCE_FIELDS: dict[str, Callable[[str, object], str | None]] = {
+    **dict.fromkeys(_SOURCE_ID_FIELDS, _id_string),
+    **dict.fromkeys((*_SOURCE_TEXT_FIELDS, "chat_type", "profile"), _text),
+}
+"""The fields :meth:`SessionSource.from_dict` reads, with the conversion of a value that is
+not already a string."""
 
 
 def generic_description(source: SessionSource) -> str:
@@ -277,16 +283,17 @@ class SessionSource(_Untrusted):
         spec = _platform_spec(data.get("platform"), plugins, "platform")
         if "chat_id" not in data:
             raise InvalidValueError("chat_id", 'chat_id is required (use "" when there is none).')
-        values: dict[str, Any] = {"platform": spec.name}
-        for name in _SOURCE_ID_FIELDS:
-            values[name] = _id_string(name, data.get(name))
+        # Only the fields given and not null are passed on: the rest take their defaults
+        # without being validated again. Keys not listed (the trust flags among them) are
+        # never read.
+        values: dict[str, Any] = {"platform": spec.name, "chat_id": ""}
+        for name, value in data.items():
+            convert = _SOURCE_FIELDS.get(name)
+            if convert is not None and value is not None:
+                values[name] = value if value.__class__ is str else convert(name, value)
         values["chat_id"] = values["chat_id"] or ""
-        for name in _SOURCE_TEXT_FIELDS:
-            values[name] = _text(name, data.get(name))
-        chat_type = data.get("chat_type")
-        values["chat_type"] = "dm" if chat_type is None else _text("chat_type", chat_type)
-        values["profile"] = _text("profile", data.get("profile"))
-        values["auto_thread_created"] = _flag(data.get("auto_thread_created", False))
+        if _flag(data.get("auto_thread_created", False)):
+            values["auto_thread_created"] = True
         source = cls(**values)
         if spec.validate_source is not None:
             spec.validate_source(source)
@@ -423,31 +430,37 @@ class SessionEntry(_Model):
             if stamp is None:
                 raise InvalidValueError(name, f"{name} is required and must be an ISO 8601 time.")
             values[name] = stamp
+        # A value equal to its field's default is left out: it is not validated again.
         for name in _ENTRY_INT_FIELDS:
             number = data.get(name)
-            if isinstance(number, int) and not isinstance(number, bool):
+            if number and isinstance(number, int) and not isinstance(number, bool):
                 values[name] = number
         cost = data.get("estimated_cost_usd")
         if isinstance(cost, (int, float)) and not isinstance(cost, bool) and math.isfinite(cost):
             values["estimated_cost_usd"] = float(cost)
         for name in _ENTRY_BOOL_FIELDS:
-            if name in data:
-                values[name] = _flag(data[name])
+            flag = data.get(name, False)
+            if flag is not False and (flag is True or _flag(flag)):
+                values[name] = True
         if "expiry_finalized" not in data and "memory_flushed" in data:
             values["expiry_finalized"] = _flag(data["memory_flushed"])
         for name in (*_ENTRY_TEXT_FIELDS, "cost_status"):
-            if isinstance(data.get(name), str):
-                values[name] = data[name]
+            text = data.get(name)
+            if text is not None and isinstance(text, str):
+                values[name] = text
         if isinstance(data.get("chat_type"), str) and data["chat_type"]:
             values["chat_type"] = data["chat_type"]
         metadata = data.get("metadata")
-        values["metadata"] = dict(metadata) if isinstance(metadata, Mapping) else {}
+        if metadata and isinstance(metadata, Mapping):
+            values["metadata"] = dict(metadata)
         platform = data.get("platform")
         if isinstance(platform, str) and platform in platform_registry(plugins):
             values["platform"] = platform
         if isinstance(data.get("origin"), Mapping):
             values["origin"] = SessionSource.from_dict(data["origin"], plugins=plugins)
-        values["last_resume_marked_at"] = parse_utc(data.get("last_resume_marked_at"))
+        marked = data.get("last_resume_marked_at")
+        if marked is not None:
+            values["last_resume_marked_at"] = parse_utc(marked)
         token = data.get("active_turn_token")
         if isinstance(token, str) and token:
             values["active_turn_token"] = token

@@ -202,6 +202,19 @@ def test_a_new_lane_reads_its_routing_row_once(open_store: Opener) -> None:
     assert store.lookup_by_session_key(key) == entry
 
 
+def test_a_lane_not_cached_is_loaded_in_one_statement(open_store: Opener) -> None:
+    """A lane whose entry is not cached (a new process here) is read in one statement: its
+    session's end comes with the routing row, not from a second read of the session row."""
+    first = open_store()
+    entry = first.get_or_create_session(telegram_dm("1"))
+    first.close()
+    store = open_store()
+    before = store.stats()["statements"]
+    opened, _ = store.open_lane(entry.session_key, telegram_dm("1"))
+    assert store.stats()["statements"] - before == 1
+    assert opened.session_id == entry.session_id
+
+
 def test_a_new_session_on_a_pruned_lane_ends_its_open_session(open_store: Opener) -> None:
     """Pruning keeps the lane's session open; a forced new session then ends it (the key may
     have one open session only) instead of failing."""

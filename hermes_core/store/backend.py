@@ -28,6 +28,11 @@ if TYPE_CHECKING:
 EntryDict = Mapping[str, Any]
 """A ``SessionEntry.to_dict()`` mapping."""
 
+SESSION_ENDED = "session_ended"
+"""The key a backend may add to an entry it reads (:meth:`StoreBackend.get_route`), with
+whether the entry's session has ended, found in the same read: the store then does not read
+the session row to tell whether the route is stale."""
+
 Message = Mapping[str, Any]
 """A transcript message: ``role`` plus optional fields; other keys go to extra_json."""
 
@@ -262,7 +267,7 @@ class StoreBackend(Protocol):
     # -- routing index ------------------------------------------------------------------------
 
     def get_route(self, session_key: str) -> EntryDict | None:
-        """The stored entry of a key, or None."""
+        """The stored entry of a key, or None; it may carry :data:`SESSION_ENDED`."""
 
     def get_route_by_session_id(self, session_id: str) -> EntryDict | None:
         """The entry whose *current* session id is ``session_id``, or None."""
@@ -513,8 +518,9 @@ class TurnLeases(Protocol):
         """Give up the lane's lease unless events wait in its durable queue (False: kept)."""
 
     def read_route(self, session_key: str) -> tuple[EntryDict, int] | None:
-        """The stored entry of a key and its row's revision (the count of the row's writes,
-        which every routing write increments), or None."""
+        """The stored entry of a key (which may carry :data:`SESSION_ENDED`) and its row's
+        revision (the count of the row's writes, which every routing write increments), or
+        None."""
 
     def checked_routes(
         self, expected: Mapping[str, int | None]

@@ -36,7 +36,7 @@ from hermes_core.models import SessionEntry, SessionSource
 from hermes_core.plugins import HermesPluginManager, default_plugin_manager
 from hermes_core.recent import Recent
 from hermes_core.specs import LifecycleEvent, LifecycleKind, StoreCapability, StoreSpec
-from hermes_core.store.backend import Maintenance, ParallelWriters, StoreBackend
+from hermes_core.store.backend import SESSION_ENDED, Maintenance, ParallelWriters, StoreBackend
 from hermes_core.store.capabilities import WITHOUT, BoundBackend, bind_backend
 from hermes_core.store.jsonl import JsonlBackend
 from hermes_core.store.mirror import MirrorWriter, load_mirror, read_mirror, writes_mirror
@@ -474,9 +474,13 @@ class StoreBase:
                 data = self._backend.get_route(session_key)
             else:
                 data, revision = leases.read_route(session_key) or (None, None)
-            entry = self._parse(data) if data is not None else None
-            row = self._backend.get_session(entry.session_id) if entry is not None else None
-        if row is not None and row.end_reason is not None:
+            entry = ended = None
+            if data is not None:
+                entry, ended = self._parse(data), data.get(SESSION_ENDED)
+            if entry is not None and ended is None:  # not told with the entry: read its session
+                row = self._backend.get_session(entry.session_id)
+                ended = row is not None and row.end_reason is not None
+        if ended:
             entry = None  # stale route: its session ended at a boundary elsewhere
         if self._writer.on_writer_thread:
             self._cache(session_key, entry, revision)

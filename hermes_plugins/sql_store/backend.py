@@ -27,6 +27,7 @@ from hermes_core.errors import (
 )
 from hermes_core.models import SessionEntry
 from hermes_core.store.backend import (
+    SESSION_ENDED,
     CounterDelta,
     EntryDict,
     Message,
@@ -77,9 +78,14 @@ class SqlBackend(RekeyRows, OperatorRows, LeaseRows, WakeupRows):
         return None if found is None else found[0]
 
     def read_route(self, session_key: str) -> tuple[EntryDict, int] | None:
-        """The stored entry of a key and its row's revision, or None."""
+        """The stored entry of a key, with whether its session ended (:data:`SESSION_ENDED`,
+        from the same statement), and its row's revision; or None."""
         row = self._row(self._sql.select_route, {"session_key": session_key}, "reading a route")
-        return None if row is None else (route_entry(row), int(row["revision"]))
+        if row is None:
+            return None
+        entry = route_entry(row)
+        entry[SESSION_ENDED] = bool(row[SESSION_ENDED])  # NULL: no session row, not ended
+        return entry, int(row["revision"])
 
     def get_route_by_session_id(self, session_id: str) -> EntryDict | None:
         """The entry whose current session id is ``session_id``, or None."""

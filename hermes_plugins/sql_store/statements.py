@@ -24,6 +24,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.sql.compiler import SQLCompiler
 from sqlalchemy.sql.expression import ClauseElement, Insert
 
+from hermes_core.store.backend import SESSION_ENDED
 from hermes_plugins.sql_store.rows import ROUTE_READ
 from hermes_plugins.sql_store.schema import (
     delivery_obligations,
@@ -225,7 +226,13 @@ class Statements:
             )
             .on_conflict_do_nothing(index_elements=["session_key", "message_id"])
         )
-        self.select_route = prepare(select(*ROUTE_READ).where(by_key))
+        ended = (
+            select(sessions.c.end_reason.is_not(None))
+            .where(sessions.c.id == gateway_routing.c.session_id)
+            .scalar_subquery()
+            .label(SESSION_ENDED)
+        )
+        self.select_route = prepare(select(*ROUTE_READ, ended).where(by_key))
         self.select_session = prepare(select(sessions).where(session))
         self.newest_session = prepare(
             select(sessions)
