@@ -439,15 +439,13 @@ class SessionEntry(_Model):
         if isinstance(cost, (int, float)) and not isinstance(cost, bool) and math.isfinite(cost):
             values["estimated_cost_usd"] = float(cost)
         for name in _ENTRY_BOOL_FIELDS:
-            flag = data.get(name, False)
-            if flag is not False and (flag is True or _flag(flag)):
+            if _flag(data.get(name, False)):
                 values[name] = True
         if "expiry_finalized" not in data and "memory_flushed" in data:
             values["expiry_finalized"] = _flag(data["memory_flushed"])
         for name in (*_ENTRY_TEXT_FIELDS, "cost_status"):
-            text = data.get(name)
-            if text is not None and isinstance(text, str):
-                values[name] = text
+            if isinstance(data.get(name), str):
+                values[name] = data[name]
         if isinstance(data.get("chat_type"), str) and data["chat_type"]:
             values["chat_type"] = data["chat_type"]
         metadata = data.get("metadata")
