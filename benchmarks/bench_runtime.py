@@ -8,10 +8,15 @@ Housekeeping never runs (first pass after 10^6 s), busy acknowledgements and the
 ``sessions.json`` mirror are off, third-party plugins are not loaded and the agent cache holds 256
 (the default 128 is below the 200 turns in flight); the rest (delivery ledger, entry cache of
 10,000, ...) is at its default. Commits, round trips, writer batches and writer steps per turn are
-differences of ``gateway.store.stats()`` around a measurement divided by its turns.
+differences of ``gateway.store.stats()`` around a measurement divided by its turns. "cpu us" is the
+process's CPU time per turn (``time.process_time``: every thread, the event loop's and the store
+writer's) beside the wall time per turn: where the two are close, the process was computing all
+along, on one core at a time (the interpreter lock), and only less CPU per turn makes it faster.
 
 Each measurement is ``N`` turns (``--turns``, default 5,000), split into 3 rounds that alternate
-with the measurements it is compared with, so that the ratios come from the same minutes.
+with the measurements it is compared with, so that the ratios come from the same minutes; each
+target line gives the ratio of the whole measurements and, in brackets, its lowest and highest
+value over the rounds (how much the machine moved it within the run).
 
 1. 200 lanes, after a warm-up turn on each. 200 in flight: waves of one message to every lane;
    each wave is timed until all its turns have closed (``gateway.idle()``): sent continuously,
@@ -157,23 +162,37 @@ class Deliveries:
 
 @dataclass
 class Figure:
-    """Turns, seconds and store counters accumulated over the rounds of one measurement."""
+    """Turns, seconds, process CPU and store counters accumulated over the rounds of one
+    measurement, with each round's turns and seconds (for the spread of a ratio over rounds)."""
 
     label: str
     turns: int = 0
     seconds: float = 0.0
+    cpu: float = 0.0
+    """Process CPU seconds (every thread: the event loop's and the writer's)."""
     counters: Counter[str] = field(default_factory=Counter)
     missing: set[str] = field(default_factory=set)
+    rounds: list[tuple[int, float]] = field(default_factory=list)
 
     @property
     def rate(self) -> float:
         return self.turns / self.seconds
 
-    def add(
-        self, turns: int, seconds: float, before: dict[str, int], after: dict[str, int]
-    ) -> None:
+    def add_round(self, turns: int, seconds: float, cpu: float) -> None:
         self.turns += turns
         self.seconds += seconds
+        self.cpu += cpu
+        self.rounds.append((turns, seconds))
+
+    def add(
+        self,
+        turns: int,
+        seconds: float,
+        cpu: float,
+        before: dict[str, int],
+        after: dict[str, int],
+    ) -> None:
+        self.add_round(turns, seconds, cpu)
         for name in COUNTERS:
             if name in before and name in after:
                 self.counters[name] += after[name] - before[name]
@@ -187,7 +206,20 @@ class Figure:
 
     def row(self) -> str:
         figures = "".join(f" {self.per_turn(name):>7}" for name in COUNTERS)
-        return f"{self.label:52} {self.rate:8,.0f} {1e6 / self.rate:8.0f}{figures}"
+        cpu = 1e6 * self.cpu / self.turns
+        return f"{self.label:52} {self.rate:8,.0f} {1e6 / self.rate:8.0f} {cpu:8.0f}{figures}"
+
+
+def ratio_spread(numerator: Figure, denominator: Figure) -> tuple[float, float]:
+    """The lowest and highest ratio of the two figures' rates, round by round (the rounds of
+    the two alternate, so round ``i`` of each comes from the same minutes)."""
+    ratios = [
+        (turns / seconds) / (other_turns / other_seconds)
+        for (turns, seconds), (other_turns, other_seconds) in zip(
+            numerator.rounds, denominator.rounds, strict=True
+        )
+    ]
+    return min(ratios), max(ratios)
 
 
 class Run:
@@ -262,15 +294,18 @@ class Run:
         store = self.gateway.store
         sent = self.adapter.sent
         before = store.stats()
+        cpu = time.process_time()
         start = time.perf_counter()
         if waves:
             for first in range(0, len(events), in_flight):
                 await self.deliver(events[first : first + in_flight], in_flight)
                 await self.gateway.idle()
             seconds = time.perf_counter() - start
+            cpu = time.process_time() - cpu
         else:
             await self.deliver(events, in_flight)
             seconds = time.perf_counter() - start
+            cpu = time.process_time() - cpu
             await self.gateway.idle()
         after = store.stats()
         replies = self.adapter.sent - sent
@@ -280,7 +315,7 @@ class Run:
                 f"{self.adapter.unexpected[:5]}"
             )
         if figure is not None:
-            figure.add(len(events), seconds, before, after)
+            figure.add(len(events), seconds, cpu, before, after)
 
 
 class Floor:
@@ -316,14 +351,16 @@ class Floor:
         )
         self._numbers = iter(range(10**9))
 
-    def run(self, turns: int) -> float:
-        """Seconds for ``turns`` turns cycling over the lanes (texts built beforehand)."""
+    def run(self, turns: int) -> tuple[float, float]:
+        """Seconds and process CPU seconds for ``turns`` turns cycling over the lanes (texts
+        built beforehand)."""
         conn = self.conn
         work = []
         for turn in range(turns):
             number = next(self._numbers)
             text = _text(number)
             work.append((*self.lanes[turn % len(self.lanes)], text, _reply(text), number))
+        cpu = time.process_time()
         start = time.perf_counter()
         for key, session_id, chat_id, text, reply, number in work:
             now = time.time()
@@ -359,7 +396,7 @@ class Floor:
             conn.execute("BEGIN")
             conn.execute("DELETE FROM owed WHERE obligation_id = ?", (token,))
             conn.execute("COMMIT")
-        return time.perf_counter() - start
+        return time.perf_counter() - start, time.process_time() - cpu
 
     def close(self) -> None:
         self.conn.close()
@@ -385,8 +422,7 @@ async def lanes_and_floor(run: Run, turns: int, floor: Floor | None) -> tuple[Fi
         await run.measure(busy, run.events(lanes, chunk), IN_FLIGHT, waves=True)
         await run.measure(serial, run.events(lanes, chunk), 1)
         if floor is not None:
-            raw.turns += chunk
-            raw.seconds += floor.run(chunk)
+            raw.add_round(chunk, *floor.run(chunk))
             raw.counters["commits"] += 3 * chunk
             raw.missing.update({"round_trips", "batches", "steps"})
     return (busy, serial, raw) if floor is not None else (busy, serial)
@@ -484,10 +520,20 @@ async def wal_frames(run: Run, database: Path, turns: int) -> None:
                 print(f"  {count / turns:6.2f}  {name}")
 
 
-def _target(label: str, value: float, target: float, at_most: bool = False) -> str:
+def _target(
+    label: str, value: float, target: float, at_most: bool = False, spread: str = ""
+) -> str:
     met = value <= target if at_most else value >= target
     sign = "<=" if at_most else ">="
-    return f"{label:52} {value:8.2f}   target {sign} {target:<4g} {'met' if met else 'MISSED'}"
+    verdict = "met" if met else "MISSED"
+    return f"{label:52} {value:8.2f}   target {sign} {target:<4g} {verdict:6} {spread}".rstrip()
+
+
+def _ratio(label: str, numerator: Figure, denominator: Figure, target: float) -> str:
+    """The target line of a ratio of two figures' rates, with its range over the rounds."""
+    low, high = ratio_spread(numerator, denominator)
+    spread = f"(rounds {low:.2f}-{high:.2f})"
+    return _target(label, numerator.rate / denominator.rate, target, spread=spread)
 
 
 async def run_all(url: str | None, turns: int, scale_sessions: int, frames: bool) -> None:
@@ -522,7 +568,7 @@ async def run_all(url: str | None, turns: int, scale_sessions: int, frames: bool
             scaled = await scale(home / "big", home / "small", turns, scale_sessions)
     print(f"hermes_core.runtime.Gateway + EchoAgent, {where}, store backend {backend!r}; "
           f"{turns:,} turns per measurement in {ROUNDS} alternating rounds")  # fmt: skip
-    print(f"{'measurement':52} {'turns/s':>8} {'us/turn':>8}"
+    print(f"{'measurement':52} {'turns/s':>8} {'us/turn':>8} {'cpu us':>8}"
           + "".join(f" {name:>7}" for name in ("commits", "rtrips", "batches", "steps"))
           + "  (per turn)")  # fmt: skip
     gateway_figures = (*parts[:2], first, later, *scaled)
@@ -534,20 +580,20 @@ async def run_all(url: str | None, turns: int, scale_sessions: int, frames: bool
     busy, serial = parts[0], parts[1]
     print()
     if postgres:
-        print(_target("200 in flight / one at a time", busy.rate / serial.rate, 3))
+        print(_ratio("200 in flight / one at a time", busy, serial, 3))
         for mode, figure in (("200 in flight", busy), ("one at a time", serial)):
             trips = figure.counters["round_trips"] / figure.turns
             print(_target(f"round trips per turn, {mode}", trips, 8, at_most=True))
-        print(_target("first turn / later turn", first.rate / later.rate, 0.7))
+        print(_ratio("first turn / later turn", first, later, 0.7))
         print("raw floor and scale: SQLite only, not run")
         return
     raw, (many, same, few) = parts[2], scaled
-    print(_target("200 in flight / raw floor", busy.rate / raw.rate, 1.0))
-    print(_target("one at a time / raw floor", serial.rate / raw.rate, 0.4))
-    print(_target("first turn / later turn", first.rate / later.rate, 0.7))
+    print(_ratio("200 in flight / raw floor", busy, raw, 1.0))
+    print(_ratio("one at a time / raw floor", serial, raw, 0.4))
+    print(_ratio("first turn / later turn", first, later, 0.7))
     lanes = f"{scale_sessions:,} lanes / 1,000 lanes"
-    print(_target(f"{lanes}, same store", many.rate / same.rate, 0.8))
-    print(_target(f"{lanes} of a store of 1,000", many.rate / few.rate, 0.8))
+    print(_ratio(f"{lanes}, same store", many, same, 0.8))
+    print(_ratio(f"{lanes} of a store of 1,000", many, few, 0.8))
 
 
 def main(argv: Sequence[str] | None = None) -> None:
