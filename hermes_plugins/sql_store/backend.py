@@ -1,34 +1,30 @@
 """The SQL backend: SQLAlchemy Core over SQLite (default) or PostgreSQL.
 
-Routing rows, sessions, transcripts and search; the connections and schema live in
-``connection``, the delivery ledger in ``ledger``.
+Routing rows, transcripts and search; session rows (with the routing writes that go with them)
+live in ``session_rows``, the connections and schema in ``connection``, the delivery ledger in
+``ledger``.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Iterator, Sequence
 from dataclasses import replace
 from typing import Any
 
 from sqlalchemy import (
-    func,
     select,
     true,
 )
 from sqlalchemy.exc import SQLAlchemyError
 
 from hermes_core.errors import (
-    DuplicateSessionIdError,
     LeaseLostError,
-    StoreError,
 )
 from hermes_core.models import SessionEntry
 from hermes_core.store.backend import (
     SESSION_ENDED,
-    CounterDelta,
     EntryDict,
     Message,
     SearchHit,
@@ -46,21 +42,19 @@ from hermes_plugins.sql_store.rows import (
     message_row,
     route_entry,
     route_params,
-    session_row,
     session_values,
 )
 from hermes_plugins.sql_store.schema import (
     gateway_routing,
     messages,
-    sessions,
 )
-from hermes_plugins.sql_store.statements import Prepared
+from hermes_plugins.sql_store.session_rows import SessionRows
 from hermes_plugins.sql_store.wakeups import WakeupRows
 
 logger = logging.getLogger(__name__)
 
 
-class SqlBackend(RekeyRows, OperatorRows, LeaseRows, WakeupRows):
+class SqlBackend(RekeyRows, OperatorRows, LeaseRows, WakeupRows, SessionRows):
     """The canonical store over SQLite or PostgreSQL: the required contract and every
     capability (which ones a dialect offers is declared by its ``StoreSpec``)."""
 
@@ -102,38 +96,6 @@ class SqlBackend(RekeyRows, OperatorRows, LeaseRows, WakeupRows):
         params = route_params(entry)
         with self._write("writing a routing entry") as cursor:
             self._write_route(cursor, params)
-
-    @contextmanager
-    def checked_routes(self, expected: Mapping[str, int | None]) -> Iterator[dict[str, int]]:
-        """Within it, this thread's routing writes to a key of ``expected`` apply only at the
-        revision given (None: only while the key has no row); a method whose routing write
-        does not apply writes nothing. Yields the keys written with their new revisions."""
-        written: dict[str, int] = {}
-        self._checks.routes = (expected, written)
-        try:
-            yield written
-        finally:
-            self._checks.routes = None
-
-    def _write_route(self, cursor: Any, params: dict[str, Any]) -> bool:
-        """Upsert one routing row (:func:`route_params`; revision + 1); within
-        :meth:`checked_routes`, only at the expected revision: False, nothing written, when
-        the row has another (the statement leaves the transaction usable)."""
-        checks = getattr(self._checks, "routes", None)
-        key = params["session_key"]
-        if checks is None or key not in checks[0]:
-            self._sql.upsert_route.run(cursor, params)
-            return True
-        expected, written = checks
-        revision = expected[key]
-        if revision is None:
-            applied = bool(self._sql.insert_route.run(cursor, params).rowcount == 1)
-        else:
-            checked = params | {"expected": revision}
-            applied = bool(self._sql.update_route.run(cursor, checked).rowcount == 1)
-        if applied:
-            written[key] = params["revision"] if revision is None else revision + 1
-        return applied
 
     def clear_turn_marker(self, entry: SessionEntry, token: str) -> bool:
         """Clear the lane's marker (``entry`` has it cleared) iff the stored marker is still
@@ -242,70 +204,6 @@ class SqlBackend(RekeyRows, OperatorRows, LeaseRows, WakeupRows):
         )
         with self._read("finding stale routing entries") as conn:
             return list(conn.execute(query).scalars())
-
-    # -- sessions -------------------------------------------------------------------------------
-
-    def _row(self, statement: Prepared, params: dict[str, Any], what: str) -> Any:
-        """One row of a read as a mapping, or None: in the writer's open batch on its cursor
-        (it sees the batch's writes), else from the pool."""
-        if self._in_batch:
-            return self._fetch(statement, params, what)
-        with self._read(what) as conn:
-            return conn.exec_driver_sql(statement.sql, statement.bind(params)).mappings().first()
-
-    def _session(self, statement: Prepared, params: dict[str, Any]) -> SessionRow | None:
-        """A session row (see :meth:`_row`)."""
-        row = self._row(statement, params, "reading a session")
-        return None if row is None else session_row(row)
-
-    def get_session(self, session_id: str) -> SessionRow | None:
-        """One session row, or None."""
-        return self._session(self._sql.select_session, {"session_id": session_id})
-
-    def newest_session(self, session_key: str) -> SessionRow | None:
-        """The most recently started session of a key."""
-        return self._session(self._sql.newest_session, {"session_key": session_key})
-
-    def count_sessions(self) -> int:
-        """Session rows, counted up to 2 (all ``has_any_sessions`` needs)."""
-        query = select(func.count()).select_from(select(sessions.c.id).limit(2).subquery())
-        with self._read("counting sessions") as conn:
-            return int(conn.execute(query).scalar() or 0)
-
-    def create_session(
-        self, row: SessionRow, entry: EntryDict, end_previous: tuple[str, str] | None
-    ) -> None:
-        """End the predecessor, insert the row and write the routing entry, in one transaction."""
-        route = route_params(entry)
-        try:
-            with self._write("creating a session") as cursor:
-                if not self._write_route(cursor, route):
-                    return  # checked, and the row changed: nothing is written
-                if end_previous is not None:
-                    ending = {"session_id": end_previous[0], "end_reason": end_previous[1]}
-                    self._sql.end_session.run(cursor, ending | {"ended_at": time.time()})
-                self._sql.insert_session.run(cursor, session_values(row))
-        except StoreError as exc:
-            problem = str(exc.__cause__).lower()
-            if "sessions" in problem and ("unique" in problem or "duplicate" in problem):
-                raise DuplicateSessionIdError(f"session id {row.id} already exists") from exc
-            raise
-
-    def reopen_session(self, session_id: str, entry: EntryDict) -> None:
-        """Clear the row's end and write the routing entry, in one transaction."""
-        route = route_params(entry)
-        with self._write("reopening a session") as cursor:
-            if self._write_route(cursor, route):
-                self._sql.reopen_session.run(cursor, {"session_id": session_id})
-
-    def update_counters(self, entry: EntryDict, session_id: str, delta: CounterDelta) -> None:
-        """Write the entry and add ``delta`` to the session row, in one transaction."""
-        route = route_params(entry)
-        params = {name: getattr(delta, name) for name in CounterDelta.__dataclass_fields__}
-        params["session_id"] = session_id
-        with self._write("updating session counters") as cursor:
-            if self._write_route(cursor, route):
-                self._sql.add_counters.run(cursor, params)
 
     # -- transcripts ----------------------------------------------------------------------------
 

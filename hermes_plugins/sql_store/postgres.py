@@ -3,7 +3,8 @@
 On SQLite a statement costs microseconds, so a turn's writes stay separate statements. On
 PostgreSQL every statement is a round trip to the server; data-modifying CTEs let the start of a
 turn (redelivery row, marker, dequeue, user message) and its finish (reply, ledger row, marker
-cleared) each travel as one statement. On a shared store each is fenced within that statement:
+cleared) each travel as one statement, and so does a new session (routing row, predecessor's
+end, session row). On a shared store each is fenced within that statement:
 given the turn's lease token (``lease``), it locks the lane's lease row (shared, until the
 transaction ends) and writes nothing unless the token still holds it, which it returns. Parameters
 carry explicit casts: a NULL parameter has no type PostgreSQL could infer.
@@ -11,10 +12,12 @@ carry explicit casts: a NULL parameter has no type PostgreSQL could infer.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
 from typing import Any
 
 from hermes_core.store.backend import Obligation
+from hermes_plugins.sql_store.schema import sessions
 from hermes_plugins.sql_store.statements import MESSAGE_INSERT_COLUMNS
 
 _MESSAGE_TYPES = {
@@ -104,6 +107,37 @@ SELECT (SELECT count(*) FROM owed), (SELECT count(*) FROM cleared), (SELECT coun
 """
 """A turn's reply, its ledger row and the marker cleared; returns (row new, marker cleared,
 lease held); nothing is written when the lease was lost."""
+
+
+_CASTS = {str: "text", int: "int4", float: "float8"}
+_SESSION_VALUES = ", ".join(
+    f"%(s_{column.name})s::{_CASTS[column.type.python_type]}" for column in sessions.c
+)
+
+
+@functools.cache
+def create_session(route: str) -> str:
+    """A new session in one round trip: ``route`` (the routing row's write, as
+    :meth:`SqlBackend._route_write` chose it) and, only if it wrote the row, the predecessor's
+    end (``e_id``, ``e_reason``, ``e_at``) and the new session row (``s_<column>``). Returns
+    the routing rows written (0: a checked write found the row changed; nothing was written).
+    The insert counts ``ended`` first, so the predecessor has ended before the new row goes in
+    (a key has one open session at most, by a unique index)."""
+    return f"""
+WITH route AS (
+{route}
+RETURNING 1
+), ended AS (
+    UPDATE sessions SET ended_at = %(e_at)s::float8, end_reason = %(e_reason)s::text
+    WHERE id = %(e_id)s::text AND ended_at IS NULL AND EXISTS (SELECT 1 FROM route)
+    RETURNING 1
+), created AS (
+    INSERT INTO sessions ({", ".join(column.name for column in sessions.c)})
+    SELECT {_SESSION_VALUES}
+    WHERE EXISTS (SELECT 1 FROM route) AND (SELECT count(*) FROM ended) >= 0
+)
+SELECT count(*) FROM route
+"""
 
 
 def message_params(row: Mapping[str, Any] | None) -> dict[str, Any]:
