@@ -75,20 +75,40 @@ class Delivery(GatewayCore):
     ) -> asyncio.Future[bool]:
         """Settle a send (the turn's last commit) without holding up the lane: the step is
         handed to the writer now, so the lane's next step queues behind it and can never
-        overtake it; ``idle`` and ``stop`` wait for it."""
-        settling = self.store.submit(
-            self._settle_step, row, result, turn, success, close, lane=row.session_key
-        )
+        overtake it; ``idle`` and ``stop`` wait for it. On a shared store a turn's settle may
+        release the lane's lease (see :meth:`_settle_step`): until it is done, a lane that runs
+        dry leaves its lease alone, and once it is, the lane is dispatched again (kept with
+        events to run, or still held)."""
+        key = row.session_key
+        settling = self.store.submit(self._settle_step, row, result, turn, success, close, lane=key)
         self._background.add(settling)
         settling.add_done_callback(functools.partial(self._settled, row, result))
+        if turn is not None and self.shared is not None:
+            self._settling[key] = settling
+            settling.add_done_callback(functools.partial(self._lane_settled, key))
         return settling
+
+    def _lane_settled(self, key: str, settling: asyncio.Future[bool]) -> None:
+        if self._settling.get(key) is settling:
+            del self._settling[key]
+            self._dispatch_next(key)
 
     def _settle_step(
         self, row: Obligation, result: SendResult, turn: Turn | None, success: bool, close: bool
     ) -> bool:
         """Writer step: settle the ledger row and close the turn; the crash points of a
-        delivery pass once this is committed."""
-        delivered = self._pipeline.settle(row, result, turn, success, close)
+        delivery pass once this is committed. A turn's lane on a shared store with nothing
+        queued here gives its lease up in the same statement, unless events wait in its durable
+        queue (then it is kept and that queue is loaded here to run next)."""
+        key = row.session_key
+        shared = self.shared
+        release = (
+            turn is not None and shared is not None and not shared.recovering(key)
+            and self._queue.depth(key) == 0
+        )  # fmt: skip
+        delivered = self._pipeline.settle(row, result, turn, success, close, release)
+        if release and self.store.holds(key):
+            self._queue.reload(key)
         if delivered:
             self.store.after_commit(_delivered)
         return delivered

@@ -104,6 +104,8 @@ class GatewayCore(abc.ABC):
         """Lanes waiting to retry a queued message whose turn failed to start."""
         self._timers: set[asyncio.TimerHandle] = set()
         self._background: set[asyncio.Future[Any]] = set()
+        self._settling: dict[str, asyncio.Future[bool]] = {}
+        """A shared store's lanes whose last turn's settle is pending: it may release the lease."""
         self._sending: set[str] = set()
         """Ledger rows being sent right now (never sent twice at once)."""
         self._gate = True

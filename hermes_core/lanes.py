@@ -65,8 +65,8 @@ class LaneRunner(GatewayCore):
                 self.shared.take(key)  # dispatched here once the lease is taken
             return
         if head is None:
-            if self.shared is not None:
-                self.shared.release(key)
+            if self.shared is not None and key not in self._settling:
+                self.shared.release(key)  # (a pending settle releases it or dispatches again)
             return
         if self._command(head.event)[0] is not None:
             self._commands[key] = asyncio.create_task(self._queued_command(key))
@@ -141,6 +141,8 @@ class LaneRunner(GatewayCore):
                 logger.warning("dropped an internal wake bound to an earlier session")
                 await self.store.arun(self._take_head, key, lane=key)
                 continue
+            if self.shared is not None and not self.store.holds(key):
+                return None  # the settle released the lease: the lane is taken again first
             try:
                 turn = await self.store.submit(self._begin_head, key, lane=key)
             except LeaseLostError as exc:

@@ -159,12 +159,18 @@ class DeliveryLedger:
         )  # fmt: skip
         return claimed
 
-    def settle(self, row: Obligation, result: SendResult) -> bool:
-        """Record a claimed row's send: delivered (row deleted) or failed with its kind. True
-        when the platform accepted it."""
+    def settle(
+        self,
+        row: Obligation,
+        result: SendResult,
+        delete: Callable[[str], object] | None = None,
+    ) -> bool:
+        """Record a claimed row's send: delivered (row deleted, by ``delete`` when given: the
+        store may fold the delete into another statement) or failed with its kind. True when
+        the platform accepted it."""
         if result.ok:
             try:
-                self.rows.delete_obligation(row.obligation_id)
+                (delete or self.rows.delete_obligation)(row.obligation_id)
             except StoreError as exc:
                 logger.error("delivery ledger: could not mark a reply delivered: %s", exc)
                 return True

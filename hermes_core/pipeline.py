@@ -6,7 +6,8 @@
 2. :meth:`TurnPipeline.finish`: the reply, its ledger row recorded already claimed
    (``attempting``) and the marker cleared, in one commit (one statement on PostgreSQL).
 3. :meth:`TurnPipeline.settle`: the ledger row settled and, after a successful turn, the resume
-   flag and the stuck-loop count cleared where set, in one commit.
+   flag and the stuck-loop count cleared where set, in one commit; on a shared store the lane's
+   lease is given up in it when nothing else waits for the lane.
 
 Each step is a function for the store's writer (``await store.arun(pipeline.begin, ...)``): it
 runs on the writer thread, where concurrent lanes' steps share a commit. The runtime passes the
@@ -160,13 +161,17 @@ class TurnPipeline:
         turn: Turn | None,
         success: bool = True,
         close: bool = False,
+        release: bool = False,
     ) -> bool:
         """After a send attempt (commit 3): settle the ledger row and close the turn; a reply
         sent outside a turn clears its lane's resume flag with ``close`` (the boot sweep: the
-        interrupted turn is answered, not to be run again). True when it was delivered."""
+        interrupted turn is answered, not to be run again); on a shared store ``release`` gives
+        the lane's lease up in the same statement as the settle. True when it was delivered."""
         closing: tuple[str, str | None] | None = None
         if turn is not None:
             closing = (turn.key, turn.token)
         elif close:
             closing = (row.session_key, None)
-        return self.store.settle_delivery(row, result, closing, success=success)
+        return self.store.settle_delivery(
+            row, result, closing, success=success, release=release and turn is not None
+        )

@@ -7,12 +7,14 @@ concurrent enqueue never strand the event."""
 from __future__ import annotations
 
 import asyncio
+import functools
 import threading
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 from support.database import run_sql
+from support.shared_driver import configure
 from test_shared_takeover import (
     OTHER,
     SOURCE,
@@ -23,9 +25,13 @@ from test_shared_takeover import (
     _wait,
 )
 
-from hermes_core.agents import EchoAgent
+from hermes_core import MessageEvent, SessionSource
+from hermes_core.agents import EchoAgent, InMemoryAdapter
 from hermes_core.errors import LeaseLostError
+from hermes_core.ledger import SendResult
+from hermes_core.runtime import Gateway
 from hermes_core.store import SessionStore
+from hermes_core.store.backend import Obligation
 
 pytestmark = pytest.mark.postgres
 
@@ -305,3 +311,118 @@ def test_a_turns_start_and_finish_write_nothing_once_the_lease_is_lost(
     assert _scalar(empty_database, routing) is None
     assert _scalar(empty_database, "SELECT count(*) FROM messages") == 1
     assert _scalar(empty_database, "SELECT count(*) FROM seen_messages") == 1  # m1's only
+
+
+def _turn_with_reply(store: SessionStore, words: str, message_id: str) -> Obligation:
+    """A turn of ``store`` under its lease: begun, its reply stored and recorded, claimed."""
+    entry = store.get_or_create_session(SOURCE)
+    key = entry.session_key
+    token = store.mark_turn_active(key, None, {"role": "user", "content": words}, seen=message_id)
+    assert token is not None
+    reply = f"echo: {words}"
+    row = store.record_delivery_obligation(
+        key, entry.session_id, "telegram", "c1", None, reply, message_id, turn_token=token,
+        claimed=True, reply={"role": "assistant", "content": reply},
+    )  # fmt: skip
+    assert row is not None
+    return row
+
+
+@pytest.mark.parametrize("sent", [True, False], ids=["delivered", "failed"])
+def test_a_turns_settle_releases_the_lease_in_its_own_statement(
+    stores: Callable[..., SessionStore], empty_database: str, sent: bool
+) -> None:
+    """A delivered reply's ledger row and the lease go in one statement (the row is deleted, the
+    lease row too); a failed send is recorded first, then the lease goes (two statements)."""
+    holder, other = stores("holder", lease_secs=LONG), stores("other", lease_secs=LONG)
+    key = holder.session_key_for(SOURCE)
+    assert holder.take_lease(key) == "free"
+    row = _turn_with_reply(holder, "hi", "m1")
+    result = SendResult(ok=True) if sent else SendResult(ok=False, failure_kind="rejected")
+    settle = functools.partial(holder.settle_delivery, row, result, (key, None), release=True)
+    before = holder.stats()
+    assert holder.run(settle, lane=key) is sent  # one writer step, as a gateway runs it
+    after = holder.stats()
+    assert after["statements"] - before["statements"] == (1 if sent else 2)
+    assert after["commits"] - before["commits"] == 1
+    assert not holder.holds(key)
+    ledger = "SELECT count(*) FROM delivery_obligations WHERE state = 'failed'"
+    assert _scalar(empty_database, ledger) == (0 if sent else 1)
+    assert _scalar(empty_database, "SELECT count(*) FROM delivery_obligations") == int(not sent)
+    assert other.take_lease(key) == "free"
+
+
+def test_a_turns_settle_keeps_the_lease_for_an_event_queued_under_a_refused_grant(
+    stores: Callable[..., SessionStore], empty_database: str
+) -> None:
+    """The release folded into the settle decides as the release alone does: the event another
+    process queued keeps the lease here (the reply's row goes all the same)."""
+    holder, enqueuer = stores("holder", lease_secs=LONG), stores("enqueuer", lease_secs=LONG)
+    key = holder.session_key_for(SOURCE)
+    assert holder.take_lease(key) == "free"
+    row = _turn_with_reply(holder, "hi", "m1")
+
+    def enqueue_under_the_grant() -> int | None:
+        with enqueuer.atomically():
+            assert enqueuer.take_idle_lease(key) is None
+            return enqueuer.queue_add(key, _message("again", "m2"))
+
+    assert enqueuer.run(enqueue_under_the_grant, lane=key) is not None
+    assert holder.settle_delivery(row, SendResult(ok=True), (key, None), release=True)
+    assert holder.holds(key)  # kept: the holder runs the event
+    assert _scalar(empty_database, "SELECT count(*) FROM delivery_obligations") == 0
+    assert enqueuer.take_lease(key) is None
+
+
+class FollowingUp(InMemoryAdapter):
+    """Sends a follow-up message to the gateway from inside the send of the first reply, so it
+    arrives before that reply's settle is stored."""
+
+    gateway: Gateway | None = None
+    follow_up: MessageEvent | None = None
+
+    async def send(
+        self, source: SessionSource, text: str, *, reply_to: str | None = None
+    ) -> SendResult:
+        result = await super().send(source, text, reply_to=reply_to)
+        follow_up, self.follow_up = self.follow_up, None
+        if follow_up is not None and self.gateway is not None:
+            await self.gateway.handle_message(follow_up)
+        return result
+
+
+def test_a_message_arriving_before_the_last_turns_settle_runs_and_the_lane_goes_free(
+    tmp_path: Path, empty_database: str
+) -> None:
+    """A lane's lease is given up in its last turn's settle; a message stored before that
+    settle (the lane still busy) or after it is answered all the same, and the lane ends free."""
+
+    async def scenario() -> list[str]:
+        config = configure(tmp_path / "solo", empty_database, lease_secs=LONG, scan_secs=3600)
+        adapter = FollowingUp(platform="telegram")
+        gateway = Gateway(config, None, lambda entry: EchoAgent(), [adapter])
+        adapter.gateway = gateway
+        await gateway.start()
+        store = gateway.store
+        key = store.session_key_for(SOURCE)
+        adapter.follow_up = _message("second", "m2")
+        await gateway.handle_message(_message("first", "m1"))
+        await _wait(lambda: len(adapter.sent) == 2, "both replies")
+        await gateway.idle()
+        await _wait(lambda: not store.holds(key), "the lease to be released")
+        before = store.stats()
+        await gateway.handle_message(_message("third", "m3"))
+        await _wait(lambda: len(adapter.sent) == 3, "the third reply")
+        await gateway.idle()
+        await _wait(lambda: not store.holds(key), "the lease to be released again")
+        after = store.stats()
+        # the grant, the start, the reply, the settle with the release: four statements, in
+        # three commits (the grant and the start share one)
+        assert after["round_trips"] - before["round_trips"] == 7
+        await gateway.stop()
+        return adapter.texts()
+
+    assert asyncio.run(scenario()) == ["echo: first", "echo: second", "echo: third"]
+    assert _scalar(empty_database, "SELECT count(*) FROM session_turn_leases") == 0
+    assert _scalar(empty_database, "SELECT count(*) FROM queued_events") == 0
+    assert _scalar(empty_database, "SELECT count(*) FROM delivery_obligations") == 0

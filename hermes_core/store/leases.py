@@ -153,15 +153,17 @@ class LeaseStore(RoutingStore):
                 held[session_key] = token
 
     @serialised
-    def release_lease(self, session_key: str) -> bool:
+    def release_lease(self, session_key: str, *, delivered: str | None = None) -> bool:
         """Give up the lane's lease; False (kept) when events wait in its durable queue, which
-        this process then runs. A lease lost meanwhile counts as released."""
+        this process then runs. A lease lost meanwhile counts as released. ``delivered``: the
+        ledger row of a reply delivered, deleted in the same statement (call this only while
+        :meth:`holds` the lane, or the row stays)."""
         rows = self._bound.leases
         token = self._leases.get(session_key)
         if rows is None or token is None:
             return True
         with self._canonical():
-            released = rows.release_lease(session_key, token)
+            released = rows.release_lease(session_key, token, delivered)
         if released:
             self._leases.pop(session_key, None)
             self._writer.on_rollback(lambda: self._restore(session_key, token))

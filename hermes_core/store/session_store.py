@@ -386,18 +386,32 @@ class SessionStore(RekeyStore, TranscriptStore):
         close: tuple[str, str | None] | None = None,
         *,
         success: bool = True,
+        release: bool = False,
     ) -> bool:
-        """After a send attempt, in one commit: settle the ledger row (none
-        without the ledger) and, with ``close`` = (session key, turn token), end the lane's
-        turn: its marker if still set and, after a ``success``, the resume flag and stuck-loop
-        count where set. True when the platform accepted the reply."""
+        """After a send attempt, in one commit: end the lane's turn with ``close`` = (session
+        key, turn token) (its marker if still set and, after a ``success``, the resume flag and
+        stuck-loop count where set), settle the ledger row (none without the ledger) and, with
+        ``release``, give up the lane's lease as :meth:`release_lease` does (a delivered reply's
+        row goes in the same statement; :meth:`holds` tells afterwards whether the lease was
+        kept). True when the platform accepted the reply."""
         ledger = self.ledger
         delivered = result.ok
-        if ledger is not None and row.obligation_id:
-            delivered = ledger.settle(row, result)
+        lane = row.session_key
         if close is not None:
             self.close_turn(*close, success=success)
+        releasing = release and self.shared and self.holds(lane)
+        if ledger is not None and row.obligation_id:
+            delete = None
+            if releasing and delivered:
+                releasing = False
+                delete = functools.partial(self._release_delivered, lane)
+            delivered = ledger.settle(row, result, delete)
+        if releasing:
+            self.release_lease(lane)
         return delivered
+
+    def _release_delivered(self, session_key: str, obligation_id: str) -> None:
+        self.release_lease(session_key, delivered=obligation_id)
 
     @serialised
     def close_turn(self, session_key: str, token: str | None, *, success: bool = True) -> None:

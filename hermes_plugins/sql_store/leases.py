@@ -93,6 +93,12 @@ DELETE FROM session_turn_leases WHERE session_key = %(key)s AND token = %(token)
     AND NOT EXISTS (SELECT 1 FROM queued_events WHERE session_key = %(key)s AND dead_at IS NULL)
 RETURNING 1
 """
+_RELEASE_DELIVERED = f"""
+WITH delivered AS (
+    DELETE FROM delivery_obligations WHERE obligation_id = %(delivered)s
+){_RELEASE}"""
+"""``_RELEASE`` that also deletes the ledger row of the turn's delivered reply: a turn's settle
+and the lane's release in one round trip (the row goes whatever the release decides)."""
 _KEEP = """
 UPDATE session_turn_leases SET waiting = 0 WHERE session_key = %(key)s AND token = %(token)s
 RETURNING EXISTS (SELECT 1 FROM queued_events WHERE session_key = %(key)s AND dead_at IS NULL)
@@ -189,12 +195,14 @@ class LeaseRows(SqlConnection):
             conn.commit()
         return {row[0] for row in rows}
 
-    def release_lease(self, session_key: str, token: str) -> bool:
+    def release_lease(self, session_key: str, token: str, delivered: str | None = None) -> bool:
         """Give the lane's lease up unless events wait in its queue (then keep it: False). An
-        event queued concurrently is either seen here or finds the lane free afterwards."""
-        params = {"key": session_key, "token": token}
+        event queued concurrently is either seen here or finds the lane free afterwards.
+        ``delivered``: a ledger row deleted in the same statement (the settle of a reply)."""
+        params = {"key": session_key, "token": token, "delivered": delivered}
+        release = _RELEASE if delivered is None else _RELEASE_DELIVERED
         with self._write("releasing a turn lease") as cursor:
-            if cursor.execute(_RELEASE, params).fetchone() is not None:
+            if cursor.execute(release, params).fetchone() is not None:
                 return True
             kept = cursor.execute(_KEEP, params).fetchone()
             if kept is None:
