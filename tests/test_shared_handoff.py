@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import threading
+import zlib
 from collections.abc import Callable
 from pathlib import Path
 
@@ -31,7 +32,7 @@ from hermes_core.errors import LeaseLostError
 from hermes_core.ledger import SendResult
 from hermes_core.runtime import Gateway
 from hermes_core.store import SessionStore
-from hermes_core.store.backend import Obligation
+from hermes_core.store.backend import LeaseGrant, Obligation
 
 pytestmark = pytest.mark.postgres
 
@@ -426,3 +427,70 @@ def test_a_message_arriving_before_the_last_turns_settle_runs_and_the_lane_goes_
     assert _scalar(empty_database, "SELECT count(*) FROM session_turn_leases") == 0
     assert _scalar(empty_database, "SELECT count(*) FROM queued_events") == 0
     assert _scalar(empty_database, "SELECT count(*) FROM delivery_obligations") == 0
+
+
+def _two_lanes_on_one_writer_thread(store: SessionStore) -> tuple[str, str]:
+    """Two session keys, in ascending order, that every writer of up to 8 threads runs on the
+    same thread (so their steps can share a batch)."""
+    seen: dict[int, str] = {}
+    for number in range(10_000):
+        source = SessionSource(platform="telegram", chat_id=f"d{number}", chat_type="dm")
+        key = store.session_key_for(source)
+        slot = zlib.crc32(key.encode()) % 840  # divisible by every count of threads up to 8
+        if slot in seen:
+            first, second = sorted((seen[slot], key))
+            return first, second
+        seen[slot] = key
+    raise AssertionError("no two keys share a writer thread")
+
+
+def test_two_processes_taking_two_lanes_in_opposite_orders_do_not_deadlock(
+    stores: Callable[..., SessionStore],
+) -> None:
+    """Each process's batch takes the same two leases, handed over in opposite orders, while the
+    other's batch is open. Run as handed over, each would hold one row and wait for the other
+    (the database fails one batch after its deadlock timeout, and its steps run again one by
+    one); run in lane order, the second process waits for the first's commit and is refused."""
+    first, second = stores("first", lease_secs=LONG), stores("second", lease_secs=LONG)
+    low, high = _two_lanes_on_one_writer_thread(first)
+    overlapping = threading.Event()
+
+    async def batch(store: SessionStore, order: list[str], pause: str) -> list[object]:
+        started, release = threading.Event(), threading.Event()
+
+        def gate() -> None:
+            started.set()
+            release.wait(10)
+
+        def between() -> None:  # the first process waits here for the second's first take
+            if pause == "wait":
+                overlapping.wait(1.5)
+            else:
+                overlapping.set()
+
+        gated = store.submit(gate, lane=order[0])
+        await asyncio.to_thread(started.wait, 10)
+        steps: list[asyncio.Future[LeaseGrant | None] | asyncio.Future[None]] = [
+            store.submit(store.take_lease, order[0], lane=order[0]),
+            store.submit(between, lane=order[0]),
+            store.submit(store.take_lease, order[1], lane=order[1]),
+        ]
+        release.set()
+        await gated
+        return [await step for step in steps]
+
+    async def scenario() -> tuple[list[object], list[object]]:
+        before = first.stats()["batches"], second.stats()["batches"]
+        taking = asyncio.create_task(batch(first, [low, high], "wait"))
+        await asyncio.sleep(0.2)  # the first batch holds the lower lane's row
+        refused = await batch(second, [high, low], "signal")
+        taken = await taking
+        after = first.stats()["batches"], second.stats()["batches"]
+        assert [b - a for a, b in zip(before, after, strict=True)] == [2, 2]  # gate and batch
+        return taken, refused
+
+    taken, refused = asyncio.run(scenario())
+    assert taken == ["free", None, "free"]
+    assert refused == [None, None, None]
+    assert first.holds(low)
+    assert first.holds(high)

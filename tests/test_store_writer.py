@@ -101,6 +101,38 @@ async def test_a_step_without_a_lane_runs_between_every_lanes_earlier_and_later_
     assert writer.stats()["steps"] == len(before) + 1 + len(after)
 
 
+@pytest.mark.parametrize("lock_order", [True, False])
+async def test_a_batch_runs_in_lane_order_when_asked_each_lane_in_its_own_order(
+    lock_order: bool,
+) -> None:
+    """With ``lock_order`` the steps a batch holds run sorted by lane (a lane's own steps, and
+    a step without a lane against the rest, keep the order they were handed over in)."""
+
+    def transaction() -> AbstractContextManager[object]:
+        return nullcontext()
+
+    writer = StoreWriter(transaction, lambda: None, lock_order=lock_order)
+    started, release = threading.Event(), threading.Event()
+    log: list[tuple[str | None, int]] = []
+
+    def hold() -> None:
+        started.set()
+        release.wait(5)
+
+    held = writer.submit(hold, lane="a")  # the next steps wait, then form one batch
+    await asyncio.to_thread(started.wait, 5)
+    handed = [("c", 1), ("b", 1), ("c", 2), (None, 1), ("b", 2), ("a", 1)]
+    futures = [writer.submit(log.append, (lane, number), lane=lane) for lane, number in handed]
+    release.set()
+    await asyncio.gather(held, *futures)
+    writer.close()
+    assert writer.stats()["batches"] == 2  # the held step's, then the six together
+    if lock_order:
+        assert log == [("b", 1), ("c", 1), ("c", 2), (None, 1), ("a", 1), ("b", 2)]
+    else:
+        assert log == handed
+
+
 def test_steps_without_a_lane_handed_over_by_many_threads_at_once_all_run() -> None:
     """Each such step is put in every writer thread's queue; two put at the same time must
     reach every queue in the same order, or the threads wait at different steps' barriers

@@ -185,7 +185,7 @@ class StoreBase:
             lanes, bind = parallel.writer_connections(), parallel.bind_writer
         return StoreWriter(
             self._transaction, self._drop_cache, atomic=lambda: self._bound.spec.atomic_batches,
-            read_only=read_only, lanes=lanes, bind=bind,
+            read_only=read_only, lanes=lanes, bind=bind, lock_order=self._bound.leases is not None,
         )  # fmt: skip
 
     def _transaction(self) -> AbstractContextManager[object]:

@@ -58,6 +58,29 @@ class _Step:
     after it), so it is ordered against every step of every lane."""
     deferred: list[Callable[[], None]] = field(default_factory=list)
     undo: list[Callable[[], None]] = field(default_factory=list)
+    lane: str = ""
+    """The session key whose state the step changes ("": none, the step is ordered against
+    every lane)."""
+
+
+def _lane(step: _Step) -> str:
+    return step.lane
+
+
+def _in_lock_order(batch: list[_Step]) -> list[_Step]:
+    """The batch with the steps between two lane-less ones sorted by lane (stably: one lane's
+    steps keep their order; a lane-less step keeps its place against all others)."""
+    ordered: list[_Step] = []
+    run: list[_Step] = []
+    for step in batch:
+        if step.lane:
+            run.append(step)
+            continue
+        ordered += sorted(run, key=_lane)
+        ordered.append(step)
+        run = []
+    ordered += sorted(run, key=_lane)
+    return ordered
 
 
 class StoreWriter:
@@ -73,10 +96,15 @@ class StoreWriter:
         read_only: bool = False,
         lanes: int = 1,
         bind: Callable[[int], None] = lambda index: None,
+        lock_order: bool = False,
     ) -> None:
         """``lanes``: writer threads; thread ``i`` calls ``bind(i)`` first (the backend gives it
-        writer connection ``i``)."""
+        writer connection ``i``). ``lock_order``: run each batch's steps in the order of their
+        lanes (a store that other processes write at the same time: every batch then locks
+        its lanes' rows in one order, so two processes' batches never wait for each other in
+        a cycle, which the database would end after its deadlock timeout by failing one)."""
         self._transaction = transaction
+        self._lock_order = lock_order
         self._atomic = atomic
         """Whether a transaction can be rolled back now; if not, steps run one by one (a
         batch's steps could not run again after a failure without repeating their writes)."""
@@ -194,6 +222,8 @@ class StoreWriter:
             )
         if self._closed:
             raise StoreUnavailableError("the session store is closed; open it again to write.")
+        if lane is not None and not step.alone:
+            step.lane = lane
         if len(self._queues) == 1:
             self._queues[0].put(step)
         elif lane is None or step.alone:
@@ -235,7 +265,7 @@ class StoreWriter:
                     pending = step
                     break
                 batch.append(step)
-            self._commit(batch, counts)
+            self._commit(_in_lock_order(batch) if self._lock_order else batch, counts)
             if pending is None and self._closed and waiting.empty():
                 return
 
