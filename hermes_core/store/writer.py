@@ -12,7 +12,9 @@ lane hashes to, so one lane's steps stay in order and its read-modify-writes nev
 other lanes' steps commit in parallel on other connections. A step without a lane runs alone:
 every writer thread finishes what was handed over before it, one of them runs it while the
 others wait, and only then do they go on, so it is ordered against every other step. With one
-writer thread all of this reduces to one queue.
+writer thread all of this reduces to one queue. On a store that other processes write at the same
+time, a batch's steps run in the order of their lanes, so that every process's transactions lock
+the lanes' rows in one order (see ``lock_order``).
 
 A step that raises spoils its batch: the transaction is rolled back, ``on_abort`` runs (the
 store drops its entry cache, which may hold the batch's uncommitted state), and every step of the
