@@ -165,13 +165,12 @@ class TurnPipeline:
     ) -> bool:
         """After a send attempt (commit 3): settle the ledger row and close the turn; a reply
         sent outside a turn clears its lane's resume flag with ``close`` (the boot sweep: the
-        interrupted turn is answered, not to be run again); on a shared store ``release`` gives
-        the lane's lease up in the same statement as the settle. True when it was delivered."""
+        interrupted turn is answered, not to be run again); on a shared store ``release`` (a
+        turn's settle) gives the lane's lease up in the same statement as the settle. True when
+        it was delivered."""
         closing: tuple[str, str | None] | None = None
         if turn is not None:
             closing = (turn.key, turn.token)
         elif close:
             closing = (row.session_key, None)
-        return self.store.settle_delivery(
-            row, result, closing, success=success, release=release and turn is not None
-        )
+        return self.store.settle_delivery(row, result, closing, success=success, release=release)
