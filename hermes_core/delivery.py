@@ -99,16 +99,15 @@ class Delivery(GatewayCore):
         """Writer step: settle the ledger row and close the turn; the crash points of a
         delivery pass once this is committed. A turn's lane on a shared store with nothing
         queued here gives its lease up in the same statement, unless events wait in its durable
-        queue (then it is kept and that queue is loaded here to run next)."""
+        queue (then it is kept and those events are loaded here to run next)."""
         key = row.session_key
         shared = self.shared
         release = (
             turn is not None and shared is not None and not shared.recovering(key)
             and self._queue.depth(key) == 0
         )  # fmt: skip
-        delivered = self._pipeline.settle(row, result, turn, success, close, release)
-        if release and self.store.holds(key):
-            self._queue.reload(key)
+        kept = functools.partial(self._queue.reload, key) if release else None
+        delivered = self._pipeline.settle(row, result, turn, success, close, kept)
         if delivered:
             self.store.after_commit(_delivered)
         return delivered

@@ -16,6 +16,7 @@ crash points after each step returns, that is after its commit.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from hermes_core.config import GatewayConfig
@@ -26,6 +27,7 @@ from hermes_core.recovery import INTERNAL_NOTIFICATION
 from hermes_core.resume import is_fresh, resume_note
 from hermes_core.store import SessionStore
 from hermes_core.store.backend import Obligation, new_obligation
+from hermes_core.store.leases import QueuedEvent
 from hermes_core.text import clean_text
 
 
@@ -161,16 +163,17 @@ class TurnPipeline:
         turn: Turn | None,
         success: bool = True,
         close: bool = False,
-        release: bool = False,
+        kept: Callable[[list[QueuedEvent]], object] | None = None,
     ) -> bool:
         """After a send attempt (commit 3): settle the ledger row and close the turn; a reply
         sent outside a turn clears its lane's resume flag with ``close`` (the boot sweep: the
-        interrupted turn is answered, not to be run again); on a shared store ``release`` (a
-        turn's settle) gives the lane's lease up in the same statement as the settle. True when
-        it was delivered."""
+        interrupted turn is answered, not to be run again); on a shared store, given ``kept``
+        (a turn's settle), the lane's lease is given up in the same statement as the settle,
+        unless events wait in the lane's durable queue: then ``kept`` gets them. True when it
+        was delivered."""
         closing: tuple[str, str | None] | None = None
         if turn is not None:
             closing = (turn.key, turn.token)
         elif close:
             closing = (row.session_key, None)
-        return self.store.settle_delivery(row, result, closing, success=success, release=release)
+        return self.store.settle_delivery(row, result, closing, success=success, kept=kept)

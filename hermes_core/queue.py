@@ -40,6 +40,7 @@ from hermes_core.models import MessageEvent, MessageType
 from hermes_core.recent import Recent
 from hermes_core.specs import LifecycleEvent, LifecycleKind
 from hermes_core.store import SessionStore
+from hermes_core.store.leases import QueuedEvent
 
 __all__ = [
     "MERGED_KEY", "PART_OF_KEY", "EnqueueResult", "QueuedItem", "SeenMessages", "TurnQueue",
@@ -404,7 +405,7 @@ class TurnQueue:
             raise RuntimeError("TurnQueue.restore() must run before anything is queued")
         return self._fold(self._store.queue_restore(), restored=True)
 
-    def _fold(self, rows: list[tuple[int, str, MessageEvent]], *, restored: bool) -> int:
+    def _fold(self, rows: list[QueuedEvent], *, restored: bool) -> int:
         """Append stored rows to their lanes, each follow-up folded into its item."""
         now = self._clock()
         count = 0
@@ -425,11 +426,13 @@ class TurnQueue:
                 count += 1
         return count
 
-    def reload(self, session_key: str) -> int:
-        """Replace the lane's items with its durable queue (writer thread; a shared store's
-        lease holder does this on taking the lane, so events other processes queued run here,
-        in order). The number of items."""
-        rows = self._store.queue_restore(session_key)
+    def reload(self, session_key: str, rows: list[QueuedEvent] | None = None) -> int:
+        """Replace the lane's items with its durable queue, read here or given as ``rows``
+        (all of the lane's, as the store just read them) (writer thread; a shared store's lease
+        holder does this on taking the lane, so events other processes queued run here, in
+        order). The number of items."""
+        if rows is None:
+            rows = self._store.queue_restore(session_key)
         with self._lock:
             previous = self._lanes.pop(session_key, [])
         self._store.on_rollback(lambda: self._put_lane(session_key, previous))

@@ -197,11 +197,12 @@ class SharedLanes:
             self._dispatch(key)
 
     def _release_step(self, key: str) -> bool:
-        """Writer step: release (True: kept, because events wait; the queue is reloaded)."""
-        if self.store.release_lease(key):
+        """Writer step: release (True: kept, because events wait; they are loaded here)."""
+        waiting = self.store.release_lease(key)
+        if waiting is None:
             self.queue.forget(key)
             return False
-        self.queue.reload(key)
+        self.queue.reload(key, waiting)
         return True
 
     # -- renewal and takeover ------------------------------------------------------------------

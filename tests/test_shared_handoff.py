@@ -33,6 +33,7 @@ from hermes_core.ledger import SendResult
 from hermes_core.runtime import Gateway
 from hermes_core.store import SessionStore
 from hermes_core.store.backend import LeaseGrant, Obligation
+from hermes_core.store.leases import QueuedEvent
 
 pytestmark = pytest.mark.postgres
 
@@ -175,9 +176,10 @@ def test_a_release_waits_for_an_event_queued_under_a_failed_grant_and_keeps_the_
             enqueuer.queue_add(key, _message("hi", "m1"))
 
     waits_for_commit = _while_held_open(enqueuer, key, enqueue_under_the_grant)
-    released = waits_for_commit(lambda: holder.release_lease(key))
+    kept = waits_for_commit(lambda: holder.release_lease(key))
     assert refused == [None]
-    assert released is False  # kept: the event waits and the holder runs it
+    assert isinstance(kept, list)  # kept: the event waits and the holder runs it
+    assert [event.text for _, _, event in kept] == ["hi"]  # read after the wait, not before
     assert holder.holds(key)
 
 
@@ -188,7 +190,7 @@ def test_a_release_with_nothing_waiting_is_one_statement(
     key = holder.session_key_for(SOURCE)
     assert holder.take_lease(key) == "free"
     before = holder.stats()
-    assert holder.release_lease(key)
+    assert holder.release_lease(key) is None
     after = holder.stats()
     assert after["round_trips"] - before["round_trips"] == 2  # the delete and its commit
     assert not holder.holds(key)
@@ -203,7 +205,7 @@ def test_a_refused_grant_that_queued_nothing_does_not_keep_the_lease_held(
     key = holder.session_key_for(SOURCE)
     assert holder.take_lease(key) == "free"
     assert other.take_lease(key) is None  # refused, nothing queued
-    assert holder.release_lease(key)
+    assert holder.release_lease(key) is None
     assert not holder.holds(key)
     assert other.take_lease(key) == "free"
 
@@ -224,10 +226,15 @@ def test_a_release_after_an_event_was_queued_under_a_refused_grant_keeps_the_lea
 
     event_id = enqueuer.run(enqueue_under_the_grant, lane=key)
     assert event_id is not None
-    assert holder.release_lease(key) is False
+    before = holder.stats()
+    kept = holder.release_lease(key)
+    after = holder.stats()
+    assert kept is not None
+    assert [(queued, event.text) for queued, _, event in kept] == [(event_id, "hi")]
+    assert after["round_trips"] - before["round_trips"] == 2  # the event came with the keep
     assert holder.holds(key)
     assert holder.mark_turn_active(key, consumed_event_id=event_id)  # the event runs, dequeued
-    assert holder.release_lease(key)
+    assert holder.release_lease(key) is None
     assert enqueuer.take_lease(key) == "free"
 
 
@@ -237,12 +244,12 @@ def test_an_enqueuer_whose_grant_waits_for_a_release_finds_the_lane_free(
     holder, enqueuer = stores("holder", lease_secs=LONG), stores("enqueuer", lease_secs=LONG)
     key = holder.session_key_for(SOURCE)
     assert holder.take_lease(key) == "free"
-    released: list[bool] = []
+    released: list[object] = []
     waits_for_commit = _while_held_open(
         holder, key, lambda: released.append(holder.release_lease(key))
     )
     taken = waits_for_commit(lambda: enqueuer.take_idle_lease(key))
-    assert released == [True]
+    assert released == [None]
     assert taken == ("free", False)  # the lane is the enqueuer's: it runs its event itself
 
 
@@ -258,7 +265,7 @@ def test_a_renewal_while_a_grant_is_uncommitted_leaves_that_lease_alone(
     assert waits_for_commit(lambda: other.take_lease(key)) is None  # held by the holder
     assert holder.holds(key)
     assert holder.renew_leases() == []  # renewed, now that it is committed
-    assert holder.release_lease(key)
+    assert holder.release_lease(key) is None
     assert other.take_lease(key) == "free"
 
 
@@ -274,7 +281,7 @@ def test_a_grant_that_waits_for_a_release_sees_what_the_release_committed_with_i
 
     def new_and_release() -> None:  # /new and the release, in one commit
         assert holder.reset_session(key) is not None
-        assert holder.release_lease(key)
+        assert holder.release_lease(key) is None
 
     waits_for_commit = _while_held_open(holder, key, new_and_release)
     assert waits_for_commit(lambda: taker.take_lease(key)) == "free"
@@ -340,10 +347,12 @@ def test_a_turns_settle_releases_the_lease_in_its_own_statement(
     assert holder.take_lease(key) == "free"
     row = _turn_with_reply(holder, "hi", "m1")
     result = SendResult(ok=True) if sent else SendResult(ok=False, failure_kind="rejected")
-    settle = functools.partial(holder.settle_delivery, row, result, (key, None), release=True)
+    kept: list[object] = []
+    settle = functools.partial(holder.settle_delivery, row, result, (key, None), kept=kept.append)
     before = holder.stats()
     assert holder.run(settle, lane=key) is sent  # one writer step, as a gateway runs it
     after = holder.stats()
+    assert kept == []
     assert after["statements"] - before["statements"] == (1 if sent else 2)
     assert after["commits"] - before["commits"] == 1
     assert not holder.holds(key)
@@ -368,8 +377,16 @@ def test_a_turns_settle_keeps_the_lease_for_an_event_queued_under_a_refused_gran
             assert enqueuer.take_idle_lease(key) is None
             return enqueuer.queue_add(key, _message("again", "m2"))
 
-    assert enqueuer.run(enqueue_under_the_grant, lane=key) is not None
-    assert holder.settle_delivery(row, SendResult(ok=True), (key, None), release=True)
+    event_id = enqueuer.run(enqueue_under_the_grant, lane=key)
+    assert event_id is not None
+    kept: list[list[QueuedEvent]] = []
+    before = holder.stats()
+    assert holder.settle_delivery(row, SendResult(ok=True), (key, None), kept=kept.append)
+    after = holder.stats()
+    assert [[(queued, event.text) for queued, _, event in events] for events in kept] == [
+        [(event_id, "again")]
+    ]  # the event came with the statement that kept the lease
+    assert after["statements"] - before["statements"] == 1
     assert holder.holds(key)  # kept: the holder runs the event
     assert _scalar(empty_database, "SELECT count(*) FROM delivery_obligations") == 0
     assert enqueuer.take_lease(key) is None

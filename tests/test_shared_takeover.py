@@ -64,7 +64,7 @@ def test_a_grant_says_whether_it_replaced_a_lease_never_released(
     assert other.take_lease(key) is None  # held, unexpired
     grant = _first(lambda: other.take_lease(key), "the holder's lease to expire")
     assert grant == "unreleased"  # the holder let it expire: a takeover
-    assert other.release_lease(key)
+    assert other.release_lease(key) is None
     assert holder.take_lease(key) == "free"  # released: nothing to take over
 
 
@@ -78,7 +78,7 @@ def test_a_lane_armed_to_resume_is_taken_over_when_its_holder_dies_before_resumi
         key = holder.session_key_for(source)
         assert holder.take_lease(key)
         assert holder.mark_resume_pending(key, "restart_interrupted")  # armed, no marker
-    assert holder.release_lease(released)  # its holder saw to its resume
+    assert holder.release_lease(released) is None  # its holder saw to its resume
     claimed = _first(lambda: other.claim_orphaned_lanes(expired=True), "a lane to take over")
     assert claimed == [dead]
 
@@ -94,7 +94,8 @@ def test_the_scan_leaves_a_lane_just_queued_to_its_enqueuer_and_claims_it_if_nev
     assert enqueuer.queue_add(key, MessageEvent(source=SOURCE, text="hi", message_id="m1"))
     assert scanner.claim_orphaned_lanes(expired=True) == []  # the enqueuer is about to take it
     assert enqueuer.take_lease(key) == "free"
-    assert enqueuer.release_lease(key) is False  # the event waits: the enqueuer runs it
+    kept = enqueuer.release_lease(key)  # the event waits: the enqueuer runs it
+    assert [event.text for _, _, event in kept or []] == ["hi"]
     assert scanner.claim_orphaned_lanes(expired=True) == []  # leased
     stranded = scanner.session_key_for(OTHER)
     assert scanner.queue_add(stranded, MessageEvent(source=OTHER, text="hi", message_id="m2"))

@@ -514,10 +514,14 @@ class TurnLeases(Protocol):
         Called from a thread of its own, beside the writer threads: it must not wait for the
         writer's transactions (nor, for long, for rows they lock)."""
 
-    def release_lease(self, session_key: str, token: str, delivered: str | None = None) -> bool:
-        """Give up the lane's lease unless events wait in its durable queue (False: kept);
-        with ``delivered``, delete that ledger row (a reply delivered) in the same transaction
-        whatever the release decides."""
+    def release_lease(
+        self, session_key: str, token: str, delivered: str | None = None
+    ) -> list[tuple[int, str, str]] | None:
+        """Give up the lane's lease unless events wait in its durable queue: None when it was
+        released (or ``token`` no longer holds it), else the lane's queued events as
+        :meth:`DurableQueue.queued` returns them (kept: the caller runs them); with ``delivered``,
+        delete that ledger row (a reply delivered) in the same transaction whatever the release
+        decides."""
 
     def read_route(self, session_key: str) -> tuple[EntryDict, int] | None:
         """The stored entry of a key (which may carry :data:`SESSION_ENDED`) and its row's

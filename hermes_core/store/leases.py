@@ -16,15 +16,23 @@ nothing. On a single-instance store every call here is a no-op that grants.
 
 from __future__ import annotations
 
+import json
+import logging
 import secrets
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 
-from hermes_core.errors import LeaseLostError
+from hermes_core.errors import InvalidValueError, LeaseLostError
 from hermes_core.instance import instance_id
+from hermes_core.models import MessageEvent
 from hermes_core.store.backend import LeaseGrant
 from hermes_core.store.base import serialised
 from hermes_core.store.routing import RoutingStore
+
+logger = logging.getLogger(__name__)
+
+QueuedEvent = tuple[int, str, MessageEvent]
+"""A durably queued event as the store reads it back: (id, session key, event)."""
 
 UNFENCED: AbstractContextManager[dict[str, str]] = nullcontext({})
 """What :meth:`LeaseStore._fenced` is on a single-instance store: no keyword arguments (the
@@ -153,21 +161,38 @@ class LeaseStore(RoutingStore):
                 held[session_key] = token
 
     @serialised
-    def release_lease(self, session_key: str, *, delivered: str | None = None) -> bool:
-        """Give up the lane's lease; False (kept) when events wait in its durable queue, which
-        this process then runs. A lease lost meanwhile counts as released. ``delivered``: the
-        ledger row of a reply delivered, deleted in the same statement (call this only while
-        :meth:`holds` the lane, or the row stays)."""
+    def release_lease(
+        self, session_key: str, *, delivered: str | None = None
+    ) -> list[QueuedEvent] | None:
+        """Give up the lane's lease: None when it is released, else it is kept because events
+        wait in the lane's durable queue, and those events (read in the same statement, oldest
+        first), which this process then runs. A lease lost meanwhile counts as released.
+        ``delivered``: the ledger row of a reply delivered, deleted in the same statement (call
+        this only while :meth:`holds` the lane, or the row stays)."""
         rows = self._bound.leases
         token = self._leases.get(session_key)
         if rows is None or token is None:
-            return True
+            return None
         with self._canonical():
-            released = rows.release_lease(session_key, token, delivered)
-        if released:
-            self._leases.pop(session_key, None)
-            self._writer.on_rollback(lambda: self._restore(session_key, token))
-        return released
+            kept = rows.release_lease(session_key, token, delivered)
+        if kept is not None:
+            return self._queued_events(kept)
+        self._leases.pop(session_key, None)
+        self._writer.on_rollback(lambda: self._restore(session_key, token))
+        return None
+
+    def _queued_events(self, stored: Iterable[tuple[int, str, str]]) -> list[QueuedEvent]:
+        """Queued events as stored (id, key, payload), parsed; an unreadable one is skipped
+        with a warning and left in place."""
+        events = []
+        for event_id, key, payload in stored:
+            try:
+                event = MessageEvent.from_dict(json.loads(payload), plugins=self.plugins)
+            except (ValueError, InvalidValueError) as exc:
+                logger.warning("queued event %d of %s cannot be restored: %s", event_id, key, exc)
+                continue
+            events.append((event_id, key, event))
+        return events
 
     @serialised
     def abandon_lease(self, session_key: str) -> None:

@@ -44,6 +44,7 @@ from hermes_core.store.backend import (
     SessionRow,
 )
 from hermes_core.store.base import changed, exclusive, new_session_id, serialised
+from hermes_core.store.leases import QueuedEvent
 from hermes_core.store.rekey import RekeyStore
 from hermes_core.store.transcripts import TranscriptStore
 from hermes_core.text import clean_text, clean_value
@@ -386,32 +387,40 @@ class SessionStore(RekeyStore, TranscriptStore):
         close: tuple[str, str | None] | None = None,
         *,
         success: bool = True,
-        release: bool = False,
+        kept: Callable[[list[QueuedEvent]], object] | None = None,
     ) -> bool:
         """After a send attempt, in one commit: end the lane's turn with ``close`` = (session
         key, turn token) (its marker if still set and, after a ``success``, the resume flag and
-        stuck-loop count where set), settle the ledger row (none without the ledger) and, with
-        ``release``, give up the lane's lease as :meth:`release_lease` does (a delivered reply's
-        row goes in the same statement; :meth:`holds` tells afterwards whether the lease was
-        kept). True when the platform accepted the reply."""
+        stuck-loop count where set), settle the ledger row (none without the ledger) and, given
+        ``kept``, give up the lane's lease as :meth:`release_lease` does (a delivered reply's
+        row goes in the same statement); events waiting in the lane's durable queue keep it
+        and go to ``kept``. True when the platform accepted the reply."""
         ledger = self.ledger
         delivered = result.ok
         lane = row.session_key
         if close is not None:
             self.close_turn(*close, success=success)
-        releasing = release and self.shared and self.holds(lane)
+        release = None
+        if kept is not None and self.shared and self.holds(lane):
+            release = functools.partial(self._release, lane, kept)
         if ledger is not None and row.obligation_id:
             delete = None
-            if releasing and delivered:
-                releasing = False
-                delete = functools.partial(self._release_delivered, lane)
+            if release is not None and delivered:
+                delete, release = release, None
             delivered = ledger.settle(row, result, delete)
-        if releasing:
-            self.release_lease(lane)
+        if release is not None:
+            release()
         return delivered
 
-    def _release_delivered(self, session_key: str, obligation_id: str) -> None:
-        self.release_lease(session_key, delivered=obligation_id)
+    def _release(
+        self,
+        session_key: str,
+        kept: Callable[[list[QueuedEvent]], object],
+        delivered: str | None = None,
+    ) -> None:
+        waiting = self.release_lease(session_key, delivered=delivered)
+        if waiting is not None:
+            kept(waiting)
 
     @serialised
     def close_turn(self, session_key: str, token: str | None, *, success: bool = True) -> None:

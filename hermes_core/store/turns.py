@@ -18,7 +18,6 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from hermes_core.errors import (
-    InvalidValueError,
     LeaseLostError,
     MessageRedeliveredError,
     StoreError,
@@ -34,7 +33,7 @@ from hermes_core.store.backend import (
     new_obligation,
 )
 from hermes_core.store.base import changed, serialised
-from hermes_core.store.leases import UNFENCED, LeaseStore
+from hermes_core.store.leases import UNFENCED, LeaseStore, QueuedEvent
 from hermes_core.text import clean_text
 from hermes_core.timeutil import utc_now
 
@@ -327,7 +326,7 @@ class TurnRecoveryStore(LeaseStore):
         with self._canonical():
             return queue.remove_queued(event_ids)
 
-    def queue_restore(self, session_key: str | None = None) -> list[tuple[int, str, MessageEvent]]:
+    def queue_restore(self, session_key: str | None = None) -> list[QueuedEvent]:
         """Every persisted queued event (id, key, event), oldest first (on a shared store,
         of the lanes this process holds), or those of ``session_key``; unreadable ones are
         skipped with a warning and left in place."""
@@ -339,15 +338,7 @@ class TurnRecoveryStore(LeaseStore):
                 stored = queue.queued(session_key)
             else:
                 stored = [row for row in queue.queued() if self.holds(row[1])]
-        restored = []
-        for event_id, key, payload in stored:
-            try:
-                event = MessageEvent.from_dict(json.loads(payload), plugins=self.plugins)
-            except (ValueError, InvalidValueError) as exc:
-                logger.warning("queued event %d of %s cannot be restored: %s", event_id, key, exc)
-                continue
-            restored.append((event_id, key, event))
-        return restored
+        return self._queued_events(stored)
 
 
 def _seen_id(event: MessageEvent) -> str | None:

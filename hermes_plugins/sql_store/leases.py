@@ -89,27 +89,37 @@ SELECT token FROM session_turn_leases WHERE token = ANY(%(tokens)s)
 # returned are those present when the statement began (a skipped lease counts as kept).
 
 _RELEASE = """
-DELETE FROM session_turn_leases WHERE session_key = %(key)s AND token = %(token)s AND waiting = 0
-    AND NOT EXISTS (SELECT 1 FROM queued_events WHERE session_key = %(key)s AND dead_at IS NULL)
-RETURNING 1
+WITH queued AS (
+    SELECT id, event_json FROM queued_events WHERE session_key = %(key)s AND dead_at IS NULL
+), delivered AS (
+    DELETE FROM delivery_obligations WHERE obligation_id = %(delivered)s::text
+), released AS (
+    DELETE FROM session_turn_leases
+    WHERE session_key = %(key)s AND token = %(token)s AND waiting = 0
+        AND NOT EXISTS (SELECT 1 FROM queued)
+    RETURNING 1
+), kept AS (
+    UPDATE session_turn_leases SET waiting = 0
+    WHERE session_key = %(key)s AND token = %(token)s AND NOT EXISTS (SELECT 1 FROM released)
+    RETURNING 1
+)
+SELECT true, NULL::int4, NULL::text FROM released
+UNION ALL SELECT false, queued.id, queued.event_json FROM kept LEFT JOIN queued ON true
+ORDER BY 2
 """
-_RELEASE_DELIVERED = f"""
-WITH delivered AS (
-    DELETE FROM delivery_obligations WHERE obligation_id = %(delivered)s
-){_RELEASE}"""
-"""``_RELEASE`` that also deletes the ledger row of the turn's delivered reply: a turn's settle
-and the lane's release in one round trip (the row goes whatever the release decides)."""
-_KEEP = """
-UPDATE session_turn_leases SET waiting = 0 WHERE session_key = %(key)s AND token = %(token)s
-RETURNING EXISTS (SELECT 1 FROM queued_events WHERE session_key = %(key)s AND dead_at IS NULL)
-"""
-# One statement in the common case. An event committed before the release's snapshot is seen
-# by its queue check. One being queued meanwhile comes with a refused grant that marks the row
-# ``waiting`` in the same transaction: the delete waits for that transaction (the row is being
+# One statement, whatever it decides: the lease row is deleted while it is not marked
+# ``waiting`` and nothing waits in the lane's queue (one row, true); otherwise it is kept, the
+# mark cleared, and the lane's queued events come back (false, then one row per event, oldest
+# first); no row: the token no longer holds it. ``delivered``: a ledger row deleted whatever the
+# release decides (the settle of a delivered reply). An event committed before the statement's
+# snapshot is seen by its queue read. One being queued meanwhile comes with a refused grant that
+# marks the row in the same transaction: the delete waits for that transaction (the row is being
 # updated), then checks the row as that transaction left it, marked, and keeps it (a row only
-# locked would not be checked again, and the queue check keeps its snapshot, which misses the
-# event). A release that kept the row clears the mark and looks at the queue with a snapshot
-# taken after that wait; while its transaction holds the row, nobody can mark it again.
+# locked would not be checked again). The queue read keeps the statement's snapshot, which
+# misses that event; so a release that kept the row with nothing queued in view runs once more,
+# with a snapshot taken after the wait (the keep cleared the mark, and while its transaction
+# holds the row nobody can mark it again): that run is final. A kept lease whose snapshot saw
+# some events but missed a later one is released only by a later release, which sees it.
 
 _ORPHANS = f"""
 WITH owing AS (
@@ -195,22 +205,22 @@ class LeaseRows(SqlConnection):
             conn.commit()
         return {row[0] for row in rows}
 
-    def release_lease(self, session_key: str, token: str, delivered: str | None = None) -> bool:
-        """Give the lane's lease up unless events wait in its queue (then keep it: False). An
-        event queued concurrently is either seen here or finds the lane free afterwards.
-        ``delivered``: a ledger row deleted in the same statement (the settle of a reply)."""
+    def release_lease(
+        self, session_key: str, token: str, delivered: str | None = None
+    ) -> list[tuple[int, str, str]] | None:
+        """Give the lane's lease up unless events wait in its queue: None when it was released
+        (or is no longer ``token``'s), else kept and the lane's queued events (id, key,
+        payload), oldest first. An event queued concurrently is either seen here or finds the
+        lane free afterwards. ``delivered``: a ledger row deleted in the same statement (the
+        settle of a reply)."""
         params = {"key": session_key, "token": token, "delivered": delivered}
-        release = _RELEASE if delivered is None else _RELEASE_DELIVERED
         with self._write("releasing a turn lease") as cursor:
-            if cursor.execute(release, params).fetchone() is not None:
-                return True
-            kept = cursor.execute(_KEEP, params).fetchone()
-            if kept is None:
-                return True  # not ours any more
-            if kept[0]:
-                return False  # events wait: the holder runs them
-            # marked by a refused grant that queued nothing (a scan's): unmarked now, so gone
-            return cursor.execute(_RELEASE, params).fetchone() is not None
+            rows = cursor.execute(_RELEASE, params).fetchall()
+            if rows and not rows[0][0] and rows[0][1] is None:  # kept, no event in view
+                rows = cursor.execute(_RELEASE, {**params, "delivered": None}).fetchall()
+        if not rows or rows[0][0]:
+            return None
+        return [(event, session_key, payload) for _, event, payload in rows if event is not None]
 
     def orphaned_lanes(self, owner: str, boot: str, expired: bool) -> list[tuple[str, int | None]]:
         """Lanes with a turn marker, queued events or unsettled replies whose lease is absent

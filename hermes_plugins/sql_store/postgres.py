@@ -3,11 +3,12 @@
 On SQLite a statement costs microseconds, so a turn's writes stay separate statements. On
 PostgreSQL every statement is a round trip to the server; data-modifying CTEs let the start of a
 turn (redelivery row, marker, dequeue, user message) and its finish (reply, ledger row, marker
-cleared) each travel as one statement, and so does a new session (routing row, predecessor's
-end, session row). On a shared store each is fenced within that statement:
-given the turn's lease token (``lease``), it locks the lane's lease row (shared, until the
-transaction ends) and writes nothing unless the token still holds it, which it returns. Parameters
-carry explicit casts: a NULL parameter has no type PostgreSQL could infer.
+cleared) each travel as one statement, and so do a new session (routing row, predecessor's
+end, session row) and a queued event (the event, its message seen). On a shared store a
+turn's start and finish are fenced within their statement: given the turn's lease token
+(``lease``), each locks the lane's lease row (shared, until the transaction ends) and writes
+nothing unless the token still holds it, which it returns. Parameters carry explicit casts: a
+NULL parameter has no type PostgreSQL could infer.
 """
 
 from __future__ import annotations
@@ -74,6 +75,25 @@ SELECT (SELECT count(*) FROM go), (SELECT count(*) FROM marker), (SELECT count(*
 """The start of a turn; returns (went ahead, marker rows written, lease held): (0, 0, 1) for a
 redelivery or a queued event another process has run already, (0, 0, 0) when the lease was
 lost."""
+
+QUEUE_EVENT = """
+WITH seen AS (
+    INSERT INTO seen_messages (session_key, message_id, seen_at)
+    SELECT %(session_key)s::text, %(seen)s::text, %(enqueued_at)s::float8
+    WHERE %(seen)s::text IS NOT NULL
+    ON CONFLICT DO NOTHING
+    RETURNING 1
+)
+INSERT INTO queued_events
+    (session_key, internal, bound_session_id, event_json, enqueued_at, updated_at)
+SELECT %(session_key)s::text, %(internal)s::int4, %(bound_session_id)s::text,
+    %(event_json)s::text, %(enqueued_at)s::float8, %(updated_at)s::float8
+WHERE %(seen)s::text IS NULL OR EXISTS (SELECT 1 FROM seen)
+RETURNING id
+"""
+"""A queued event and, for a human one (``seen``: its platform message id), the message
+recorded as seen on the lane; returns the event's id, or nothing (nothing written) when the
+message was seen there before."""
 
 _OBLIGATION_COLUMNS = tuple(Obligation.__dataclass_fields__)
 _OBLIGATION_TYPES = {

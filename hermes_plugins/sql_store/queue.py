@@ -10,6 +10,7 @@ from typing import Any
 from sqlalchemy import delete, select, update
 
 from hermes_core.store.backend import DeadLetter
+from hermes_plugins.sql_store import postgres
 from hermes_plugins.sql_store.ledger import LedgerRows
 from hermes_plugins.sql_store.schema import queued_events, seen_messages
 
@@ -34,10 +35,13 @@ class QueueRows(LedgerRows):
             "event_json": event, "enqueued_at": now, "updated_at": now,
         }  # fmt: skip
         with self._write("queueing an event") as cursor:
+            if self.name == "postgresql":  # one round trip (see ``postgres``)
+                row = cursor.execute(postgres.QUEUE_EVENT, {**params, "seen": seen}).fetchone()
+                return None if row is None else int(row[0])
             if seen is not None and not self._mark_seen(cursor, session_key, seen):
                 return None
             self._sql.insert_queued.run(cursor, params)
-            return int(cursor.lastrowid if self.name == "sqlite" else cursor.fetchone()[0])
+            return int(cursor.lastrowid)
 
     def fail_queued(self, event_id: int, error: str, max_attempts: int) -> bool:
         """Count a failed dispatch of a queued event; at ``max_attempts`` it becomes a dead

@@ -193,12 +193,11 @@ class Statements:
             delete(queued_events).where(queued_events.c.id == bindparam("event_id"))
         )
         queue_columns = ("session_key", "internal", "bound_session_id", "event_json")
-        insert_queued = queued_events.insert().values(
-            {name: bindparam(name) for name in (*queue_columns, "enqueued_at", "updated_at")}
+        self.insert_queued = prepare(  # SQLite's (PostgreSQL's: ``postgres.QUEUE_EVENT``)
+            queued_events.insert().values(
+                {name: bindparam(name) for name in (*queue_columns, "enqueued_at", "updated_at")}
+            )
         )
-        if dialect.name != "sqlite":
-            insert_queued = insert_queued.returning(queued_events.c.id)
-        self.insert_queued = prepare(insert_queued)
         self.lane_queued = prepare(
             select(queued_events.c.id, queued_events.c.session_key, queued_events.c.event_json)
             .where(
