@@ -511,3 +511,40 @@ def test_two_processes_taking_two_lanes_in_opposite_orders_do_not_deadlock(
     assert refused == [None, None, None]
     assert first.holds(low)
     assert first.holds(high)
+
+
+def test_an_unreadable_queued_event_is_set_aside_and_the_lane_goes_free(
+    tmp_path: Path, empty_database: str, stores: Callable[..., SessionStore]
+) -> None:
+    """An event no process here can read (its payload is not a message event) would keep the
+    lane's lease held for ever, the holder releasing and keeping it in a loop: it becomes a
+    dead letter, with the reason, and the lane is released once its readable events ran."""
+    enqueuer = stores("enqueuer", lease_secs=LONG)
+    key = enqueuer.session_key_for(SOURCE)
+    run_sql(
+        empty_database,
+        "INSERT INTO queued_events (session_key, internal, event_json, enqueued_at, updated_at)"
+        f" VALUES ('{key}', 0, '{{\"not\": \"an event\"}}', 0, 0)",
+    )
+
+    async def scenario() -> tuple[list[str], int]:
+        gateway, adapter = _gateway(tmp_path, "taker", empty_database, EchoAgent, lease_secs=LONG)
+        await gateway.start()
+        store = gateway.store
+        await gateway.handle_message(_message("hi", "m1"))
+        await _wait(lambda: bool(adapter.sent), "the reply")
+        await gateway.idle()
+        await _wait(lambda: not store.holds(key), "the lease to be released")
+        before = store.stats()["round_trips"]
+        await asyncio.sleep(0.3)
+        spent = store.stats()["round_trips"] - before
+        await gateway.stop()
+        return adapter.texts(), spent
+
+    texts, spent = asyncio.run(scenario())
+    assert texts == ["echo: hi"]
+    assert spent == 0  # no loop of releases
+    [letter] = enqueuer.dead_letters()
+    assert letter.session_key == key
+    assert "cannot be read" in (letter.last_error or "")
+    assert _scalar(empty_database, "SELECT count(*) FROM session_turn_leases") == 0

@@ -176,20 +176,33 @@ class LeaseStore(RoutingStore):
         with self._canonical():
             kept = rows.release_lease(session_key, token, delivered)
         if kept is not None:
-            return self._queued_events(kept)
+            return self._queued_events(kept, set_aside=True)
         self._leases.pop(session_key, None)
         self._writer.on_rollback(lambda: self._restore(session_key, token))
         return None
 
-    def _queued_events(self, stored: Iterable[tuple[int, str, str]]) -> list[QueuedEvent]:
-        """Queued events as stored (id, key, payload), parsed; an unreadable one is skipped
-        with a warning and left in place."""
+    def _queued_events(
+        self, stored: Iterable[tuple[int, str, str]], *, set_aside: bool = False
+    ) -> list[QueuedEvent]:
+        """Queued events as stored (id, key, payload), parsed. An unreadable one is skipped
+        with a warning and left in place, or with ``set_aside`` made a dead letter (the lease
+        holder's release: left queued, it would keep the lane's lease held for ever)."""
         events = []
         for event_id, key, payload in stored:
             try:
                 event = MessageEvent.from_dict(json.loads(payload), plugins=self.plugins)
             except (ValueError, InvalidValueError) as exc:
-                logger.warning("queued event %d of %s cannot be restored: %s", event_id, key, exc)
+                queue = self._bound.queue
+                if not set_aside or queue is None:
+                    logger.warning("queued event %d of %s cannot be read: %s", event_id, key, exc)
+                    continue
+                logger.error(
+                    "queued event %d of %s cannot be read (%s); set aside as a dead letter "
+                    "(`hermes-sessions requeue %d` puts it back once the gateways can read it)",
+                    event_id, key, exc, event_id,
+                )  # fmt: skip
+                with self._canonical():
+                    queue.fail_queued(event_id, f"cannot be read: {exc}", 0)  # dead at once
                 continue
             events.append((event_id, key, event))
         return events
