@@ -26,10 +26,14 @@ excluded, with no think time and 32 slots per process (the benchmark's first run
 each lane, which creates its session; later runs: 32 turns per process); then, for each
 scenario, the driver waits until every process is idle (no lane running or leased) and runs the
 measured phase of ``turns`` turns per process; the clock runs from the first message to the
-last reply; the driver waits until all are idle again (the turns' last commits and lease
-releases count in their CPU). Then the processes stop.
+last reply; the driver waits until all are idle again (the turns' last commits
+and lease releases count in their CPU). Then the processes stop. The benchmark makes three
+rounds of the four runs (see below), so that the figures it compares come from the same
+minutes of a machine whose speed drifts (one run's CPU per turn moved by a fifth between two
+runs a minute apart); each figure is the total over the rounds, and each target line gives, in
+brackets, its lowest and highest value in one round.
 
-Figures of a scenario in a run:
+Figures of a scenario over the rounds:
 
 - turns/s: measured turns / wall seconds; "x 1proc": against 1 process with the same
   ``storage.instances``.
@@ -78,7 +82,7 @@ import tempfile
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
@@ -96,6 +100,8 @@ SPAWN = multiprocessing.get_context("spawn")
 LANES = 1_000
 CHAT_BASE = 3_000_000
 WARM_SLOTS = 32
+ROUNDS = 3
+"""Rounds of the runs."""
 FOLLOW_UP = 0.5
 """Share of replies after which the lane's next message goes at once to another process."""
 STALL_SECS = 60.0
@@ -314,8 +320,10 @@ class Figures:
     seconds: float = 0.0
     gateway_cpu: float = 0.0
     postgres_cpu: float = 0.0
-    round_trips: float = 0.0
-    busy_cores: float = 0.0
+    trips: int = 0
+    """Round trips of the gateways' stores."""
+    busy_seconds: float = 0.0
+    """The machine's busy core-seconds."""
     handoffs: list[float] = field(default_factory=list)
     relayed: int = 0
     local: list[float] = field(default_factory=list)
@@ -327,6 +335,26 @@ class Figures:
     @property
     def cpu_ms(self) -> float:
         return 1000 * (self.gateway_cpu + self.postgres_cpu) / self.turns
+
+    @property
+    def round_trips(self) -> float:
+        return self.trips / self.turns
+
+    @property
+    def busy_cores(self) -> float:
+        return self.busy_seconds / self.seconds
+
+    def add(self, other: Figures) -> None:
+        """Count another round of the same scenario and fleet size in."""
+        self.turns += other.turns
+        self.seconds += other.seconds
+        self.gateway_cpu += other.gateway_cpu
+        self.postgres_cpu += other.postgres_cpu
+        self.trips += other.trips
+        self.busy_seconds += other.busy_seconds
+        self.handoffs += other.handoffs
+        self.relayed += other.relayed
+        self.local += other.local
 
 
 def _percentile(values: Sequence[float], share: float) -> float:
@@ -521,9 +549,10 @@ def _measure(
     figures.gateway_cpu = fleet.cpu() - cpu
     backends.sample()
     figures.postgres_cpu = backends.used()
-    figures.busy_cores = (busy_after - busy) / (total_after - total) * (os.cpu_count() or 1)
+    cores = (busy_after - busy) / (total_after - total) * (os.cpu_count() or 1)
+    figures.busy_seconds = cores * figures.seconds
     pairs = zip(before, after, strict=True)
-    figures.round_trips = sum(b["round_trips"] - a["round_trips"] for a, b in pairs) / turns
+    figures.trips = sum(b["round_trips"] - a["round_trips"] for a, b in pairs)
     return figures, sent
 
 
@@ -579,51 +608,86 @@ def _row(figures: Figures, one: Figures, single: Figures) -> str:
     )
 
 
-def _target(label: str, value: float, target: float, at_most: bool = False) -> str:
+def _target(label: str, value: float, rounds: Sequence[float], target: float, at_most: bool) -> str:
     met = value <= target if at_most else value >= target
     sign = "<=" if at_most else ">="
-    return f"{label:58} {value:6.2f}   target {sign} {target:<4g} {'met' if met else 'MISSED'}"
+    spread = f"({min(rounds):.2f}-{max(rounds):.2f})"
+    return (
+        f"{label:58} {value:6.2f} {spread:11}  target {sign} {target:<4g} "
+        f"{'met' if met else 'MISSED'}"
+    )
 
 
 PLAN = (("single", 1), ("shared", 1), ("shared", 2), ("shared", 4))
+Results = dict[tuple[str, str, int], Figures]
+"""(scenario label, instances, processes) -> figures."""
 
 
 def run_all(url: str, scenarios: Sequence[Scenario], lease_scan_secs: float) -> None:
-    """Every scenario's runs, then one table and the targets."""
+    """Every scenario's runs, round after round, then one table and the targets."""
     engine = create_engine(url, pool_size=1)
     _empty(engine)
-    results: dict[tuple[str, str, int], Figures] = {}
+    rounds: list[Results] = []
     with tempfile.TemporaryDirectory() as directory:
-        for instances, processes in PLAN:
-            setup = Setup(url, instances, lease_scan_secs)
-            warm = WARM_SLOTS * processes if results else LANES
-            for figures in run(Path(directory), engine, scenarios, setup, processes, warm):
-                results[figures.scenario.label, instances, processes] = figures
-                print(f"  {figures.scenario.label}: {instances} x {processes}: "
-                      f"{figures.rate:.1f} turns/s", flush=True)  # fmt: skip
+        for number in range(1, ROUNDS + 1):
+            results: Results = {}
+            for instances, processes in PLAN:
+                setup = Setup(url, instances, lease_scan_secs)
+                warm = WARM_SLOTS * processes if rounds or results else LANES
+                for figures in run(Path(directory), engine, scenarios, setup, processes, warm):
+                    results[figures.scenario.label, instances, processes] = figures
+                    print(f"  round {number}: {figures.scenario.label}: {instances} x "
+                          f"{processes}: {figures.rate:.1f} turns/s", flush=True)  # fmt: skip
+            rounds.append(results)
     engine.dispose()
+    totals: Results = {}
+    for results in rounds:
+        for key, figures in results.items():
+            if key in totals:
+                totals[key].add(figures)
+            else:
+                totals[key] = replace(
+                    figures, handoffs=list(figures.handoffs), local=list(figures.local)
+                )
     where = make_url(url).render_as_string(hide_password=True)
     print(f"\nGateway processes on PostgreSQL ({where}), {LANES:,} lanes, "
-          f"{os.cpu_count()} cores; CPU in ms per turn")  # fmt: skip
+          f"{os.cpu_count()} cores; CPU in ms per turn; totals of {ROUNDS} rounds")  # fmt: skip
     print(HEADER)
     for scenario in scenarios:
         print(f"-- {scenario.label}")
-        single = results[scenario.label, "single", 1]
+        single = totals[scenario.label, "single", 1]
         for instances, processes in PLAN:
-            one = results[scenario.label, instances, 1]
-            print(_row(results[scenario.label, instances, processes], one, single))
+            one = totals[scenario.label, instances, 1]
+            print(_row(totals[scenario.label, instances, processes], one, single))
     print()
+    _targets(scenarios, totals, rounds)
+
+
+def _rate_ratio(results: Results, label: str, baseline: str) -> float:
+    """Turns/s of 4 shared processes against 1 ``baseline`` process."""
+    return results[label, "shared", 4].rate / results[label, baseline, 1].rate
+
+
+def _cpu_ratio(results: Results, label: str, processes: int, baseline: str) -> float:
+    """CPU per turn of ``processes`` shared processes against 1 ``baseline`` process."""
+    return results[label, "shared", processes].cpu_ms / results[label, baseline, 1].cpu_ms
+
+
+def _targets(scenarios: Sequence[Scenario], totals: Results, rounds: list[Results]) -> None:
+    """The target lines: each ratio over the totals, and its range over the rounds."""
     throughput, cpu = scenarios[0].label, scenarios[1].label
     for baseline in ("shared", "single"):
-        rate = results[throughput, "shared", 4].rate / results[throughput, baseline, 1].rate
-        print(_target(f"{throughput}: turns/s, 4 shared / 1 {baseline}", rate, 3.0))
+        value = _rate_ratio(totals, throughput, baseline)
+        each = [_rate_ratio(results, throughput, baseline) for results in rounds]
+        label = f"{throughput}: turns/s, 4 shared / 1 {baseline}"
+        print(_target(label, value, each, 3.0, False))
     for baseline in ("shared", "single"):
-        base_ms = results[cpu, baseline, 1].cpu_ms
         for processes in (1, 2, 4) if baseline == "single" else (2, 4):
-            ratio = results[cpu, "shared", processes].cpu_ms / base_ms
+            value = _cpu_ratio(totals, cpu, processes, baseline)
+            each = [_cpu_ratio(results, cpu, processes, baseline) for results in rounds]
             label = f"{cpu}: CPU/turn, {processes} shared / 1 {baseline}"
-            print(_target(label, ratio, 1.25, True))
-    handoffs = results[throughput, "shared", 4].handoffs
+            print(_target(label, value, each, 1.25, True))
+    handoffs = totals[throughput, "shared", 4].handoffs
     if handoffs:
         print(f"{throughput}, 4 shared: hand-off latency p95 {_ms(handoffs, 0.95).strip()} ms")
 
