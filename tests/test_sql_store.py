@@ -207,6 +207,27 @@ def test_a_new_lane_reads_its_routing_row_once(open_store: Opener, backend: str)
     assert row.end_reason is None
 
 
+def test_a_queued_event_and_its_message_id_are_stored_together(
+    open_store: Opener, backend: str
+) -> None:
+    """The queued event and its platform message id (the redelivery check) are one statement
+    on PostgreSQL, two on SQLite; a redelivered message writes nothing."""
+    store = open_store()
+    key = store.session_key_for(telegram_dm("1"))
+    event = MessageEvent(source=telegram_dm("1"), text="queued", message_id="m1")
+    before = store.stats()["statements"]
+    event_id = store.queue_add(key, event)
+    assert store.stats()["statements"] - before == (2 if backend == "sqlite" else 1)
+    with pytest.raises(MessageRedeliveredError):
+        store.queue_add(key, event.replace(text="again"))
+    internal = MessageEvent(source=telegram_dm("1"), text="wake", internal=True)
+    later = store.queue_add(key, internal)  # no message id: nothing to check
+    assert [(queued, stored.text) for queued, _, stored in store.queue_restore(key)] == [
+        (event_id, "queued"),
+        (later, "wake"),
+    ]
+
+
 def test_a_lane_not_cached_is_loaded_in_one_statement(open_store: Opener) -> None:
     """A lane whose entry is not cached (a new process here) is read in one statement: its
     session's end comes with the routing row, not from a second read of the session row."""
