@@ -1,7 +1,8 @@
 """Several gateway processes on one PostgreSQL database (``storage.instances: shared``).
 
 Each run starts ``N`` real ``hermes_core.runtime.Gateway`` processes (``multiprocessing``,
-spawn), each with its own ``$HERMES_HOME`` (so its own instance id), on the database named by
+spawn; their side is ``benchmarks.instance_process``), each with its own ``$HERMES_HOME`` (so its
+own instance id), on the database named by
 ``--url``, whose ``public`` schema is dropped and created once before the first run. The driver
 (this process) feeds them through pipes and counts a turn when its reply reached an adapter
 (the gateway's ``send``); every message must get exactly one reply, ``echo: <text>``, or the run
@@ -71,9 +72,7 @@ of the turns.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import itertools
-import logging
 import multiprocessing
 import multiprocessing.connection
 import os
@@ -90,11 +89,7 @@ from typing import Any
 import psutil
 from sqlalchemy import Engine, create_engine, make_url, text
 
-from hermes_core import GatewayConfig, MessageEvent, SessionEntry, SessionSource
-from hermes_core.agents import EchoAgent, TurnRequest
-from hermes_core.ledger import SendResult
-from hermes_core.plugins import create_plugin_manager
-from hermes_core.runtime import Gateway
+from benchmarks.instance_process import IDLE_SECS, Setup, gateway_process
 
 SPAWN = multiprocessing.get_context("spawn")
 LANES = 1_000
@@ -108,7 +103,6 @@ STALL_SECS = 60.0
 """A phase fails when no reply arrived for this long."""
 SAMPLE_SECS = 0.5
 """How often the PostgreSQL backends' CPU is read during a phase."""
-IDLE_SECS = 60.0
 NUMBERS = itertools.count()
 """Message numbers, never reused in one benchmark run (a reused message id is a duplicate)."""
 SCAN_SECS = 3600.0
@@ -124,130 +118,8 @@ class Scenario:
     """Measured turns per process."""
 
 
-@dataclass(frozen=True)
-class Setup:
-    """What every gateway process of a run is given."""
-
-    url: str
-    instances: str
-    lease_scan_secs: float
-
-
 class DriverError(RuntimeError):
     """A reply was missing, doubled, unexpected or wrong, or a process failed."""
-
-
-# -- a gateway process -----------------------------------------------------------------------
-
-
-def _config(home: Path, setup: Setup) -> GatewayConfig:
-    storage = {"url": setup.url, "instances": setup.instances}
-    settings = {
-        "storage": {**storage, "lease_scan_secs": setup.lease_scan_secs},
-        "gateway": {
-            "housekeeping": {"initial_delay_secs": 1e6},
-            "busy_ack_enabled": False,
-            "write_sessions_json": False,
-            "busy_queue": {"burst_window_secs": 0},
-        },
-        "display": {"busy_input_mode": "queue"},
-        "plugins": {"autoload": False},
-    }
-    return GatewayConfig.from_dict(settings, environ={"HERMES_HOME": str(home)})
-
-
-class ThinkingAgent(EchoAgent):
-    """Echo after the think time the message id names (``m<number>-<milliseconds>``: the
-    process that runs a turn may not be the one that received its message), recording when
-    each turn started."""
-
-    def __init__(self, starts: dict[str, float]) -> None:
-        super().__init__()
-        self.starts = starts
-
-    async def run_turn(self, request: TurnRequest) -> str | None:
-        message_id = str(request.event.message_id)
-        self.starts[message_id] = time.monotonic()
-        self.delay = int(message_id.rpartition("-")[2]) / 1000
-        return await super().run_turn(request)
-
-
-class PipeAdapter:
-    """Tells the driver of every reply sent (chat, text, when)."""
-
-    platform = "telegram"
-
-    def __init__(self, conn: Connection) -> None:
-        self.conn = conn
-
-    def is_connected(self) -> bool:
-        return True
-
-    async def send(
-        self, source: SessionSource, text: str, *, reply_to: str | None = None
-    ) -> SendResult:
-        self.conn.send(("reply", source.chat_id, text, time.monotonic()))
-        return SendResult(ok=True)
-
-
-def _source(chat: str) -> SessionSource:
-    return SessionSource(platform="telegram", chat_id=chat, chat_type="dm", user_id=chat)
-
-
-async def _serve(home: Path, setup: Setup, conn: Connection) -> None:
-    config = _config(home, setup)
-    starts: dict[str, float] = {}
-    arrivals: dict[str, float] = {}
-
-    def agent(entry: SessionEntry) -> ThinkingAgent:
-        return ThinkingAgent(starts)
-
-    plugins = create_plugin_manager(config, load_entrypoints=False, strict=True)
-    gateway = Gateway(config, plugins, agent, [PipeAdapter(conn)])
-    await gateway.start()
-    loop = asyncio.get_running_loop()
-    commands: asyncio.Queue[tuple[Any, ...]] = asyncio.Queue()
-
-    def readable() -> None:
-        try:
-            while conn.poll():
-                commands.put_nowait(conn.recv())
-        except EOFError:  # the driver is gone
-            loop.remove_reader(conn.fileno())
-            commands.put_nowait(("stop",))
-
-    async def handle(message_id: str, chat: str, words: str) -> None:
-        arrivals[message_id] = time.monotonic()
-        event = MessageEvent(source=_source(chat), text=words, message_id=message_id)
-        try:
-            await gateway.handle_message(event)
-        except Exception as exc:  # noqa: BLE001 - the driver fails the run with it
-            conn.send(("error", f"{message_id}: {exc!r}"))
-
-    tasks: set[asyncio.Task[None]] = set()
-    loop.add_reader(conn.fileno(), readable)
-    conn.send(("ready", os.getpid()))
-    while (command := await commands.get())[0] != "stop":
-        if command[0] == "message":
-            task = asyncio.create_task(handle(*command[1:]))
-            tasks.add(task)
-            task.add_done_callback(tasks.discard)
-        else:  # "idle": every turn closed, every lease given back
-            deadline = time.monotonic() + IDLE_SECS
-            await gateway.idle()
-            while (tasks or gateway.store.held_lanes()) and time.monotonic() < deadline:
-                await asyncio.sleep(0.01)
-                await gateway.idle()
-            conn.send(("idle", gateway.store.stats(), len(gateway.store.held_lanes())))
-    loop.remove_reader(conn.fileno())
-    await gateway.stop()
-    conn.send(("done", starts, arrivals))
-
-
-def gateway_process(home: str, setup: Setup, conn: Connection) -> None:
-    """A gateway process's body: serve the driver's messages until told to stop."""
-    logging.basicConfig(level=logging.WARNING)
-    asyncio.run(_serve(Path(home), setup, conn))
 
 
 # -- the driver ------------------------------------------------------------------------------
