@@ -10,7 +10,7 @@ import asyncio
 import functools
 import threading
 import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import pytest
@@ -548,3 +548,26 @@ def test_an_unreadable_queued_event_is_set_aside_and_the_lane_goes_free(
     assert letter.session_key == key
     assert "cannot be read" in (letter.last_error or "")
     assert _scalar(empty_database, "SELECT count(*) FROM session_turn_leases") == 0
+
+
+def test_a_lease_released_while_the_renewal_runs_is_not_counted_lost(
+    stores: Callable[..., SessionStore], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The renewal takes the held tokens, then renews them; a lane released in between is gone
+    from the table but was given up, not lost to another gateway (which the caller warns of)."""
+    holder = stores("holder", lease_secs=LONG)
+    keys = [holder.session_key_for(SOURCE), holder.session_key_for(OTHER)]
+    for key in keys:
+        assert holder.take_lease(key) == "free"
+    rows = holder._bound.leases
+    assert rows is not None
+    renew = rows.renew_leases
+
+    def release_first(tokens: Sequence[str], ttl: float) -> set[str]:
+        assert holder.release_lease(keys[0]) is None  # committed before the renewal's statement
+        return renew(tokens, ttl)
+
+    monkeypatch.setattr(rows, "renew_leases", release_first)
+    assert holder.renew_leases() == []
+    assert not holder.holds(keys[0])
+    assert holder.holds(keys[1])

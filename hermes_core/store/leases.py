@@ -225,11 +225,10 @@ class LeaseStore(RoutingStore):
         if rows is None or not held:
             return []
         kept = rows.renew_leases(list(held.values()), self.config.storage.turn_lease_secs)
-        lost = [key for key, token in held.items() if token not in kept]
-        with self._map_lock:
+        with self._map_lock:  # released or granted again meanwhile: not lost
+            lost = [k for k, token in held.items() if token not in kept and leases.get(k) == token]
             for key in lost:
-                if leases.get(key) == held[key]:  # not granted again meanwhile
-                    del leases[key]
+                del leases[key]
         return lost
 
     @serialised
