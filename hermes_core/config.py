@@ -10,10 +10,11 @@ messages, not in ``repr``.
 Section fields hold what the file said (paths already expanded; ``None`` where the default depends
 on other settings); the properties of :class:`GatewayConfig` give the effective values.
 
-This module is the schema (one reference, read beside docs/configuration.md) and the constructors,
-which log the warnings; the value types are in :mod:`hermes_core.config_values`, the file reader in
-:mod:`hermes_core.config_yaml`, the texts of rejected values in :mod:`hermes_core.config_messages`,
-the environment overrides in :mod:`hermes_core.config_environment`.
+This module is the schema, whole on purpose (one reference, read beside docs/configuration.md),
+and the constructors, which log the warnings; the value types are in
+:mod:`hermes_core.config_values`, the file reader in :mod:`hermes_core.config_yaml`, the texts of
+rejected values in :mod:`hermes_core.config_messages`, the environment overrides in
+:mod:`hermes_core.config_environment`.
 """
 
 from __future__ import annotations
@@ -145,13 +146,24 @@ class StorageConfig(Section):
     lease_scan_secs: Secs = 2.0
     """Shared mode: how often a gateway looks for lanes whose lease expired (a dead or hung
     holder) or that wait with queued messages and no holder."""
-    writer_connections: int = Field(2, ge=1, le=16, description="an integer from 1 to 16")
+    writer_connections: int | None = Field(None, ge=1, le=16, description="an integer from 1 to 16")
     """PostgreSQL: connections the store's writer commits on in parallel, one thread each, with
-    each lane's steps always on the same one (SQLite has one writer connection)."""
+    each lane's steps always on the same one (SQLite has one writer connection). Unset: see
+    :attr:`writers`."""
     read_connections: int = Field(8, ge=1, le=64, description="an integer from 1 to 64")
     """PostgreSQL: pooled read connections per process, beside its writer connections (a
     process needs ``writer_connections + read_connections`` of the server's
     ``max_connections``, and one more that listens for lane wake-ups when shared)."""
+
+    @property
+    def writers(self) -> int:
+        """The writer connections a PostgreSQL store opens: ``writer_connections`` when set,
+        else 2 for a single gateway (one batch runs on the server while the next is prepared)
+        and 1 when shared (the other gateways commit in parallel already; one connection per
+        process puts more steps in each commit and costs the fleet less CPU per turn)."""
+        if self.writer_connections is not None:
+            return self.writer_connections
+        return 1 if self.instances == "shared" else 2
 
 
 class BusyQueueConfig(Section):

@@ -506,3 +506,27 @@ def test_host_keys_unlike_ours_do_not_warn(
             "display: {theme: dark}\nagent: {max_turns: 3}\n",
         )
     assert warnings_of(caplog) == []
+
+
+@pytest.mark.parametrize(
+    ("storage", "writers"),
+    [
+        ({}, 2),
+        ({"instances": "shared"}, 1),
+        ({"instances": "shared", "writer_connections": 3}, 3),
+        ({"writer_connections": 1}, 1),
+        ({"writer_connections": None}, 2),
+    ],
+)
+def test_writer_connections_default_to_two_alone_and_one_when_shared(
+    storage: dict[str, object], writers: int, home: Path
+) -> None:
+    config = GatewayConfig.from_dict({"storage": storage}, environ={"HERMES_HOME": str(home)})
+    assert config.storage.writers == writers
+
+
+def test_writer_connections_out_of_range_is_a_config_error(home: Path) -> None:
+    with pytest.raises(ConfigError, match=r"storage\.writer_connections.*1 to 16"):
+        GatewayConfig.from_dict(
+            {"storage": {"writer_connections": 0}}, environ={"HERMES_HOME": str(home)}
+        )

@@ -4,6 +4,7 @@ named after the process (and, shared, its instance)."""
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from pathlib import Path
 
@@ -112,3 +113,26 @@ def test_the_readers_get_their_connections_beside_the_writers_and_the_listener(
         if stop is not None:
             stop()
         store.close()
+
+
+@pytest.mark.postgres
+@pytest.mark.skipif(not POSTGRES_URL, reason=POSTGRES_SKIP_REASON)
+def test_a_shared_store_writes_over_one_connection_unless_told_otherwise(
+    empty_database: str, tmp_path: Path
+) -> None:
+    """Shared, the other gateways commit in parallel already: one writer connection (and
+    thread) per process by default; a single gateway keeps two; the setting overrides both."""
+    cases: list[tuple[str, dict[str, object], int]] = [
+        ("single", {}, 2),
+        ("shared", {"instances": "shared"}, 1),
+        ("shared-3", {"instances": "shared", "writer_connections": 3}, 3),
+    ]
+    for home, storage, writers in cases:
+        before = set(threading.enumerate())
+        store = _open(empty_database, tmp_path / home, storage)
+        try:
+            started = set(threading.enumerate()) - before
+            names = sorted(t.name for t in started if t.name.startswith("hermes-store-writer"))
+            assert len(names) == writers, (home, names)
+        finally:
+            store.close()

@@ -1,8 +1,9 @@
 """Connections, transactions, schema upgrades and the derived search index of the SQL store.
 
 Writes go over writer connections: one on SQLite (it has one writer anyway), on PostgreSQL
-``storage.writer_connections``, one per writer thread of the store (:meth:`bind_writer`; threads
-never bound share the first); reads use pooled connections so they never wait for a writer.
+``StorageConfig.writers`` (``storage.writer_connections``; unset, 2, or 1 when shared), one per
+writer thread of the store (:meth:`bind_writer`; threads never bound share the first); reads
+use pooled connections so they never wait for a writer.
 Each write method is one transaction committed before it returns, unless it runs inside
 :meth:`SqlConnection.transaction`, where the store's writer groups many steps into one commit.
 
@@ -148,7 +149,7 @@ class SqlConnection:
                 "remove storage.instances, or move the state to PostgreSQL (hermes-sessions "
                 "migrate) and point storage.url at it.",
             )
-        writers = config.storage.writer_connections if self.name == "postgresql" else 1
+        writers = config.storage.writers if self.name == "postgresql" else 1
         self._slots = [_Slot() for _ in range(writers)]
         self._bound = _Bound(self._slots[0])
         self._checks = threading.local()
@@ -303,7 +304,7 @@ class SqlConnection:
         return Transaction(self)
 
     def writer_connections(self) -> int:
-        """Writer connections: ``storage.writer_connections`` on PostgreSQL, 1 on SQLite."""
+        """Writer connections: ``StorageConfig.writers`` on PostgreSQL, 1 on SQLite."""
         return len(self._slots)
 
     def bind_writer(self, index: int) -> None:
