@@ -37,7 +37,7 @@ brackets, its lowest and highest value in one round.
 Figures of a scenario over the rounds:
 
 - turns/s: measured turns / wall seconds; "x 1proc": against 1 process with the same
-  ``storage.instances``.
+  configuration.
 - CPU per turn: user + system time of the gateway processes (all threads; ``psutil``, which
   reads ``/proc/<pid>/stat``) and of the PostgreSQL backends serving the database (the pids in
   ``pg_stat_activity`` for it, the driver's own connection excluded, read every 0.5 s and at
@@ -59,10 +59,13 @@ Figures of a scenario over the rounds:
   messages (received where the previous turn ran).
 
 Scenarios: think 400 ms with 8 slots per process (throughput), and think 50 ms with 32 slots per
-process (CPU per turn); runs: 1 process with ``storage.instances: single``, then 1, 2 and 4
-processes with ``shared``. The CPU target (at most 1.25 x) is printed against two baselines:
-the one shared process of the run (what sharing the lanes among processes adds) and the one
-single-instance process (what the leases cost in all).
+process (CPU per turn); runs: 1 process with ``storage.instances: single``, the same with one
+writer connection (``single/1w``), then 1, 2 and 4 processes with ``shared``, all other settings
+at their defaults (so 2 writer connections single, 1 shared). The CPU target (at most 1.25 x) is
+printed against two baselines: the one shared process of the run (what sharing the lanes among
+processes adds) and the one single-instance process (what the leases cost in all); a last line
+compares 4 shared processes with ``single/1w``, a single-instance process with the same one
+writer connection as a shared one (the leases alone, without the difference of the defaults).
 
 Run: ``python -m benchmarks.bench_instances [--url URL] [--quick] [--lease-scan-secs S]``;
 ``--url`` defaults to ``$HERMES_TEST_POSTGRES_URL``; ``--quick`` is a smoke run with an eighth
@@ -436,7 +439,7 @@ def run(
     fleet = Fleet(Path(tempfile.mkdtemp(dir=root)), setup, processes)
     try:
         fleet.phase(warm, WARM_SLOTS, 0.0, lambda: None)
-        measured = [_measure(fleet, engine, scenario, setup.instances) for scenario in scenarios]
+        measured = [_measure(fleet, engine, scenario, setup.label) for scenario in scenarios]
         starts, arrivals = fleet.stop()
     except BaseException:
         fleet.kill()
@@ -490,9 +493,15 @@ def _target(label: str, value: float, rounds: Sequence[float], target: float, at
     )
 
 
-PLAN = (("single", 1), ("shared", 1), ("shared", 2), ("shared", 4))
+PLAN: tuple[tuple[str, int | None, int], ...] = (
+    ("single", None, 1), ("single", 1, 1), ("shared", None, 1), ("shared", None, 2),
+    ("shared", None, 4),
+)  # fmt: skip
+"""(instances, writer connections or None for the default, processes) of each run."""
+LIKE_FOR_LIKE = "single/1w"
+"""The single-instance process with one writer connection, as a shared one has by default."""
 Results = dict[tuple[str, str, int], Figures]
-"""(scenario label, instances, processes) -> figures."""
+"""(scenario label, configuration label, processes) -> figures."""
 
 
 def run_all(url: str, scenarios: Sequence[Scenario], lease_scan_secs: float) -> None:
@@ -503,12 +512,12 @@ def run_all(url: str, scenarios: Sequence[Scenario], lease_scan_secs: float) -> 
     with tempfile.TemporaryDirectory() as directory:
         for number in range(1, ROUNDS + 1):
             results: Results = {}
-            for instances, processes in PLAN:
-                setup = Setup(url, instances, lease_scan_secs)
+            for instances, writers, processes in PLAN:
+                setup = Setup(url, instances, lease_scan_secs, writers)
                 warm = WARM_SLOTS * processes if rounds or results else LANES
                 for figures in run(Path(directory), engine, scenarios, setup, processes, warm):
-                    results[figures.scenario.label, instances, processes] = figures
-                    print(f"  round {number}: {figures.scenario.label}: {instances} x "
+                    results[figures.scenario.label, setup.label, processes] = figures
+                    print(f"  round {number}: {figures.scenario.label}: {setup.label} x "
                           f"{processes}: {figures.rate:.1f} turns/s", flush=True)  # fmt: skip
             rounds.append(results)
     engine.dispose()
@@ -528,15 +537,16 @@ def run_all(url: str, scenarios: Sequence[Scenario], lease_scan_secs: float) -> 
     for scenario in scenarios:
         print(f"-- {scenario.label}")
         single = totals[scenario.label, "single", 1]
-        for instances, processes in PLAN:
-            one = totals[scenario.label, instances, 1]
-            print(_row(totals[scenario.label, instances, processes], one, single))
+        for instances, writers, processes in PLAN:
+            label = Setup(url, instances, lease_scan_secs, writers).label
+            one = totals[scenario.label, label, 1]
+            print(_row(totals[scenario.label, label, processes], one, single))
     print()
     _targets(scenarios, totals, rounds)
 
 
 def _rate_ratio(results: Results, label: str, baseline: str) -> float:
-    """Turns/s of 4 shared processes against 1 ``baseline`` process."""
+    """Turns/s of 4 shared processes against 1 ``baseline`` process (a configuration label)."""
     return results[label, "shared", 4].rate / results[label, baseline, 1].rate
 
 
@@ -559,6 +569,9 @@ def _targets(scenarios: Sequence[Scenario], totals: Results, rounds: list[Result
             each = [_cpu_ratio(results, cpu, processes, baseline) for results in rounds]
             label = f"{cpu}: CPU/turn, {processes} shared / 1 {baseline}"
             print(_target(label, value, each, 1.25, True))
+    value = _cpu_ratio(totals, cpu, 4, LIKE_FOR_LIKE)
+    each = [_cpu_ratio(results, cpu, 4, LIKE_FOR_LIKE) for results in rounds]
+    print(_target(f"{cpu}: CPU/turn, 4 shared / 1 {LIKE_FOR_LIKE}", value, each, 1.25, True))
     handoffs = totals[throughput, "shared", 4].handoffs
     if handoffs:
         print(f"{throughput}, 4 shared: hand-off latency p95 {_ms(handoffs, 0.95).strip()} ms")

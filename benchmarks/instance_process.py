@@ -34,10 +34,22 @@ class Setup:
     url: str
     instances: str
     lease_scan_secs: float
+    writer_connections: int | None = None
+    """``storage.writer_connections`` (None: the default, 2 single and 1 shared)."""
+
+    @property
+    def label(self) -> str:
+        """The configuration as the table names it: ``single``, ``shared``, or with the writer
+        connections set, e.g. ``single/1w``."""
+        if self.writer_connections is None:
+            return self.instances
+        return f"{self.instances}/{self.writer_connections}w"
 
 
 def _config(home: Path, setup: Setup) -> GatewayConfig:
-    storage = {"url": setup.url, "instances": setup.instances}
+    storage: dict[str, Any] = {"url": setup.url, "instances": setup.instances}
+    if setup.writer_connections is not None:
+        storage["writer_connections"] = setup.writer_connections
     settings = {
         "storage": {**storage, "lease_scan_secs": setup.lease_scan_secs},
         "gateway": {
