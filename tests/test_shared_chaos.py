@@ -35,8 +35,13 @@ LEASE_SECS = 3.0
 SCAN_SECS = 0.5
 THINK = (0.05, 0.4)
 """Seconds a turn's agent thinks: long enough that kills find turns in flight."""
+FIRST_KILL = (0.3, 0.8)
+"""Seconds from the first hand-over to the first kill (random), while the waves' turns run (each
+lane's three think 0.7 s on average, one after another)."""
 KILL_GAP = (0.8, 2.0)
-"""Seconds between kills (random), from the moment the first messages are handed over."""
+"""Seconds between later kills (random). A kill that is due waits, while messages are still
+unanswered, until some process has a turn running: the victim is one of those, so the kills cut
+turns short however fast the machine runs the waves."""
 RESTART_AFTER = (0.2, 1.0)
 """Seconds a killed process stays dead before it is restarted."""
 RESUME_SLACK = 12.0
@@ -86,7 +91,7 @@ class Chaos:
         fleet = self.fleet
         names = [f"p{n}" for n in range(PROCESSES)]
         started = time.monotonic()
-        next_kill = started + self.rng.uniform(*KILL_GAP)
+        next_kill = started + self.rng.uniform(*FIRST_KILL)
         while True:
             now = time.monotonic()
             acked = fleet.acked()
@@ -99,8 +104,8 @@ class Chaos:
                 if now >= due:
                     del self.restarts[name]
                     self.launch(name)
-            if len(self.kills) < KILLS and now >= next_kill:
-                self.kill([name for name in names if self.up(name)])
+            due = len(self.kills) < KILLS and now >= next_kill
+            if due and self.kill([name for name in names if self.up(name)]):
                 next_kill = now + self.rng.uniform(*KILL_GAP)
             if (
                 self.handed == len(self.waves) and len(self.kills) == KILLS
@@ -125,15 +130,26 @@ class Chaos:
         fleet = self.fleet
         return fleet.alive(name) and fleet.started(name) == self.launched[name]
 
-    def kill(self, candidates: list[str]) -> None:
-        if not candidates:
-            return
-        name = self.rng.choice(candidates)
+    def kill(self, candidates: list[str]) -> bool:
+        """SIGKILL one of ``candidates`` with a turn running now or, once every message is
+        answered, any of them; False when there is none to kill yet."""
+        fleet = self.fleet
+        current = {fleet.children[name].pid: name for name in candidates}
+        running = sorted(
+            {current[t.pid] for t in _turns(fleet) if t.end is None and t.pid in current}
+        )
+        if not running and fleet.unanswered(self.messages):
+            return False
+        pool = running or candidates
+        if not pool:
+            return False
+        name = self.rng.choice(pool)
         process = self.fleet.children[name]
         assert process.pid is not None
         self.kills.append(Kill(name, process.pid, time.time()))
         self.fleet.kill(name)
         self.restarts[name] = time.monotonic() + self.rng.uniform(*RESTART_AFTER)
+        return True
 
     def missing(self, names: list[str]) -> str:
         """What the run was still waiting for."""
