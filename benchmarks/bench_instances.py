@@ -59,13 +59,11 @@ Figures of a scenario over the rounds:
   messages (received where the previous turn ran).
 
 Scenarios: think 400 ms with 8 slots per process (throughput), and think 50 ms with 32 slots per
-process (CPU per turn); runs: 1 process with ``storage.instances: single``, the same with one
-writer connection (``single/1w``), then 1, 2 and 4 processes with ``shared``, all other settings
-at their defaults (so 2 writer connections single, 1 shared). The CPU target (at most 1.25 x) is
-printed against two baselines: the one shared process of the run (what sharing the lanes among
-processes adds) and the one single-instance process (what the leases cost in all); a last line
-compares 4 shared processes with ``single/1w``, a single-instance process with the same one
-writer connection as a shared one (the leases alone, without the difference of the defaults).
+process (CPU per turn); runs, at default settings (2 writer connections single, 1 shared): 1
+process with ``storage.instances: single``, the same with one writer connection (``single/1w``),
+then 1, 2 and 4 with ``shared``. The CPU target (at most 1.25 x) is printed against the one
+shared process (what sharing lanes adds), the one single-instance process (what the leases cost
+in all) and, for 4 processes, ``single/1w`` (the leases alone, with alike writer connections).
 
 Run: ``python -m benchmarks.bench_instances [--url URL] [--quick] [--lease-scan-secs S]``;
 ``--url`` defaults to ``$HERMES_TEST_POSTGRES_URL``; ``--quick`` is a smoke run with an eighth
@@ -509,11 +507,11 @@ def run_all(url: str, scenarios: Sequence[Scenario], lease_scan_secs: float) -> 
     engine = create_engine(url, pool_size=1)
     _empty(engine)
     rounds: list[Results] = []
+    plan = [(Setup(url, instances, lease_scan_secs, writers), n) for instances, writers, n in PLAN]
     with tempfile.TemporaryDirectory() as directory:
         for number in range(1, ROUNDS + 1):
             results: Results = {}
-            for instances, writers, processes in PLAN:
-                setup = Setup(url, instances, lease_scan_secs, writers)
+            for setup, processes in plan:
                 warm = WARM_SLOTS * processes if rounds or results else LANES
                 for figures in run(Path(directory), engine, scenarios, setup, processes, warm):
                     results[figures.scenario.label, setup.label, processes] = figures
@@ -537,10 +535,9 @@ def run_all(url: str, scenarios: Sequence[Scenario], lease_scan_secs: float) -> 
     for scenario in scenarios:
         print(f"-- {scenario.label}")
         single = totals[scenario.label, "single", 1]
-        for instances, writers, processes in PLAN:
-            label = Setup(url, instances, lease_scan_secs, writers).label
-            one = totals[scenario.label, label, 1]
-            print(_row(totals[scenario.label, label, processes], one, single))
+        for setup, processes in plan:
+            one = totals[scenario.label, setup.label, 1]
+            print(_row(totals[scenario.label, setup.label, processes], one, single))
     print()
     _targets(scenarios, totals, rounds)
 
@@ -563,15 +560,12 @@ def _targets(scenarios: Sequence[Scenario], totals: Results, rounds: list[Result
         each = [_rate_ratio(results, throughput, baseline) for results in rounds]
         label = f"{throughput}: turns/s, 4 shared / 1 {baseline}"
         print(_target(label, value, each, 3.0, False))
-    for baseline in ("shared", "single"):
-        for processes in (1, 2, 4) if baseline == "single" else (2, 4):
+    for baseline, fleets in (("shared", (2, 4)), ("single", (1, 2, 4)), (LIKE_FOR_LIKE, (4,))):
+        for processes in fleets:
             value = _cpu_ratio(totals, cpu, processes, baseline)
             each = [_cpu_ratio(results, cpu, processes, baseline) for results in rounds]
             label = f"{cpu}: CPU/turn, {processes} shared / 1 {baseline}"
             print(_target(label, value, each, 1.25, True))
-    value = _cpu_ratio(totals, cpu, 4, LIKE_FOR_LIKE)
-    each = [_cpu_ratio(results, cpu, 4, LIKE_FOR_LIKE) for results in rounds]
-    print(_target(f"{cpu}: CPU/turn, 4 shared / 1 {LIKE_FOR_LIKE}", value, each, 1.25, True))
     handoffs = totals[throughput, "shared", 4].handoffs
     if handoffs:
         print(f"{throughput}, 4 shared: hand-off latency p95 {_ms(handoffs, 0.95).strip()} ms")
