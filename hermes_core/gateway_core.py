@@ -215,12 +215,15 @@ class GatewayCore(abc.ABC):
 
     async def idle(self) -> None:
         """Wait until no turn, queued command or settling send is running (queued events of
-        connected platforms included)."""
+        connected platforms included). It only waits: cancelling it (``asyncio.wait_for``
+        timing out) leaves those tasks running."""
         while self._lanes or self._commands or self._background:
-            tasks = [lane.task for lane in self._lanes.values() if lane.task is not None]
-            await asyncio.gather(
-                *tasks, *self._commands.values(), *self._background, return_exceptions=True
-            )
+            tasks: set[asyncio.Future[Any]] = {*self._commands.values(), *self._background}
+            tasks.update(lane.task for lane in self._lanes.values() if lane.task is not None)
+            if tasks:
+                await asyncio.wait(tasks)
+            else:  # a lane whose task is being created
+                await asyncio.sleep(0)
 
     # -- implemented by the parts (declared here so that each part can call the others) ---------
 

@@ -152,6 +152,18 @@ async def test_a_caller_cancelled_while_its_message_is_stored_leaves_the_turn_ru
     assert await gateway.stop()
 
 
+async def test_cancelling_a_caller_of_idle_leaves_the_turns_running(make_gateway: Any) -> None:
+    """``wait_for(idle(), short)`` timing out cancels only the wait: the turn still answers."""
+    gateway, adapter, _ = make_gateway(delay=0.5)
+    await gateway.start()
+    await gateway.handle_message(_event("slow question"))
+    with pytest.raises(TimeoutError):
+        await asyncio.wait_for(gateway.idle(), 0.05)
+    await gateway.idle()
+    assert adapter.texts() == ["echo: slow question"]
+    assert await gateway.stop()
+
+
 async def test_turns_of_one_key_never_overlap_and_keys_run_concurrently(make_gateway: Any) -> None:
     gateway, adapter, _agents = make_gateway(delay=0.2, display={"busy_input_mode": "queue"})
     await gateway.start()
