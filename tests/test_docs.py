@@ -106,12 +106,32 @@ def environment(hermes_home: Path, tmp_path: Path) -> dict[str, str]:
     return environ
 
 
-def _run(argv: list[str], environ: dict[str, str], cwd: Path, block: Block) -> None:
+def _run(argv: list[str], environ: dict[str, str], cwd: Path, block: Block) -> str:
     done = subprocess.run(argv, env=environ, cwd=cwd, capture_output=True, text=True,
                           timeout=120, check=False)  # fmt: skip
     assert done.returncode == 0, (
         f"{block} failed ({done.returncode}):\n{block.code}\n{done.stdout}\n{done.stderr}"
     )
+    return done.stdout
+
+
+def _shows(printed: str, comment: str) -> bool:
+    """Whether an output line is what a ``print(...)  # comment`` says it prints: the comment
+    itself, or followed by an explanation (``: ...``, `` (...)``), or its parts around ``...``
+    in order."""
+    if comment == printed or comment.startswith((f"{printed}: ", f"{printed} (")):
+        return True
+    pattern = ".*".join(re.escape(part.strip()) for part in comment.split("..."))
+    return "..." in comment and re.fullmatch(pattern, printed) is not None
+
+
+def _check_printed(block: Block, output: str) -> None:
+    """Every ``print(...)  # what it prints`` of a Python block printed a line that matches."""
+    printed = output.splitlines()
+    for comment in re.findall(r"^\s*print\(.*\)\s+#\s*(.+?)\s*$", block.code, re.MULTILINE):
+        assert any(_shows(line, comment) for line in printed), (
+            f"{block}: no line printed matches the comment {comment!r}; printed:\n{output}"
+        )
 
 
 @pytest.mark.parametrize("block", RUNNABLE, ids=str)
@@ -119,7 +139,7 @@ def test_code_block_runs(block: Block, environment: dict[str, str], tmp_path: Pa
     work = tmp_path / "work"
     work.mkdir()
     if block.language == "python":
-        _run([sys.executable, "-c", block.code], environment, work, block)
+        _check_printed(block, _run([sys.executable, "-c", block.code], environment, work, block))
     elif block.language in SHELL:
         for command in _commands(block.code):
             argv = shlex.split(command, comments=True)
@@ -175,3 +195,53 @@ def test_documents_name_no_outside_specification() -> None:
     for path in DOCUMENTS:
         text = path.read_text(encoding="utf-8")
         assert not re.search(r"\bSPEC\b|§", text), path.name
+
+
+def _anchors(path: Path) -> set[str]:
+    """The anchors GitHub gives a document's headings: lower case, punctuation dropped, spaces
+    turned into hyphens, and ``-1``, ``-2``, ... after a repeated one."""
+    anchors: set[str] = set()
+    fenced = False
+    for line in path.read_text(encoding="utf-8").splitlines():
+        if line.strip().startswith("```"):
+            fenced = not fenced
+        heading = None if fenced else re.match(r"#{1,6}\s+(.*?)\s*#*\s*$", line)
+        if heading is None:
+            continue
+        text = re.sub(r"`|\[([^\]]*)\]\([^)]*\)", r"\1", heading.group(1))
+        slug = re.sub(r"[^\w\- ]", "", text.lower()).replace(" ", "-")
+        anchor, repeat = slug, 0
+        while anchor in anchors:
+            repeat += 1
+            anchor = f"{slug}-{repeat}"
+        anchors.add(anchor)
+    return anchors
+
+
+def test_links_between_documents_resolve() -> None:
+    """Every ``[text](page.md#anchor)`` and ``[text](#anchor)`` in docs/ names a page that
+    exists and a heading it has."""
+    broken = []
+    for path in DOCUMENTS[1:]:
+        text = path.read_text(encoding="utf-8")
+        for page, anchor in re.findall(r"\]\(([\w.-]*\.md|)(?:#([^)\s]*))?\)", text):
+            target = path.parent / page if page else path
+            if not target.exists():
+                broken.append(f"{path.name}: {page}")
+            elif anchor and anchor not in _anchors(target):
+                broken.append(f"{path.name}: {page}#{anchor}")
+    assert not broken
+
+
+def test_the_sdist_carries_what_the_documents_run() -> None:
+    """A ``python -m package.module`` in a document runs from an unpacked sdist too: every such
+    package is grafted by MANIFEST.in (or shipped as a package)."""
+    manifest = (ROOT / "MANIFEST.in").read_text(encoding="utf-8")
+    grafted = set(re.findall(r"^graft\s+(\S+)\s*$", manifest, re.MULTILINE))
+    run = {
+        package
+        for path in DOCUMENTS
+        for package in re.findall(r"python -m (\w+)", path.read_text(encoding="utf-8"))
+    }
+    assert run
+    assert run - grafted <= {"hermes_core", "pip", "pytest", "venv"}
