@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from hermes_core.errors import InvalidValueError, MalformedEventError
+from hermes_core.keys import source_key_problem
 from hermes_core.models import MessageEvent
 from hermes_core.plugins import HermesPluginManager, platform_registry
 from hermes_core.specs import ReadContext
@@ -32,7 +33,8 @@ def read_event(
     Raises :class:`~hermes_core.errors.UnknownPlatformError` for an unregistered platform,
     :class:`~hermes_core.errors.InvalidValueError` when the platform's plugin reads no payloads,
     and :class:`~hermes_core.errors.MalformedEventError` for a payload that cannot be read (any
-    invalid value met while reading is reported as one).
+    invalid value met while reading is reported as one) and for ids the key builder refuses
+    (control characters, over 1024 characters in the key), checked here for every reader.
     """
     spec = platform_registry(plugins).require(platform)
     if spec.read_event is None:
@@ -48,10 +50,18 @@ def read_event(
             "decoded body the platform delivered.",
         )
     try:
-        return spec.read_event(payload, context or ReadContext())
+        event = spec.read_event(payload, context or ReadContext())
     except MalformedEventError:
         raise
     except InvalidValueError as exc:
         raise MalformedEventError(
             exc.field, f"the {platform} payload cannot be read: {exc}"
         ) from exc
+    problem = None if event is None else source_key_problem(event.source, spec)
+    if problem is not None:
+        raise MalformedEventError(
+            "source",
+            f"the ids of this {platform} payload (chat, thread, user) make no valid session key: "
+            f"{problem}; pass the payload exactly as the platform delivered it.",
+        )
+    return event

@@ -189,6 +189,24 @@ def _resolve(
     source: SessionSource, spec: PlatformSpec, group_per_user: bool, thread_per_user: bool,
     namespace: str, schema: KeySchema,
 ) -> KeyResolution:  # fmt: skip
+    """The resolution of ``source``; :class:`InvalidValueError` when its key is not valid."""
+    resolution = _components(source, spec, group_per_user, thread_per_user, namespace, schema)
+    problem = _key_problem(resolution.key)
+    if problem is not None:
+        raise InvalidValueError(
+            "source",
+            f"the session key {resolution.key!r} built from this {source.platform} source is not "
+            f"valid: {problem}; fix the ids the adapter puts in the source (chat_id, thread_id, "
+            "user_id).",
+        )
+    return resolution
+
+
+def _components(
+    source: SessionSource, spec: PlatformSpec, group_per_user: bool, thread_per_user: bool,
+    namespace: str, schema: KeySchema,
+) -> KeyResolution:  # fmt: skip
+    """The key algorithm applied to ``source``, its key not yet checked."""
     is_dm = source.chat_type == "dm"
     chat_id = source.chat_id
     if is_dm and chat_id and spec.canonical_dm_chat_id is not None:
@@ -213,20 +231,34 @@ def _resolve(
     participant = participant if with_participant else ""
     slot = "thread" if prospective else source.chat_type
     key = _join(namespace, source.platform, slot, scope, chat_id, thread, participant, schema)
-    # The namespace rules out a leading separator or drive; check the rest (fast path first).
-    problem = None
-    if len(key) > 1024 or ".." in key or not key.isprintable():
-        problem = session_key_problem(key)
-    if problem is not None:
-        raise InvalidValueError(
-            "source",
-            f"the session key {key!r} built from this {source.platform} source is not valid: "
-            f"{problem}; fix the ids the adapter puts in the source (chat_id, thread_id, user_id).",
-        )
     return KeyResolution(
         key, schema, namespace, rule, prospective, not is_dm and not with_participant, chat_id,
         thread, participant, scope,
     )  # fmt: skip
+
+
+def _key_problem(key: str) -> str | None:
+    """Why a built key is refused, or None. The namespace rules out a leading separator or
+    drive; the rest is checked (fast path first)."""
+    if len(key) > 1024 or ".." in key or not key.isprintable():
+        return session_key_problem(key)
+    return None
+
+
+def source_key_problem(source: SessionSource, spec: PlatformSpec) -> str | None:
+    """Why some configuration's key builder would refuse ``source``, or None: its widest key
+    (per user and per thread, in either schema) is checked by the builder's own rule. Event
+    readers refuse such a source, so a host meets it as a malformed payload rather than as an
+    error from ``handle_message``."""
+    try:
+        namespace = profile_namespace(source.profile)
+    except InvalidValueError as exc:
+        return str(exc)
+    for schema in KEY_SCHEMAS:
+        problem = _key_problem(_components(source, spec, True, True, namespace, schema).key)
+        if problem is not None:
+            return problem
+    return None
 
 
 def build_session_key(

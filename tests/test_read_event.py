@@ -29,10 +29,12 @@ from hermes_core import (
     ReadContext,
     SessionSource,
     UnknownPlatformError,
+    build_session_key,
     create_plugin_manager,
     hookimpl,
     read_event,
 )
+from hermes_core.keys import KEY_SCHEMAS
 from hermes_core.plugins import HermesPluginManager
 from hermes_core.testing import fresh_plugin_manager
 
@@ -169,3 +171,49 @@ def test_invalid_values_met_by_a_reader_are_reported_as_malformed(hermes_home: P
         read_event("pager", {"kind": ""}, plugins=plugins)
     assert caught.value.field == "chat_type"
     assert isinstance(caught.value.__cause__, InvalidValueError)
+
+
+UNKEYABLE_IDS = ["a\nb", "1\x00", "\x1b]0;title\x07", "9" * 3000, "x" * 1100]
+"""Ids the key builder refuses: control characters, newlines, thousands of digits."""
+
+
+@pytest.mark.parametrize(("platform", "sample"), SAMPLES, ids=[p for p, _ in SAMPLES])
+def test_every_event_read_has_a_session_key(
+    platform: str, sample: Any, manager: HermesPluginManager
+) -> None:
+    """An unkeyable id anywhere in a payload is a malformed payload: whatever ``read_event``
+    returns, ``handle_message`` can key (per user and per thread, in both schemas)."""
+    refused = 0
+    for path in _paths(sample):
+        for bad in UNKEYABLE_IDS:
+            payload = copy.deepcopy(sample)
+            target = payload
+            for step in path[:-1]:
+                target = target[step]
+            if not isinstance(target[path[-1]], str | int):
+                continue
+            target[path[-1]] = bad
+            try:
+                event = read_event(platform, payload, context=CONTEXT, plugins=manager)
+            except MalformedEventError as exc:
+                refused += exc.field == "source"
+                continue
+            for schema in KEY_SCHEMAS:
+                if event is not None:
+                    build_session_key(
+                        event.source, thread_sessions_per_user=True, plugins=manager, schema=schema
+                    )
+    assert refused
+
+
+def test_ids_nested_a_thousand_levels_deep_are_malformed(manager: HermesPluginManager) -> None:
+    nested: list[Any] = []
+    inner = nested
+    for _ in range(1200):
+        inner.append([])
+        inner = inner[0]
+    payload = telegram.private()
+    payload["message"]["chat"]["id"] = nested
+    with pytest.raises(MalformedEventError, match="got list") as caught:
+        read_event("telegram", payload, plugins=manager)
+    assert caught.value.field == "update.message.chat.id"

@@ -74,7 +74,8 @@ class Fields:
             return str(value)
         if isinstance(value, str) and value:
             return value
-        raise malformed(self._at(name), f"must be a non-empty string or an integer, got {value!r}")
+        shown = repr(value) if isinstance(value, str | float | bool) else _kind(value)
+        raise malformed(self._at(name), f"must be a non-empty string or an integer, got {shown}")
 
     def text(self, name: str) -> str | None:
         """The string ``name``, or None when absent or null."""
