@@ -2,7 +2,7 @@
 
 Errors a user can cause print one line, ``hermes-sessions: error: <message>``, and exit 2 (a
 traceback too under ``--debug``); exit 1 is kept for commands that report problems found.
-Argparse usage errors keep argparse's own behaviour (usage, exit 2).
+Usage errors print the command's usage, then the same error line (exit 2).
 """
 
 from __future__ import annotations
@@ -15,11 +15,11 @@ import sys
 import traceback
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from hermes_core import __version__
 from hermes_core.config import GatewayConfig
-from hermes_core.errors import HermesError, InvalidValueError
+from hermes_core.errors import GatewayLockedError, HermesError, InvalidValueError
 from hermes_core.events import read_event
 from hermes_core.explain import explain_session_key, format_explanation
 from hermes_core.keys import resolve_for_config
@@ -29,6 +29,7 @@ from hermes_core.operations.common import (
     check_chat_type,
     global_options,
     load_config,
+    logging_to_stderr,
     store_options,
 )
 from hermes_core.plugins import HermesPluginManager, create_plugin_manager
@@ -60,6 +61,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             source_parser.error("--platform is required unless --source-json is given")
     except SystemExit as exc:  # --help, --version and usage errors: argparse has printed them
         return 0 if exc.code is None else exc.code if isinstance(exc.code, int) else EXIT_ERROR
+    with logging_to_stderr(args):
+        return _run(args)
+
+
+def _run(args: argparse.Namespace) -> int:
+    """Run the parsed command; a user's error becomes one line and exit 2."""
     handler: Handler = args.handler
     try:
         config = load_config(args)
@@ -70,14 +77,36 @@ def main(argv: Sequence[str] | None = None) -> int:
     except HermesError as exc:
         if args.debug:
             traceback.print_exc()
-        message = " ".join(str(exc).split())  # one line, whatever the message holds
+        message = " ".join(_message(exc, args).split())  # one line, whatever it holds
         print(f"{PROG}: error: {message}", file=sys.stderr)
         return EXIT_ERROR
 
 
+def _message(exc: HermesError, args: argparse.Namespace) -> str:
+    """The error's message, with advice for the command line where the library's is for code:
+    a writer lock held elsewhere is answered by stopping that process (or only reading)."""
+    if isinstance(exc, GatewayLockedError) and exc.situation != str(exc):
+        return (
+            f"{exc.situation}; `{PROG} {args.command}` writes to it, and one process may write "
+            "to a database at a time: stop that process first, or use a command that only "
+            "reads (ls, show, search, export, recover --dry-run, doctor, prune --dry-run, rekey "
+            "--dry-run), which may run beside it."
+        )
+    return str(exc)
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse with the one error prefix of every command (its subcommands are of this class
+    too): the usage, then ``hermes-sessions: error: <message>``, exit 2."""
+
+    def error(self, message: str) -> NoReturn:
+        self.print_usage(sys.stderr)
+        self.exit(EXIT_ERROR, f"{PROG}: error: {message}\n")
+
+
 def _parser() -> argparse.ArgumentParser:
     """The argument parser: global options and one subcommand per command."""
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog=PROG,
         description="Session lifecycle for chat-agent gateways: keys, plugins, a demo and the "
         "operator commands over a gateway's store.",
@@ -85,20 +114,20 @@ def _parser() -> argparse.ArgumentParser:
         parents=[global_options(top=True), store_options(top=True)],
     )
     parser.add_argument("--version", action="version", version=f"{PROG} {__version__ or 'unknown'}")
-    commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    commands: Any = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     source = _source_options()
     common = global_options(top=False)
     on_store = [common, store_options(top=False)]
 
     plugins = commands.add_parser(
-        "plugins", parents=[common], help="list the loaded plugins", allow_abbrev=False
+        "plugins", parents=on_store, help="list the loaded plugins", allow_abbrev=False
     )
     plugins.add_argument("--json", action="store_true", help="print a JSON list")
     plugins.set_defaults(handler=_plugins_command)
 
     key = commands.add_parser(
         "key",
-        parents=[common, source],
+        parents=[*on_store, source],
         help="print the session key of a source",
         allow_abbrev=False,
     )
@@ -106,7 +135,7 @@ def _parser() -> argparse.ArgumentParser:
 
     explain = commands.add_parser(
         "explain",
-        parents=[common, source],
+        parents=[*on_store, source],
         help="explain how a source is keyed (writes nothing)",
         allow_abbrev=False,
     )
@@ -120,7 +149,7 @@ def _parser() -> argparse.ArgumentParser:
 
     rekey = commands.add_parser(
         "rekey",
-        parents=[common],
+        parents=on_store,
         help="move every lane of a key schema v1 store to its v2 key (the gateway stopped)",
         allow_abbrev=False,
     )

@@ -63,7 +63,15 @@ class StoreContractError(PluginError):
 
 class GatewayLockedError(HermesError):
     """Another process holds the lock this one needs: a gateway's state directory, or the one
-    writer's lock on a database. The message names the holder where it is known."""
+    writer's lock on a database. The message names the holder where it is known.
+
+    ``situation`` is the message without its advice (who holds what), for a caller such as the
+    command line that gives its own advice; it is the whole message when none was given.
+    """
+
+    def __init__(self, message: str, *, situation: str | None = None) -> None:
+        super().__init__(message)
+        self.situation = situation or message
 
 
 class StoreError(HermesError):

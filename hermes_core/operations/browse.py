@@ -16,11 +16,14 @@ from hermes_core.errors import InvalidValueError
 from hermes_core.models import SessionEntry
 from hermes_core.operations.common import (
     find_lane,
+    iso,
+    iso_times,
     open_operator,
     open_store,
     print_json,
     print_table,
     progress,
+    short_time,
     stamp,
 )
 from hermes_core.store import SessionStore
@@ -137,7 +140,7 @@ def ls_command(args: argparse.Namespace, config: GatewayConfig) -> int:
         return 0
     rows = [("KEY", "SESSION", "UPDATED", "MESSAGES", "FLAGS")]
     rows += [
-        (lane["session_key"], lane["session_id"], lane["updated_at"][:19] + "Z",
+        (lane["session_key"], lane["session_id"], short_time(lane["updated_at"]),
          str(lane["message_count"]), _flags(lane))
         for lane in lanes
     ]  # fmt: skip
@@ -155,7 +158,7 @@ def lane_details(store: SessionStore, entry: SessionEntry) -> dict[str, Any]:
     ]
     dead = [
         {"event_id": letter.event_id, "attempts": letter.attempts, "last_error": letter.last_error,
-         "dead_at": stamp(letter.dead_at), "event": json.loads(letter.event_json)}
+         "dead_at": iso(letter.dead_at), "event": json.loads(letter.event_json)}
         for letter in store.dead_letters()
         if letter.session_key == key
     ]  # fmt: skip
@@ -163,7 +166,7 @@ def lane_details(store: SessionStore, entry: SessionEntry) -> dict[str, Any]:
     owed = [
         {"obligation_id": row.obligation_id, "state": row.state, "attempts": row.attempts,
          "origin_kind": row.origin_kind, "content": row.content,
-         "created_at": stamp(row.created_at)}
+         "created_at": iso(row.created_at)}
         for row in (ledger.rows.obligations(OWED_STATES) if ledger is not None else [])
         if row.session_key == key
     ]  # fmt: skip
@@ -172,7 +175,7 @@ def lane_details(store: SessionStore, entry: SessionEntry) -> dict[str, Any]:
         "queued": queued,
         "dead_letters": dead,
         "owed_replies": owed,
-        "transcript": store.load_transcript(entry.session_id),
+        "transcript": [iso_times(message) for message in store.load_transcript(entry.session_id)],
     }
 
 
@@ -204,7 +207,8 @@ def show_command(args: argparse.Namespace, config: GatewayConfig) -> int:
         print(f"  {item['state']}: {item['content']}")
     print(f"transcript: {len(details['transcript'])} message(s)")
     for message in details["transcript"]:
-        print(f"  [{stamp(message.get('timestamp'))}] {message['role']}: {message.get('content')}")
+        when = short_time(message.get("timestamp"))
+        print(f"  [{when}] {message['role']}: {message.get('content')}")
     return 0
 
 
@@ -214,7 +218,7 @@ def search_command(args: argparse.Namespace, config: GatewayConfig) -> int:
         hits = store.search(args.query, session_id=args.session, limit=args.limit)
     rows = [
         {"session_id": hit.session_id, "message_id": hit.message_id, "role": hit.role,
-         "timestamp": stamp(hit.timestamp), "snippet": hit.snippet}
+         "timestamp": iso(hit.timestamp), "snippet": hit.snippet}
         for hit in hits
     ]  # fmt: skip
     if args.json:
@@ -241,12 +245,14 @@ def _table(backend: OperatorBackend, name: str) -> Iterator[dict[str, Any]]:
 
 def export_jsonl(backend: OperatorBackend, out: TextIO) -> int:
     """Every row of the exported tables as ``{"table": ..., "row": ...}`` lines in primary-key
-    order (byte-identical for the same state in SQLite and PostgreSQL); the line count."""
+    order, times as ISO strings (byte-identical for the same state in SQLite and PostgreSQL);
+    the line count."""
     lines = 0
     with progress("export", len(EXPORT_TABLES)) as bar:
         for name in EXPORT_TABLES:
             for row in _table(backend, name):
-                out.write(json.dumps({"table": name, "row": row}, ensure_ascii=False) + "\n")
+                record = {"table": name, "row": iso_times(row)}
+                out.write(json.dumps(record, ensure_ascii=False) + "\n")
                 lines += 1
             bar.advance()
     return lines

@@ -6,9 +6,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import sys
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from datetime import datetime, timezone
 from pathlib import Path
@@ -24,6 +25,8 @@ from hermes_core.store.operator import OperatorBackend
 
 Handler = Callable[[argparse.Namespace, GatewayConfig], int]
 Commands = "argparse._SubParsersAction[argparse.ArgumentParser]"
+LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
+"""The ``--log-level`` names (any case)."""
 CHAT_TYPES = ("dm", "group", "channel", "thread")
 """The chat types the commands accept (another type would key a new lane)."""
 
@@ -33,13 +36,27 @@ class UnknownLaneError(HermesError):
 
 
 def global_options(*, top: bool) -> argparse.ArgumentParser:
-    """``--config`` and ``--debug``, accepted before or after the subcommand: the subcommand's
-    copies default to "absent" so they never undo what was given before it."""
+    """``--config``, ``--debug`` and the log level (``-v``, ``--quiet``, ``--log-level``),
+    accepted before or after the subcommand: the subcommand's copies default to "absent" so
+    they never undo what was given before it."""
     parent = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
     default: dict[str, Any] = {} if top else {"default": argparse.SUPPRESS}
     parent.add_argument(
         "--debug", action="store_true", help="print tracebacks of errors", **default
     )
+    parent.add_argument(
+        "-v", "--verbose", action="count",
+        help="log more: -v adds info lines, -vv debug lines (default: warnings and errors)",
+        **default,
+    )  # fmt: skip
+    parent.add_argument(
+        "-q", "--quiet", action="store_true", help="log errors only, no warnings", **default
+    )
+    parent.add_argument(
+        "--log-level", type=str.lower, choices=LOG_LEVELS, metavar="LEVEL",
+        help=f"log lines of this level and above ({', '.join(LOG_LEVELS)}); wins over -v and "
+        "--quiet", **default,
+    )  # fmt: skip
     parent.add_argument(
         "--config",
         metavar="PATH",
@@ -47,6 +64,45 @@ def global_options(*, top: bool) -> argparse.ArgumentParser:
         **default,
     )
     return parent
+
+
+class _StderrHandler(logging.StreamHandler):  # type: ignore[type-arg]
+    """Writes to the ``sys.stderr`` of the moment (which a test may have replaced)."""
+
+    @property
+    def stream(self) -> TextIO:
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, value: TextIO) -> None:
+        pass  # always the current sys.stderr
+
+
+_LOG_HANDLER = _StderrHandler()
+_LOG_HANDLER.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
+
+
+@contextmanager
+def logging_to_stderr(args: argparse.Namespace) -> Iterator[None]:
+    """While a command runs: log lines on standard error, each with its level and logger, from
+    the level the options chose (``--log-level``, else ``--quiet``: errors, else warnings,
+    ``-v`` info, ``-vv`` debug). The root logger is put back afterwards (``main`` may be called
+    by a program with its own logging)."""
+    if args.log_level is not None:
+        level = logging.getLevelName(args.log_level.upper())
+    elif args.quiet:
+        level = logging.ERROR
+    else:
+        level = {0: logging.WARNING, 1: logging.INFO}.get(args.verbose or 0, logging.DEBUG)
+    root = logging.getLogger()
+    before = root.level
+    root.setLevel(level)
+    root.addHandler(_LOG_HANDLER)
+    try:
+        yield
+    finally:
+        root.removeHandler(_LOG_HANDLER)
+        root.setLevel(before)
 
 
 def store_options(*, top: bool) -> argparse.ArgumentParser:
@@ -184,11 +240,37 @@ def print_table(rows: Sequence[Sequence[str]]) -> None:
         print("  ".join([*cells, row[-1]]).rstrip())
 
 
+def iso(epoch: float | None) -> str | None:
+    """An epoch time as the ISO 8601 string of every ``--json`` output, the form the lanes' own
+    times have (``2026-11-30T19:46:37.694483+00:00``); None stays None, and a number that is no
+    time (a junk row's) stays as it is, so the output still shows it."""
+    try:
+        return None if epoch is None else datetime.fromtimestamp(epoch, timezone.utc).isoformat()
+    except (OverflowError, ValueError, OSError):
+        return str(epoch)
+
+
+def iso_times(row: Mapping[str, Any]) -> dict[str, Any]:
+    """``row`` with its epoch times (numbers under ``timestamp`` or a name ending in ``_at``)
+    as :func:`iso` strings."""
+    return {
+        name: iso(value)
+        if (name == "timestamp" or name.endswith("_at"))
+        and isinstance(value, int | float)
+        and not isinstance(value, bool)
+        else value
+        for name, value in row.items()
+    }
+
+
+def short_time(text: str | None) -> str:
+    """An :func:`iso` time to the second, as tables print it: ``YYYY-MM-DDTHH:MM:SSZ``."""
+    return "-" if text is None else text[:19] + "Z"
+
+
 def stamp(epoch: float | None) -> str:
-    """An epoch time as ``YYYY-MM-DDTHH:MM:SSZ`` (``-`` for none)."""
-    if epoch is None:
-        return "-"
-    return datetime.fromtimestamp(epoch, timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    """An epoch time to the second, as tables print it (``-`` for none)."""
+    return short_time(iso(epoch))
 
 
 class Progress:

@@ -49,10 +49,12 @@ def describe(holder: dict[str, Any]) -> str:
 
 
 def _refusal(display: str, holder: str) -> GatewayLockedError:
+    situation = f"another writer ({holder}) holds the store {display}"
     return GatewayLockedError(
-        f"another writer ({holder}) holds the store {display}; one process may write to a "
-        "database at a time: stop that one first, give this one its own database, or open the "
-        "store read-only (SessionStore(..., read_only=True)) to read."
+        f"{situation}; one process may write to a database at a time: stop that one first, give "
+        "this one its own database, or open the store read-only (SessionStore(..., "
+        "read_only=True)) to read.",
+        situation=situation,
     )
 
 

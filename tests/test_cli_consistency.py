@@ -1,0 +1,140 @@
+"""The command line behaves alike across commands: options after the command, one error prefix,
+advice for the command line, one time format in ``--json``, the log options, one ``--json``
+shape per family of commands."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from datetime import datetime
+from pathlib import Path
+
+import pytest
+from support.populate import config_for, populate
+
+from hermes_core.cli import main
+from hermes_core.store import SessionStore
+
+State = tuple[Path, dict[str, str]]
+
+
+@pytest.fixture
+def state(tmp_path: Path) -> State:
+    home = tmp_path / "state"
+    return home, populate(home)
+
+
+def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def _script(*argv: str) -> subprocess.CompletedProcess[str]:
+    script = Path(sys.executable).with_name("hermes-sessions")
+    return subprocess.run(
+        [str(script), *argv], capture_output=True, text=True, check=False, timeout=120,
+        env={**os.environ, "PYTHONIOENCODING": "utf-8"},
+    )  # fmt: skip
+
+
+def test_global_options_work_after_every_command(
+    state: State, capsys: pytest.CaptureFixture[str]
+) -> None:
+    home, _ = state
+    (home / "config.yaml").write_text("gateway:\n  multiplex_profiles: true\n")
+    where = ["--state-dir", str(home)]
+    code, out, err = run(capsys, "plugins", "--json", *where)
+    assert (code, err) == (0, "")
+    assert "telegram" in [plugin["name"] for plugin in json.loads(out)]
+    source = ["--platform", "telegram", "--chat-id", "9", "--profile", "main"]
+    code, out, _ = run(capsys, "key", *source, *where)  # the directory's config.yaml is read
+    assert (code, out) == (0, "agent:main~:telegram:dm:c=9\n")
+    code, out, _ = run(capsys, "explain", *source, "--json", *where, "--debug")
+    assert code == 0
+    assert json.loads(out)["key"] == "agent:main~:telegram:dm:c=9"
+    code, out, _ = run(capsys, "rekey", "--to", "v2", "--dry-run", *where)
+    assert (code, out) == (0, "the store already uses key schema v2; nothing to do\n")
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [["rekey", "--dry-run"], ["nosuch"], ["ls", "--sort", "size"], ["key", "--chat-id", "1"]],
+)
+def test_usage_errors_end_in_the_one_error_line(
+    argv: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, out, err = run(capsys, *argv)
+    assert (code, out) == (2, "")
+    assert err.startswith("usage: hermes-sessions")
+    assert err.splitlines()[-1].startswith("hermes-sessions: error: ")
+
+
+def test_a_held_writer_lock_is_answered_with_command_line_advice(
+    state: State, capsys: pytest.CaptureFixture[str]
+) -> None:
+    home, keys = state
+    with SessionStore.open(config_for(home)):  # a gateway's writable store
+        code, _, err = run(capsys, "suspend", keys["alice"], "--state-dir", str(home))
+    assert code == 2
+    assert err.count("\n") == 1
+    assert err.startswith("hermes-sessions: error: another writer (pid ")
+    assert "read_only" not in err
+    assert "SessionStore" not in err
+    assert "`hermes-sessions suspend` writes to it" in err
+    assert "stop that process first, or use a command that only reads (ls, show" in err
+
+
+def _is_iso(value: object) -> bool:
+    return isinstance(value, str) and datetime.fromisoformat(value).utcoffset() is not None
+
+
+def test_json_times_are_iso_strings_in_ls_show_search_and_export(
+    state: State, capsys: pytest.CaptureFixture[str]
+) -> None:
+    home, keys = state
+    where = ["--state-dir", str(home)]
+    _, out, _ = run(capsys, "ls", "--json", *where)
+    lanes = json.loads(out)
+    assert all(_is_iso(lane["updated_at"]) and _is_iso(lane["created_at"]) for lane in lanes)
+    _, out, _ = run(capsys, "show", keys["alice"], "--json", *where)
+    details = json.loads(out)
+    assert _is_iso(details["entry"]["created_at"])
+    assert details["transcript"]
+    assert all(_is_iso(message["timestamp"]) for message in details["transcript"])
+    assert all(_is_iso(letter["dead_at"]) for letter in details["dead_letters"])
+    assert all(_is_iso(owed["created_at"]) for owed in details["owed_replies"])
+    _, out, _ = run(capsys, "search", "zebra", "--json", *where)
+    assert all(_is_iso(hit["timestamp"]) for hit in json.loads(out))
+    _, out, _ = run(capsys, "export", *where)
+    times = [
+        value
+        for line in out.splitlines()
+        for name, value in json.loads(line)["row"].items()
+        if (name == "timestamp" or name.endswith("_at")) and value is not None
+    ]
+    assert len(times) > 20
+    assert all(_is_iso(value) for value in times), times
+    code, out, _ = run(capsys, "show", keys["alice"], *where)  # tables: to the second
+    assert code == 0
+    assert "  [20" in out
+    assert "Z] user: hello from alice" in out
+
+
+def test_log_options_choose_the_level_and_lines_carry_it(tmp_path: Path) -> None:
+    events = tmp_path / "events.jsonl"
+    events.write_text('{"source": {"platform": "telegram", "chat_id": "7"}, "text": "hi"}\n')
+    where = ["--state-dir", str(tmp_path / "home")]
+    quiet = _script("replay", str(events), *where)
+    assert quiet.returncode == 0, quiet.stderr
+    assert quiet.stderr == ""  # warnings and errors only by default
+    verbose = _script("replay", str(events), *where, "-v")
+    lines = verbose.stderr.splitlines()
+    assert lines
+    assert all(line.startswith("INFO hermes_") for line in lines), lines
+    debug = _script("--log-level", "DEBUG", "replay", str(events), *where)
+    assert any(line.startswith("DEBUG ") for line in debug.stderr.splitlines())
+    assert _script("replay", str(events), *where, "-vv", "--log-level", "error").stderr == ""
+    assert _script("-vv", "replay", str(events), *where, "--quiet").stderr == ""
