@@ -23,7 +23,8 @@ from typing import Any
 import pytest
 from support.readers import keyed, read
 
-from hermes_core import MalformedEventError, MessageType
+from hermes_core import MalformedEventError, MessageType, read_event
+from hermes_core.testing import fresh_plugin_manager
 from hermes_plugins.readers.whatsapp import split_cloud_webhook
 
 PHONE = "60123456789"
@@ -166,6 +167,37 @@ def test_a_batched_webhook_is_split_then_read(hermes_home: Path) -> None:
     parts = split_cloud_webhook(batched)
     events = [read("whatsapp", part, hermes_home) for part in parts]
     assert [event.text for event in events if event is not None] == ["one", "two"]
+
+
+class _CountedContact(dict[str, Any]):
+    """A ``contacts`` entry that counts how often its fields are read."""
+
+    reads = 0
+
+    def get(self, key: str, default: Any = None) -> Any:
+        _CountedContact.reads += 1
+        return super().get(key, default)
+
+
+def test_splitting_and_reading_a_batch_is_linear(hermes_home: Path) -> None:
+    """A webhook of n messages from n senders (n contacts): splitting it and reading every part
+    reads each contact a bounded number of times, not once per message (n * n reads)."""
+    count = 1000
+    senders = [str(60_100_000_000 + n) for n in range(count)]
+    messages = [{**text(f"m{n}"), "from": sender, "id": f"wamid.{n}"}
+                for n, sender in enumerate(senders)]  # fmt: skip
+    contacts = [_CountedContact(profile={"name": f"P{n}"}, wa_id=sender)
+                for n, sender in enumerate(senders)]  # fmt: skip
+    _CountedContact.reads = 0
+    manager = fresh_plugin_manager(hermes_home)
+    events = [
+        read_event("whatsapp", part, plugins=manager)
+        for part in split_cloud_webhook(cloud(*messages, contacts=contacts))
+    ]
+    assert [(e.text, e.source.user_name) for e in events if e is not None] == [
+        (f"m{n}", f"P{n}") for n in range(count)
+    ]
+    assert _CountedContact.reads <= 10 * count
 
 
 NOT_MESSAGES = [

@@ -67,38 +67,37 @@ def read_whatsapp_payload(payload: Mapping[str, Any], context: ReadContext) -> M
     )
 
 
-def _cloud_messages(body: Fields) -> list[tuple[Fields, Fields, Fields, Fields]]:
-    """Every (entry, change, value, message) of the ``messages`` changes of a webhook."""
+def _cloud_changes(body: Fields) -> list[tuple[Fields, Fields, Fields, list[Fields]]]:
+    """Every (entry, change, value, messages) of the ``messages`` changes of a webhook."""
     found = []
     for entry in body.objs("entry"):
         for change in entry.objs("changes"):
             if change.text("field") == "messages":
                 value = change.obj("value")
-                found += [(entry, change, value, message) for message in value.objs("messages")]
+                found.append((entry, change, value, value.objs("messages")))
     return found
 
 
 def split_cloud_webhook(payload: Mapping[str, Any]) -> list[dict[str, Any]]:
-    """One webhook body per message of a Cloud API webhook, each with the one ``contacts``,
-    ``metadata`` and envelope it came with; raises ``MalformedEventError`` like the reader."""
-    return [
-        {
-            **payload,
-            "entry": [
-                {
-                    **entry.data,
-                    "changes": [
-                        {**change.data, "value": {**value.data, "messages": [message.data]}}
-                    ],
-                }
-            ],
-        }
-        for entry, change, value, message in _cloud_messages(Fields(payload, "payload"))
-    ]
+    """One webhook body per message of a Cloud API webhook, each with the envelope and
+    ``metadata`` it came with and only its sender's ``contacts``; raises ``MalformedEventError``
+    like the reader. Linear in the webhook's size (the contacts are indexed once per change), so
+    splitting and reading every part cost about what reading the whole body once does."""
+    parts = []
+    for entry, change, value, messages in _cloud_changes(Fields(payload, "payload")):
+        contacts: dict[str | None, list[Mapping[str, Any]]] = {}
+        for contact in value.objs("contacts") if messages else ():
+            contacts.setdefault(contact.opt_id("wa_id"), []).append(contact.data)
+        for message in messages:
+            sender = message.opt_id("from")
+            part = {**value.data, "contacts": contacts.get(sender, []), "messages": [message.data]}
+            changes = [{**change.data, "value": part}]
+            parts.append({**payload, "entry": [{**entry.data, "changes": changes}]})
+    return parts
 
 
 def _read_cloud(body: Fields) -> MessageEvent | None:
-    messages = _cloud_messages(body)
+    messages = [(value, message) for *_, value, found in _cloud_changes(body) for message in found]
     if len(messages) > 1:
         raise malformed(
             "payload.entry",
@@ -107,7 +106,7 @@ def _read_cloud(body: Fields) -> MessageEvent | None:
         )
     if not messages:
         return None
-    _entry, _change, value, message = messages[0]
+    value, message = messages[0]
     content = _cloud_content(message)
     if content is None:
         return None
