@@ -135,13 +135,20 @@ class GatewayCore(abc.ABC):
     def _restore_queue(self) -> int:
         """The ``queue_restore`` recovery step (in start's worker thread): the queue is made
         visible only once restored, so nothing enqueued meanwhile is restored twice."""
-        queue = TurnQueue(self.store, self.config, notify=self._notify)
+        queue = self._new_queue(self.store)
         restored = queue.restore()
         for key in queue.lanes():
             for item in queue.items(key):
                 self._seen.remember_event(key, item.event)
         self.queue = queue
         return restored
+
+    def _new_queue(self, store: SessionStore) -> TurnQueue:
+        """The gateway's queue over ``store`` (a command is never merged with other items)."""
+        return TurnQueue(store, self.config, notify=self._notify, is_command=self._is_command)
+
+    def _is_command(self, event: MessageEvent) -> bool:
+        return self._command(event)[0] is not None
 
     @property
     def _notify(self) -> Callable[[Any], None] | None:

@@ -41,11 +41,9 @@ class LaneCommands(GatewayCore):
             direct=source.chat_type == "dm",
         )  # fmt: skip
 
-    def _is_command(self, event: MessageEvent) -> bool:
-        return self._command(event)[0] is not None
-
-    async def _run_command(self, key: str, event: MessageEvent) -> None:
-        """Carry out a command; a failure is logged and answered, never raised to the host."""
+    async def _run_command(self, key: str, event: MessageEvent, cut: int | None = None) -> None:
+        """Carry out a command (``cut``: see :meth:`_carry_out`); a failure is logged and
+        answered, never raised to the host."""
         shared = self.shared
         if shared is not None and (not self.store.holds(key) or shared.recovering(key)):
             # runs where the lane runs, after its takeover; a holder running a turn is woken
@@ -58,7 +56,7 @@ class LaneCommands(GatewayCore):
                 self._dispatch_next(key)
             return
         self._seen.remember_event(key, event)
-        await self._carry_out(key, event)
+        await self._carry_out(key, event, cut)
 
     def _woken(self, key: str) -> None:
         """Another process queued a command for the lane: if a turn of the lane runs here,
@@ -76,27 +74,34 @@ class LaneCommands(GatewayCore):
         self,
         key: str,
         take: Callable[[], QueuedItem | None],
-        run: Callable[[str, MessageEvent], Awaitable[None]],
+        run: Callable[[str, MessageEvent, int], Awaitable[None]],
     ) -> None:
         """The task of a command taken out of the lane's queue (``take``, a writer step): carry
-        it out with ``run``, then let the lane go on."""
+        it out with ``run`` (only what was queued before it counts as before it), then let the
+        lane go on."""
         try:
             item = await self.store.arun(take, lane=key)
             if item is not None:
-                await run(key, item.event)
+                await run(key, item.event, item.order)
         except Exception:
             logger.exception("a queued command could not be carried out")
         finally:
             self._commands.pop(key, None)
         self._dispatch_next(key)
 
-    async def _carry_out(self, key: str, event: MessageEvent) -> None:
+    async def _carry_out(self, key: str, event: MessageEvent, cut: int | None = None) -> None:
+        """Carry out a command. ``cut`` orders it among the lane's queued items (a command
+        taken from the queue: its own place); None for one that arrives now, after every item
+        queued so far. A reset or ``/stop`` discards only items queued before it: what arrives
+        after it, even while it waits for the running turn to stop, is kept and answered."""
         command, rest = self._command(event)
         try:
+            if cut is None:
+                cut = await self.store.arun(self._queue.cut, key, lane=key)
             if command in self.triggers:
-                await self._reset(key, event, rest)
+                await self._reset(key, event, rest, cut)
             elif command == "/stop":
-                await self._stop_lane(key, event)
+                await self._stop_lane(key, event, cut)
             elif command == "/queue":
                 await self._queue_command(key, event, rest)
         except MessageNotStoredError:
@@ -127,11 +132,12 @@ class LaneCommands(GatewayCore):
             logger.exception("interrupting background work failed")
             return False
 
-    async def _reset(self, key: str, event: MessageEvent, rest: str) -> None:
-        """Interrupt, discard human items, clean up the agent, new session, reply."""
+    async def _reset(self, key: str, event: MessageEvent, rest: str, cut: int) -> None:
+        """Interrupt, discard the human items queued before it (``cut``), clean up the agent,
+        new session, reply."""
         await self._halt(key, "user")
         await self._interrupt_background(key)
-        await self.store.arun(self._queue.discard_humans, key, lane=key)
+        await self.store.arun(self._queue.discard_humans, key, cut, lane=key)
         await asyncio.to_thread(self.cache.discard, key)  # full cleanup runs off the loop
         await self.store.arun(self._new_session, key, event.source, lane=key)
         await self._reply(event.source, NEW_SESSION)
@@ -146,12 +152,13 @@ class LaneCommands(GatewayCore):
             store.get_or_create_session(source, True)
         store.counts.remove(key)
 
-    async def _stop_lane(self, key: str, event: MessageEvent) -> None:
-        """``/stop``: interrupt the turn and background work, drop the slot's human
-        follow-up, keep the overflow (``/queue`` items and internal wakes), say what happened."""
+    async def _stop_lane(self, key: str, event: MessageEvent, cut: int) -> None:
+        """``/stop``: interrupt the turn and background work, drop the slot's human follow-up
+        if it was queued before it (``cut``), keep the overflow (``/queue`` items and internal
+        wakes), say what happened."""
         stopped = await self._halt(key, "user")
         stopped = await self._interrupt_background(key) or stopped
-        discarded = await self.store.arun(self._queue.discard_slot, key, lane=key)
+        discarded = await self.store.arun(self._queue.discard_slot, key, cut, lane=key)
         if stopped or discarded:
             text = STOPPED
             if discarded:
@@ -181,4 +188,16 @@ class LaneCommands(GatewayCore):
     async def _queued_command(self, key: str) -> None:
         """A command that was queued (behind the start-up gate or a drain) reaches the head:
         take it out of the queue and carry it out."""
-        await self._command_task(key, functools.partial(self._take_head, key), self._run_command)
+        await self._command_task(key, functools.partial(self._take_command, key), self._run_command)
+
+    def _take_command(self, key: str) -> QueuedItem | None:
+        """Take the command at the head of the lane's queue out (writer step). A ``/queue
+        <prompt>`` stays at the head as its prompt's own turn, which runs next (its row is
+        deleted when that turn starts), so the items queued after it stay after it."""
+        head = self._queue.head(key)
+        if head is not None:
+            command, prompt = self._command(head.event)
+            if command == "/queue" and (prompt.strip() or head.event.media_urls):
+                head.rewrite(head.event.replace(text=prompt, queued_via_command=True))
+                return None
+        return self._take_head(key)

@@ -78,6 +78,8 @@ class QueuedItem:
     """``clock()`` of the last arrival merged into it."""
     restored: bool = False
     """Restored after a restart: never merges with events that arrive after it."""
+    sealed: bool = False
+    """A command arrived after it (see :meth:`TurnQueue.cut`): it takes no more follow-ups."""
     order: int = field(default=0, compare=False)
     """Queue-wide arrival number, set by the queue (orders :meth:`TurnQueue.lanes`)."""
     attempts: int = 0
@@ -139,6 +141,13 @@ class QueuedItem:
         self.last_arrival = now
         self._version += 1
 
+    def rewrite(self, event: MessageEvent) -> None:
+        """Run ``event`` instead of the item's command (a ``/queue`` or a reset with text after
+        it, at the head of the queue); its row keeps the command, so a restart reads it again."""
+        self.first = event
+        self.size = _size(event)
+        self._version += 1
+
     def take_back(self, last_arrival: float) -> None:
         """Undo the last :meth:`add` (its commit was rolled back)."""
         _, event = self.follow_ups.pop()
@@ -188,8 +197,10 @@ class TurnQueue:
         *,
         clock: Callable[[], float] = time.monotonic,
         notify: Callable[[LifecycleEvent], None] | None = None,
+        is_command: Callable[[MessageEvent], bool] | None = None,
     ) -> None:
         self._store = store
+        self._is_command = is_command
         self._settings = config.gateway.busy_queue
         self._clock = clock
         self._notify = notify
@@ -228,7 +239,9 @@ class TurnQueue:
         attempt count and become a dead letter together."""
         first, settings = tail.first, self._settings
         window = settings.burst_window_secs
-        if not (window > 0 and now - tail.last_arrival <= window and not tail.restored):
+        if not (window > 0 and now - tail.last_arrival <= window):
+            return False
+        if tail.restored or tail.sealed or self._command_in(tail.first, event):
             return False
         if tail.attempts or not (_mergeable(first) and _mergeable(event)):
             return False
@@ -244,6 +257,11 @@ class TurnQueue:
             return tail.kind in (text, photo)
         no_media = not (first.media_urls or event.media_urls)
         return tail.kind is event.message_type is text and no_media
+
+    def _command_in(self, *events: MessageEvent) -> bool:
+        """Whether one of ``events`` is a lane command: a command is an item of its own."""
+        is_command = self._is_command
+        return is_command is not None and any(is_command(event) for event in events)
 
     def enqueue(self, session_key: str, event: MessageEvent) -> EnqueueResult:
         """Merge ``event`` into the lane's tail or append it, committed before it is accepted.
@@ -353,16 +371,28 @@ class TurnQueue:
         with self._lock:
             self._lanes.setdefault(session_key, []).insert(0, item)
 
-    def _discard(self, session_key: str, slot_only: bool) -> int:
-        return self._store.run(self._discard_now, session_key, slot_only, lane=session_key)
+    def cut(self, session_key: str) -> int:
+        """A command arrives (writer thread): the lane's items so far come before it (their
+        :attr:`QueuedItem.order` is below the number returned, later ones above), and its tail
+        takes no more follow-ups, so a message sent after the command never joins them."""
+        with self._lock:
+            items = self._lanes.get(session_key)
+            if items:
+                items[-1].sealed = True
+            return next(self._order)
 
-    def _discard_now(self, session_key: str, slot_only: bool) -> int:
+    def _discard(self, session_key: str, slot_only: bool, before: int | None) -> int:
+        return self._store.run(self._discard_now, session_key, slot_only, before,
+                               lane=session_key)  # fmt: skip
+
+    def _discard_now(self, session_key: str, slot_only: bool, before: int | None) -> int:
         with self._lock:
             items = list(self._lanes.get(session_key, ()))
-        if slot_only:
-            victims = items[:1] if items and _mergeable(items[0].event) else []
+        earlier = [item for item in items if before is None or item.order < before]
+        if slot_only:  # the slot, if it came before the command
+            victims = [item for item in earlier[:1] if item is items[0] and _mergeable(item.event)]
         else:
-            victims = [item for item in items if not item.event.internal]
+            victims = [item for item in earlier if not item.event.internal]
         if not victims:
             return 0
         self._store.queue_remove([row for item in victims for row in item.row_ids])
@@ -386,16 +416,19 @@ class TurnQueue:
         with self._lock:
             self._lanes[session_key] = list(items)
 
-    def discard_slot(self, session_key: str) -> int:
-        """``/stop``: drop the slot if it holds a human non-``/queue`` item; the human messages
-        it held. Overflow items all stay, in order. Raises ``StoreError`` (nothing discarded)
-        when the removal cannot be committed."""
-        return self._discard(session_key, slot_only=True)
+    def discard_slot(self, session_key: str, before: int | None = None) -> int:
+        """``/stop``: drop the slot if it holds a human non-``/queue`` item queued before the
+        command (``before``, from :meth:`cut`; None: any); the human messages it held. Overflow
+        items all stay, in order. Raises ``StoreError`` (nothing discarded) when the removal
+        cannot be committed."""
+        return self._discard(session_key, True, before)
 
-    def discard_humans(self, session_key: str) -> int:
-        """``/new``, ``/reset``: drop every human item (``/queue`` ones too), keep internal wakes
-        in order; the human messages dropped. Raises ``StoreError`` like :meth:`discard_slot`."""
-        return self._discard(session_key, slot_only=False)
+    def discard_humans(self, session_key: str, before: int | None = None) -> int:
+        """``/new``, ``/reset``: drop every human item (``/queue`` ones too) queued before the
+        command (``before``, as for :meth:`discard_slot`), keep internal wakes and every later
+        item in order; the human messages dropped. Raises ``StoreError`` like
+        :meth:`discard_slot`."""
+        return self._discard(session_key, False, before)
 
     def restore(self) -> int:
         """Load the persisted queues (start-up, before anything is queued), folding each
@@ -405,8 +438,11 @@ class TurnQueue:
             raise RuntimeError("TurnQueue.restore() must run before anything is queued")
         return self._fold(self._store.queue_restore(), restored=True)
 
-    def _fold(self, rows: list[QueuedEvent], *, restored: bool) -> int:
-        """Append stored rows to their lanes, each follow-up folded into its item."""
+    def _fold(
+        self, rows: list[QueuedEvent], *, restored: bool, known: dict[int, int] | None = None
+    ) -> int:
+        """Append stored rows to their lanes, each follow-up folded into its item; an item
+        whose row is in ``known`` keeps that order number (see :meth:`cut`)."""
         now = self._clock()
         count = 0
         with self._lock:
@@ -421,7 +457,8 @@ class TurnQueue:
                     logger.warning("queued follow-up %d has lost its item; kept alone", event_id)
                     metadata = {k: v for k, v in stored.metadata.items() if k != PART_OF_KEY}
                     event = stored.replace(metadata=metadata)
-                item = QueuedItem(event, event_id, _humans(event), now, restored, next(self._order))
+                order = (known or {}).get(event_id) or next(self._order)
+                item = QueuedItem(event, event_id, _humans(event), now, restored, order=order)
                 items.append(item)
                 count += 1
         return count
@@ -436,7 +473,8 @@ class TurnQueue:
         with self._lock:
             previous = self._lanes.pop(session_key, [])
         self._store.on_rollback(lambda: self._put_lane(session_key, previous))
-        return self._fold(rows, restored=False)
+        known = {item.event_id: item.order for item in previous if item.event_id is not None}
+        return self._fold(rows, restored=False, known=known)
 
     def take_first(
         self, session_key: str, wanted: Callable[[MessageEvent], bool]

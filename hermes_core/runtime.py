@@ -40,7 +40,7 @@ from hermes_core.lane_commands import LaneCommands
 from hermes_core.lanes import LaneRunner
 from hermes_core.models import MessageEvent
 from hermes_core.pipeline import Turn, TurnPipeline
-from hermes_core.queue import EnqueueResult, TurnQueue
+from hermes_core.queue import EnqueueResult
 from hermes_core.resume import resume_candidates, resume_event
 from hermes_core.sharing import SharedLanes
 from hermes_core.store.turns import AUTO_RESUME_REASONS
@@ -100,7 +100,7 @@ class Gateway(LaneCommands, LaneRunner, Delivery):
             store = await asyncio.to_thread(self.state.start)
             self.pipeline = TurnPipeline(store, self.config)
             if self.queue is None:  # the queue_restore step was disabled
-                self.queue = TurnQueue(store, self.config, notify=self._notify)
+                self.queue = self._new_queue(store)
         finally:
             self._ready.set()  # messages waiting for the queue go on (or fail, if start did)
         if store.shared:  # the leases start-up took are renewed while its turns resume

@@ -616,3 +616,101 @@ async def test_a_suspended_lane_starts_a_new_session_and_says_so_once(make_gatew
     ]
     assert gateway.store.peek_session_id(key) != first
     await gateway.stop()
+
+
+LATER = ("/queue later please", "plain text after it")
+"""What a user sends right after ``/new``: both belong to the new session and are answered."""
+
+
+def _answered_after_the_reset(gateway: Gateway, adapter: InMemoryAdapter, old: str | None) -> None:
+    texts = adapter.texts()
+    assert NEW_SESSION in texts
+    answers = [text for text in texts[texts.index(NEW_SESSION) :] if text.startswith("echo:")]
+    assert answers == ["echo: later please", "echo: plain text after it"]  # in order
+    new = gateway.store.peek_session_id("agent:main:telegram:dm:c=1")
+    assert new is not None
+    assert new != old
+    contents = [m.get("content") for m in gateway.store.load_transcript(new)]
+    assert contents == ["later please", "echo: later please", "plain text after it",
+                        "echo: plain text after it"]  # fmt: skip
+    assert gateway.queue is not None
+    assert gateway.queue.depth("agent:main:telegram:dm:c=1") == 0
+
+
+async def test_a_reset_held_by_the_gate_keeps_what_came_after_it(make_gateway: Any) -> None:
+    first, _adapter, _ = make_gateway(delay=30.0, agent={"restart_drain_timeout": 0.1})
+    await first.start()
+    await first.handle_message(_event("interrupted question"))
+    await asyncio.sleep(0.05)
+    await first.stop(restart=True)  # the drain times out: the turn resumes at the next start
+    old = first.store.peek_session_id("agent:main:telegram:dm:c=1")
+    gateway, adapter, agents = make_gateway(delay=0.3)
+    starting = asyncio.create_task(gateway.start())
+    while gateway.queue is None:  # the gate is up while the resumed turn runs
+        await asyncio.sleep(0.01)
+    for text in ("/new", *LATER):
+        await gateway.handle_message(_event(text))
+    await starting
+    agents.hurry()
+    await gateway.idle()
+    assert adapter.texts()[0] == "echo: interrupted question"
+    _answered_after_the_reset(gateway, adapter, old)
+    await gateway.stop()
+
+
+async def test_a_reset_queued_by_a_drain_keeps_what_came_after_it_after_the_restart(
+    make_gateway: Any,
+) -> None:
+    gateway, adapter, _ = make_gateway(delay=0.3)
+    await gateway.start()
+    await gateway.handle_message(_event("running"))
+    await asyncio.sleep(0.02)
+    old = gateway.store.peek_session_id("agent:main:telegram:dm:c=1")
+    stopping = asyncio.create_task(gateway.stop(restart=True))
+    await asyncio.sleep(0.02)
+    for text in ("/new", *LATER):
+        await gateway.handle_message(_event(text))
+    assert await stopping
+    assert adapter.texts()[-1] == "echo: running"
+    again, adapter2, _ = make_gateway()
+    await again.start()
+    await again.idle()
+    _answered_after_the_reset(again, adapter2, old)
+    await again.stop()
+
+
+async def test_a_reset_on_a_busy_lane_keeps_what_came_after_it(hermes_home: Path) -> None:
+    """Messages that arrive while ``/new`` waits for the running turn to stop are the new
+    session's first messages, never discarded with the old session's queue."""
+    stopped = asyncio.Event()
+    may_end = asyncio.Event()
+
+    class SlowToStop(EchoAgent):
+        async def run_turn(self, request: TurnRequest) -> str | None:
+            if request.message != "long task":
+                return await super().run_turn(request)
+            try:
+                await asyncio.sleep(30)
+            except asyncio.CancelledError:
+                stopped.set()
+                await may_end.wait()
+                raise
+            return None
+
+    config = GatewayConfig.from_dict({}, environ={"HERMES_HOME": str(hermes_home)})
+    adapter = InMemoryAdapter("telegram")
+    gateway = Gateway(config, fresh_plugin_manager(hermes_home), lambda _: SlowToStop(), [adapter])
+    await gateway.start()
+    await gateway.handle_message(_event("long task"))
+    await gateway.handle_message(_event("queued before the reset", user="u2"))
+    old = gateway.store.peek_session_id("agent:main:telegram:dm:c=1")
+    resetting = asyncio.create_task(gateway.handle_message(_event("/new")))
+    await asyncio.wait_for(stopped.wait(), 10)  # the reset is waiting for the turn to stop
+    for text in LATER:
+        await gateway.handle_message(_event(text))
+    may_end.set()
+    await resetting
+    await gateway.idle()
+    assert "echo: queued before the reset" not in adapter.texts()
+    _answered_after_the_reset(gateway, adapter, old)
+    await gateway.stop()
