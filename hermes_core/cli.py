@@ -184,11 +184,17 @@ def _demo_command(args: argparse.Namespace, config: GatewayConfig) -> int:
     if state_dir is not None:
         try:
             state_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+            used = next(state_dir.iterdir(), None) is not None
         except OSError as exc:
             raise InvalidValueError(
                 "state_dir", f"{state_dir}: cannot be used as the demo's state directory "
                 f"({exc.strerror}); name a directory, or leave --state-dir out."
             ) from exc  # fmt: skip
+        if used:  # its script's messages were answered there already: the crash would not come
+            raise InvalidValueError(
+                "state_dir", f"{state_dir} is not empty; the demo runs on a new or empty "
+                "directory: name another, or leave --state-dir out for a temporary one."
+            )  # fmt: skip
     return run_demo(state_dir)
 
 

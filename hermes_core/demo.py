@@ -11,13 +11,16 @@ printed.
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
+import shlex
 import signal
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
+from hermes_core import crashpoints
 from hermes_core.agents import ConsoleAdapter, EchoAgent
 from hermes_core.config import GatewayConfig
 from hermes_core.models import MessageEvent, SessionSource
@@ -99,7 +102,6 @@ async def second_process(state_dir: Path) -> None:
     for entry in store.list_sessions():
         count = len(store.load_transcript(entry.session_id))
         print(f"  {entry.session_key} → {entry.session_id} ({count} messages)")
-    print(f"store health: {store.health()}")
 
 
 def _child(state_dir: Path, phase: str, crash_at: str | None) -> int:
@@ -125,12 +127,22 @@ def run_demo(state_dir: Path | None = None) -> int:
     print(f"\n2) a gateway is killed (SIGKILL) at crash point '{CRASH_POINT}':")
     crashed = _child(state, "crash", CRASH_POINT)
     if crashed != -signal.SIGKILL:
-        print(f"the process was expected to die by SIGKILL, got exit code {crashed}")
+        print(f"hermes-sessions: error: the demo's second gateway was expected to die by "
+              f"SIGKILL, got exit code {crashed}", file=sys.stderr)  # fmt: skip
         return 1
     print("  ✝ killed after storing Bob's reply, before sending it\n")
     print("3) a new gateway starts on the same state directory:")
-    return _child(state, "restart", None)
+    if _child(state, "restart", None) != 0:
+        return 1
+    where = shlex.quote(str(state))
+    print(f"\nnext, see what was stored: hermes-sessions ls --state-dir {where}")
+    print(f"then one lane, by a key listed: hermes-sessions show KEY --state-dir {where}")
+    return 0
 
 
 if __name__ == "__main__":
+    # Log lines carry their level; the crash point is announced by the demo itself, not by
+    # the test-only warning that arming it logs.
+    logging.basicConfig(format="%(levelname)s %(name)s: %(message)s")
+    logging.getLogger(crashpoints.__name__).setLevel(logging.ERROR)
     asyncio.run(PHASES[sys.argv[1]](Path(sys.argv[2])))

@@ -4,6 +4,7 @@ shape per family of commands."""
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import subprocess
@@ -138,3 +139,72 @@ def test_log_options_choose_the_level_and_lines_carry_it(tmp_path: Path) -> None
     assert any(line.startswith("DEBUG ") for line in debug.stderr.splitlines())
     assert _script("replay", str(events), *where, "-vv", "--log-level", "error").stderr == ""
     assert _script("-vv", "replay", str(events), *where, "--quiet").stderr == ""
+
+
+def test_suspend_and_resume_report_one_shape(
+    state: State, capsys: pytest.CaptureFixture[str]
+) -> None:
+    home, keys = state
+    where = ["--state-dir", str(home), "--json"]
+    reports = [
+        json.loads(run(capsys, command, keys["alice"], *where)[1])
+        for command in ("suspend", "suspend", "resume", "resume")
+    ]
+    assert [(report["suspended"], report["changed"]) for report in reports] == [
+        (True, True), (True, False), (False, True), (False, False),
+    ]  # fmt: skip
+    assert all(list(report) == ["session_key", "suspended", "changed"] for report in reports)
+    code, out, _ = run(capsys, "suspend", keys["bob"], "--state-dir", str(home))
+    assert (code, out) == (0, f"{keys['bob']}: was already suspended\n")
+
+
+def test_search_limit_outside_its_range_is_refused(
+    state: State, capsys: pytest.CaptureFixture[str]
+) -> None:
+    home, _ = state
+    for limit in ("0", "101"):
+        code, out, err = run(capsys, "search", "zebra", "--limit", limit, "--state-dir", str(home))
+        assert (code, out) == (2, "")
+        assert err == "hermes-sessions: error: --limit must be from 1 to 100.\n"
+    code, out, _ = run(capsys, "search", "zebra", "--limit", "100", "--state-dir", str(home))
+    assert code == 0
+    assert out.count("zebra") == 6
+
+
+def test_ls_of_an_unknown_platform_is_an_error_like_key(
+    state: State, capsys: pytest.CaptureFixture[str]
+) -> None:
+    home, _ = state
+    code, out, err = run(capsys, "ls", "--platform", "nope", "--state-dir", str(home))
+    assert (code, out) == (2, "")
+    assert err.startswith("hermes-sessions: error: --platform 'nope' is not a registered platform")
+    assert err.count("\n") == 1
+    code, out, _ = run(capsys, "ls", "--platform", "slack", "--state-dir", str(home))
+    assert (code, out) == (0, "no lanes\n")  # a registered platform without lanes
+
+
+def test_recover_without_dry_run_says_what_to_run(
+    state: State, capsys: pytest.CaptureFixture[str]
+) -> None:
+    home, _ = state
+    code, out, err = run(capsys, "recover", "--state-dir", str(home))
+    assert (code, out) == (2, "")
+    assert err == (
+        "hermes-sessions: error: recovery runs when a gateway starts, so `recover` only shows "
+        "what the next start-up would recover: run `hermes-sessions recover --dry-run`, or start "
+        "the gateway to recover.\n"
+    )
+
+
+def test_console_commands_without_their_arguments_print_their_usage(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(sys, "stdin", io.StringIO(":chat\n:as\n:platform\n:quit\n"))
+    code = main(["chat", "--platform", "telegram", "--chat-id", "42", "--state-dir",
+                 str(tmp_path)])  # fmt: skip
+    err = capsys.readouterr().err
+    assert code == 0
+    assert err.splitlines() == [
+        f"hermes-sessions: usage: {usage} (:help says what it does); nothing changed."
+        for usage in (":chat ID [TYPE]", ":as USER [NAME]", ":platform NAME")
+    ]

@@ -113,7 +113,7 @@ def test_lane_commands_change_flags_and_sessions(
     assert code == 0
     assert out == f"{keys['bob']}: no longer suspended\n"
     code, out, _ = run(capsys, "suspend", keys["alice"], *args, "--json")
-    assert json.loads(out) == {"session_key": keys["alice"], "suspended": True}
+    assert json.loads(out) == {"session_key": keys["alice"], "suspended": True, "changed": True}
     code, out, _ = run(capsys, "reset", keys["topic"], *args, "--json")
     reset = json.loads(out)
     assert reset["ended"] != reset["session_id"]

@@ -26,6 +26,7 @@ from hermes_core.operations.common import (
     short_time,
     stamp,
 )
+from hermes_core.plugins import platform_registry
 from hermes_core.store import SessionStore
 from hermes_core.store.operator import OperatorBackend
 
@@ -37,6 +38,8 @@ SORTS = {
     "key": (lambda lane: lane["session_key"], False),
     "messages": (lambda lane: lane["message_count"], True),
 }
+SEARCH_LIMIT = 100
+"""The most hits ``search`` returns (the store's own bound)."""
 EXPORT_TABLES = ("sessions", "messages", "gateway_routing", "queued_events", "delivery_obligations")
 
 
@@ -70,7 +73,10 @@ def register(commands: Any, parents: list[argparse.ArgumentParser]) -> None:
     )
     search.add_argument("query", metavar="QUERY")
     search.add_argument("--session", metavar="SESSION_ID", help="only this session")
-    search.add_argument("--limit", type=int, default=20, help="at most N hits (1-100, default 20)")
+    search.add_argument(
+        "--limit", type=int, default=20, metavar="N",
+        help=f"at most N hits (1-{SEARCH_LIMIT}, default 20)",
+    )  # fmt: skip
     search.add_argument("--json", action="store_true", help="print a JSON list")
     search.set_defaults(handler=search_command)
 
@@ -130,6 +136,8 @@ def ls_command(args: argparse.Namespace, config: GatewayConfig) -> int:
             and (not args.dead_lettered or dead[entry.session_key])
         ]
         lanes = [lane_summary(store, entry, dead) for entry in entries]
+        if args.platform is not None and not lanes:  # a mistyped name is not "no lanes"
+            platform_registry(store.plugins).require(args.platform, field="--platform")
     key, reverse = SORTS[args.sort]
     lanes = sorted(lanes, key=key, reverse=reverse)[: args.limit]
     if args.json:
@@ -214,6 +222,8 @@ def show_command(args: argparse.Namespace, config: GatewayConfig) -> int:
 
 def search_command(args: argparse.Namespace, config: GatewayConfig) -> int:
     """``search QUERY``."""
+    if not 1 <= args.limit <= SEARCH_LIMIT:
+        raise InvalidValueError("limit", f"--limit must be from 1 to {SEARCH_LIMIT}.")
     with open_store(config, write=False) as store:
         hits = store.search(args.query, session_id=args.session, limit=args.limit)
     rows = [

@@ -42,6 +42,13 @@ HELP = """console commands (other lines are sent as messages, /new /reset /stop 
   :where              print where messages go and their session key
   :quit               stop the gateway (so does the end of input)"""
 
+USAGES = {
+    line.split()[0][1:]: re.split(r"\s{2,}", line.strip())[0]
+    for line in HELP.splitlines()
+    if line.startswith("  :")
+}
+"""Each console command's usage line (``chat: ":chat ID [TYPE]"``), read from :data:`HELP`."""
+
 
 def register(commands: Any, parents: list[argparse.ArgumentParser]) -> None:
     """Add ``chat`` and ``replay``."""
@@ -205,6 +212,10 @@ class Console:
             changes = {"thread_id": words[0] if words else None}
         elif name == "platform" and len(words) == 1:
             changes = {"platform": words[0]}
+        elif name in USAGES:
+            raise InvalidValueError(
+                "command", f"usage: {USAGES[name]} (:help says what it does); nothing changed."
+            )
         else:
             raise InvalidValueError(
                 "command", f":{name} {rest}".strip() + " is not a console command; :help "

@@ -68,8 +68,8 @@ def register(commands: Any, parents: list[argparse.ArgumentParser]) -> None:
         help="what the next gateway start-up would recover (writes nothing)",
     )  # fmt: skip
     recover.add_argument(
-        "--dry-run", action="store_true", required=True, help="required: recovery itself is "
-        "what a gateway does when it starts"
+        "--dry-run", action="store_true", help="required: recovery itself is what a gateway "
+        "does when it starts"
     )  # fmt: skip
     recover.add_argument("--json", action="store_true", help="print one JSON object")
     recover.set_defaults(handler=recover_command)
@@ -96,20 +96,34 @@ def reset_command(args: argparse.Namespace, config: GatewayConfig) -> int:
 
 def suspend_command(args: argparse.Namespace, config: GatewayConfig) -> int:
     """``suspend KEY``."""
-    with open_store(config, write=True) as store:
-        entry = find_lane(store, args.lane)
-        store.suspend_session(entry.session_key)
-    data = {"session_key": entry.session_key, "suspended": True}
-    return _report(args, data, f"{entry.session_key}: suspended")
+    return _set_suspended(args, config, True)
 
 
 def resume_command(args: argparse.Namespace, config: GatewayConfig) -> int:
     """``resume KEY``: clear the suspension."""
+    return _set_suspended(args, config, False)
+
+
+_SUSPENSION_TEXT = {
+    (True, True): "suspended",
+    (True, False): "was already suspended",
+    (False, True): "no longer suspended",
+    (False, False): "was not suspended",
+}
+"""What ``suspend`` / ``resume`` say, by (the flag asked for, whether it changed)."""
+
+
+def _set_suspended(args: argparse.Namespace, config: GatewayConfig, suspended: bool) -> int:
+    """Suspend or resume the lane ``args`` names; both report ``{session_key, suspended,
+    changed}`` (the flag afterwards, and whether this run changed it)."""
     with open_store(config, write=True) as store:
         entry = find_lane(store, args.lane)
-        changed = store.unsuspend_session(entry.session_key)
-    line = f"{entry.session_key}: " + ("no longer suspended" if changed else "was not suspended")
-    return _report(args, {"session_key": entry.session_key, "changed": changed}, line)
+        changed = entry.suspended != suspended  # the writer lock keeps the lane as read
+        if changed:
+            (store.suspend_session if suspended else store.unsuspend_session)(entry.session_key)
+    line = f"{entry.session_key}: " + _SUSPENSION_TEXT[suspended, changed]
+    data = {"session_key": entry.session_key, "suspended": suspended, "changed": changed}
+    return _report(args, data, line)
 
 
 def _dead_letter_ids(args: argparse.Namespace, config: GatewayConfig) -> list[int]:
@@ -231,6 +245,12 @@ def recovery_plan(store: SessionStore, config: GatewayConfig) -> dict[str, Any]:
 
 def recover_command(args: argparse.Namespace, config: GatewayConfig) -> int:
     """``recover --dry-run``."""
+    if not args.dry_run:
+        raise InvalidValueError(
+            "dry_run", "recovery runs when a gateway starts, so `recover` only shows what the "
+            "next start-up would recover: run `hermes-sessions recover --dry-run`, or start the "
+            "gateway to recover."
+        )  # fmt: skip
     with open_store(config, write=False) as store:
         plan = recovery_plan(store, config)
     if args.json:
