@@ -274,6 +274,7 @@ def _plugins_command(args: argparse.Namespace, config: GatewayConfig) -> int:
                 "hooks": list(info.hooks),
                 "provides": dataclasses.asdict(info.provides),
                 "problems": list(info.problems),
+                "replaced": dict(info.replaced),
             }
             for info in infos
         ]
@@ -286,7 +287,7 @@ def _plugins_command(args: argparse.Namespace, config: GatewayConfig) -> int:
             info.status,
             info.distribution or "-",
             info.version or "-",
-            info.provides.describe() or "-",
+            "; ".join(filter(None, [info.provides.describe(), _replaced(info.replaced)])) or "-",
         )
         for info in infos
     ]
@@ -300,6 +301,12 @@ def _plugins_command(args: argparse.Namespace, config: GatewayConfig) -> int:
         for problem in problems:
             print(f"- {problem}")
     return 0
+
+
+def _replaced(replaced: tuple[tuple[str, str], ...]) -> str:
+    """``replaced: matrix (by acme_matrix)``, or nothing."""
+    named = ", ".join(f"{platform} (by {by})" for platform, by in replaced)
+    return f"replaced: {named}" if named else ""
 
 
 def _key_command(args: argparse.Namespace, config: GatewayConfig) -> int:

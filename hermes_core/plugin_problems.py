@@ -140,6 +140,7 @@ def _misnamed_disables(
             continue
         offered = [*offers.of(plugin_name).platforms]
         offered += [name for owner, name in offers.dropped if owner == plugin_name]
+        offered += [name for owner, name, _ in offers.replaced if owner == plugin_name]
         if platform not in offered:
             problems.append(
                 Problem(

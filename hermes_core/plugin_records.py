@@ -66,6 +66,9 @@ class PluginInfo:
     status: PluginStatus
     provides: Provides
     problems: tuple[str, ...]
+    replaced: tuple[tuple[str, str], ...] = ()
+    """(platform, plugin): platforms this plugin registers with the generic rule that a plugin
+    specific to the platform replaces (only the built-in ``platforms`` plugin's yield)."""
 
 
 @dataclass(frozen=True)
@@ -101,9 +104,27 @@ class Offers:
     """(plugin, concern, message) of each registration hook that raised or returned junk."""
     dropped: list[tuple[str, str]] = field(default_factory=list)
     """(plugin, platform) pairs left out by a ``plugins.disable: [plugin.platform]`` entry."""
+    replaced: list[tuple[str, str, str]] = field(default_factory=list)
+    """(generic plugin, platform, replacing plugin) of each generic platform that yielded."""
     problems: list[Problem] = field(default_factory=list)
     registry: PlatformRegistry | None = None
     """The platform registry built from ``platforms`` (once there is no platform problem)."""
+
+    def yield_generic(self, generic: str) -> None:
+        """Leave out each platform of the ``generic`` plugin that another plugin registers too,
+        recording the first such plugin as its replacement: a specific plugin for a platform
+        replaces the generic rule rather than conflicting with it."""
+        specific: dict[str, str] = {}
+        for plugin_name, spec in self.platforms:
+            if plugin_name != generic:
+                specific.setdefault(spec.name, plugin_name)
+        kept = []
+        for plugin_name, spec in self.platforms:
+            if plugin_name == generic and spec.name in specific:
+                self.replaced.append((plugin_name, spec.name, specific[spec.name]))
+            else:
+                kept.append((plugin_name, spec))
+        self.platforms = kept
 
     def of(self, plugin_name: str) -> Provides:
         """What ``plugin_name`` provides."""

@@ -46,7 +46,7 @@ from hermes_core.specs import (
     StoreSpec,
 )
 from hermes_hookspecs import PROJECT_NAME, SPEC_MODULES
-from hermes_plugins import BUILTIN_PLUGINS, ESSENTIAL_PLUGINS
+from hermes_plugins import BUILTIN_PLUGINS, ESSENTIAL_PLUGINS, GENERIC_PLATFORMS_PLUGIN
 
 __all__ = [
     "DISTRIBUTION", "ENTRY_POINT_GROUP", "HermesPluginManager", "PlatformRegistry", "PluginInfo",
@@ -216,6 +216,8 @@ class HermesPluginManager(pluggy.PluginManager):
                         offers.dropped.append((plugin_name, item.name))
                     else:
                         into.append((plugin_name, item))
+        if self._is_builtin(GENERIC_PLATFORMS_PLUGIN):
+            offers.yield_generic(GENERIC_PLATFORMS_PLUGIN)
         for plugin_name, policy, error in self._call_each(
             "hermes_eviction_policy", config=self.config
         ):
@@ -333,10 +335,11 @@ class HermesPluginManager(pluggy.PluginManager):
             failures = [message for owner, _, message in offers.failures if owner == name]
             conflicts = [p.message for p in problems if name in p.plugins]
             status: PluginStatus = "conflict" if conflicts else "failed" if failures else "loaded"
+            replaced = tuple((platform, by) for of, platform, by in offers.replaced if of == name)
             infos.append(
                 PluginInfo(
                     name, origin.distribution, origin.version, hooks, origin.builtin, status,
-                    offers.of(name), tuple(conflicts + failures),
+                    offers.of(name), tuple(conflicts + failures), replaced,
                 )
             )  # fmt: skip
         return infos

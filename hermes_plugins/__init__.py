@@ -17,6 +17,10 @@ BUILTIN_PLUGINS: tuple[tuple[str, str], ...] = (
     ("eviction", "hermes_plugins.eviction"),
 )
 
+GENERIC_PLATFORMS_PLUGIN = "platforms"
+"""The built-in whose platforms follow the generic key rule with nothing specific to add: each of
+them yields to another plugin that registers the same platform (listed as replaced)."""
+
 ESSENTIAL_PLUGINS: frozenset[str] = frozenset({"sql_store", "recovery_steps", "eviction"})
 """Built-ins whose loss breaks the gateway: disabling one is a configuration error unless other
 plugins provide what it did (the ``storage.url`` scheme, the recovery steps by name, a policy)."""

@@ -70,7 +70,7 @@ def test_plugins_json(capsys: pytest.CaptureFixture[str]) -> None:
     for plugin in plugins[: len(BUILTINS)]:
         assert list(plugin) == [
             "name", "status", "distribution", "version", "builtin", "hooks", "provides",
-            "problems",
+            "problems", "replaced",
         ]  # fmt: skip
         assert plugin["status"] == "loaded"
         assert plugin["distribution"] == "hermes-sessions"

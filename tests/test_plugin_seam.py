@@ -4,6 +4,7 @@ manager behind ``plugins=None``, and a core that names no platform."""
 from __future__ import annotations
 
 import ast
+import json
 import os
 import subprocess
 import sys
@@ -225,34 +226,79 @@ _MATRIX = """
 
     @hookimpl
     def hermes_register_platforms(config):
-        return [PlatformSpec(name="matrix", label="Matrix (acme)", pii_safe=True)]
+        return [PlatformSpec(name="matrix", label="Matrix ({name})", pii_safe=True)]
 """
 
 
-def _install_matrix(fake_distribution: FakeDistribution) -> Path:
+def _install_matrix(fake_distribution: FakeDistribution, name: str = "acme") -> Path:
+    """A third-party plugin ``<name>_matrix`` (distribution ``hermes-<name>-matrix``, version
+    2.0) for the platform ``matrix``, which the built-in ``platforms`` gives the generic rule."""
+    module = f"{name}_matrix"
     return fake_distribution(
-        "hermes-acme-matrix", version="2.0", entry_points={"acme_matrix": "acme_matrix"},
-        modules={"acme_matrix": _MATRIX},
+        f"hermes-{name}-matrix", version="2.0", entry_points={module: module},
+        modules={module: _MATRIX.replace("{name}", name)},
     )  # fmt: skip
+
+
+def _conflicting(message: str) -> bool:
+    """Whether ``message`` names the two matrix plugins and the fix, and not the built-in."""
+    return (
+        "platform 'matrix' is registered by plugin" in message
+        and "'acme_matrix' (hermes-acme-matrix)" in message
+        and "'beta_matrix' (hermes-beta-matrix)" in message
+        and "[acme_matrix.matrix]" in message
+        and "[beta_matrix.matrix]" in message
+        and "platforms.matrix" not in message
+    )
+
+
+def test_a_specific_plugin_replaces_a_generic_builtin_platform(
+    hermes_home: Path, fake_distribution: FakeDistribution, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """matrix, signal, email and sms get only the generic rule from the built-in ``platforms``:
+    a plugin for one of them replaces that rule (listed as replaced), and every command runs."""
+    _install_matrix(fake_distribution)
+    manager = create_plugin_manager(_config(hermes_home), strict=True)
+    registry = manager.platforms()
+    assert registry.owners["matrix"] == "acme_matrix"
+    assert registry["matrix"].label == "Matrix (acme)"
+    assert {"local", "signal", "email", "sms", "bluebubbles"} <= set(registry)
+    infos = {info.name: info for info in manager.list_plugins()}
+    assert infos["platforms"].status == infos["acme_matrix"].status == "loaded"
+    assert infos["platforms"].replaced == (("matrix", "acme_matrix"),)
+    assert "matrix" not in infos["platforms"].provides.platforms
+    assert main(["plugins"]) == 0
+    out = capsys.readouterr().out
+    rows = {line.split()[0]: line for line in out.splitlines()[1:]}
+    assert rows["platforms"].split()[1] == "loaded"
+    assert rows["platforms"].endswith("; replaced: matrix (by acme_matrix)")
+    assert "Problems:" not in out
+    assert main(["plugins", "--json"]) == 0
+    listed = {row["name"]: row for row in json.loads(capsys.readouterr().out)}
+    assert listed["platforms"]["replaced"] == {"matrix": "acme_matrix"}
+    assert main(["key", "--platform", "matrix", "--chat-id", "!room"]) == 0
+    assert capsys.readouterr().out == "agent:main:matrix:dm:c=!room\n"
+    disabled = create_plugin_manager(_disabling(hermes_home, "platforms.matrix"), strict=True)
+    assert disabled.platforms().owners["matrix"] == "acme_matrix"
 
 
 def test_plugins_command_shows_a_platform_conflict(
     fake_distribution: FakeDistribution, capsys: pytest.CaptureFixture[str]
 ) -> None:
+    """Two specific plugins for one platform conflict; the generic built-in is not part of it."""
     _install_matrix(fake_distribution)
+    _install_matrix(fake_distribution, "beta")
     assert main(["plugins"]) == 0
     out = capsys.readouterr().out
     rows = {line.split()[0]: line.split() for line in out.split("\n\n")[0].splitlines()[1:]}
-    assert rows["platforms"][1] == "conflict"
+    assert rows["platforms"][1] == "loaded"
     assert rows["acme_matrix"][1:4] == ["conflict", "hermes-acme-matrix", "2.0"]
     assert rows["acme_matrix"][4:] == ["platforms:", "matrix"]
+    assert rows["beta_matrix"][1:4] == ["conflict", "hermes-beta-matrix", "2.0"]
     assert rows["telegram"][1] == "loaded"
     problems = out.split("Problems:\n")[1].splitlines()
-    assert problems == [
-        "- platform 'matrix' is registered by plugin 'acme_matrix' (hermes-acme-matrix) and by "
-        "plugin 'platforms' (hermes-sessions); disable it in one of them (plugins.disable: "
-        "[acme_matrix.matrix] or [platforms.matrix]) or disable one of the plugins."
-    ]
+    assert len(problems) == 1
+    assert _conflicting(problems[0])
 
 
 @pytest.mark.parametrize(
@@ -266,28 +312,26 @@ def test_other_commands_name_the_conflict(
     fake_distribution: FakeDistribution, capsys: pytest.CaptureFixture[str], argv: list[str]
 ) -> None:
     _install_matrix(fake_distribution)
+    _install_matrix(fake_distribution, "beta")
     assert main(argv) == 2
     captured = capsys.readouterr()
     assert captured.out == ""
     assert captured.err.startswith("hermes-sessions: error: platform 'matrix' is registered by")
-    assert "'acme_matrix' (hermes-acme-matrix)" in captured.err
-    assert "plugins.disable: [acme_matrix.matrix] or [platforms.matrix]" in captured.err
+    assert _conflicting(captured.err)
 
 
-def test_one_builtin_platform_can_be_replaced(
+def test_a_specific_builtin_platform_conflicts(
     hermes_home: Path, fake_distribution: FakeDistribution
 ) -> None:
-    _install_matrix(fake_distribution)
-    with pytest.raises(PlatformConflictError, match="platform 'matrix'"):
+    """Only the generic built-in yields: a plugin claiming ``telegram`` conflicts with it."""
+    fake_distribution(
+        "hermes-acme-telegram", entry_points={"acme_telegram": "acme_telegram"},
+        modules={"acme_telegram": _MATRIX.replace('"matrix"', '"telegram"')},
+    )  # fmt: skip
+    with pytest.raises(PlatformConflictError, match="'telegram' \\(hermes-sessions\\)"):
         create_plugin_manager(_config(hermes_home))
-    manager = create_plugin_manager(_disabling(hermes_home, "platforms.matrix"), strict=True)
-    registry = manager.platforms()
-    assert registry.owners["matrix"] == "acme_matrix"
-    assert registry["matrix"].pii_safe
-    assert {"local", "signal", "email", "sms", "bluebubbles"} <= set(registry)
-    bundle = next(info for info in manager.list_plugins() if info.name == "platforms")
-    assert bundle.status == "loaded"
-    assert "matrix" not in bundle.provides.platforms
+    manager = create_plugin_manager(_disabling(hermes_home, "telegram"), strict=True)
+    assert manager.platforms().owners["telegram"] == "acme_telegram"
 
 
 def test_a_dotted_disable_must_name_a_platform_of_the_plugin(hermes_home: Path) -> None:
@@ -298,13 +342,16 @@ def test_a_dotted_disable_must_name_a_platform_of_the_plugin(hermes_home: Path) 
 def test_conflict_in_a_separate_process(
     hermes_home: Path, fake_distribution: FakeDistribution
 ) -> None:
-    """The console script, in its own interpreter, finds the plugin through its entry point."""
+    """The console script, in its own interpreter, finds the plugins through their entry points."""
     script = Path(sys.executable).parent / "hermes-sessions"
     if not script.exists():
         pytest.skip(f"console script not installed beside the interpreter: {script}")
-    site = _install_matrix(fake_distribution)
+    sites = [_install_matrix(fake_distribution), _install_matrix(fake_distribution, "beta")]
     env = {k: v for k, v in os.environ.items() if not k.startswith(("HERMES_", "PYTHON"))}
-    env.update(HERMES_HOME=str(hermes_home), PYTHONPATH=str(site), PYTHONIOENCODING="utf-8")
+    env.update(
+        HERMES_HOME=str(hermes_home), PYTHONPATH=os.pathsep.join(map(str, sites)),
+        PYTHONIOENCODING="utf-8",
+    )  # fmt: skip
 
     def run(*argv: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
@@ -314,11 +361,11 @@ def test_conflict_in_a_separate_process(
 
     listed = run("plugins")
     assert listed.returncode == 0, listed.stderr
-    assert "platform 'matrix' is registered by plugin 'acme_matrix'" in listed.stdout
+    assert _conflicting(listed.stdout.split("Problems:\n")[1])
     keyed = run("key", "--platform", "matrix", "--chat-id", "!room")
     assert keyed.returncode == 2
-    assert "[acme_matrix.matrix] or [platforms.matrix]" in keyed.stderr
-    (hermes_home / "config.yaml").write_text("plugins:\n  disable: [platforms.matrix]\n")
+    assert _conflicting(keyed.stderr)
+    (hermes_home / "config.yaml").write_text("plugins:\n  disable: [beta_matrix]\n")
     fixed = run("key", "--platform", "matrix", "--chat-id", "!room")
     assert (fixed.returncode, fixed.stdout) == (0, "agent:main:matrix:dm:c=!room\n"), fixed.stderr
 
