@@ -349,6 +349,14 @@ class SearchCapable(Protocol):
     def rebuild_fts(self) -> bool:
         """Rebuild the derived full-text index; False when full-text search is unavailable."""
 
+    def start_fts_rebuild(self) -> bool:
+        """Start rebuilding the index (short); what it leaves unindexed, search still finds
+        and :meth:`index_backlog` indexes. False when full-text search is unavailable."""
+
+    def index_backlog(self) -> bool:
+        """Index one bounded batch of what waits to be indexed, in a transaction of its own;
+        True while another batch waits."""
+
 
 class TranscriptEditing(Protocol):
     """Capability ``transcript_edits``: transcript rewrites and soft deletes (never deletes)."""
@@ -423,8 +431,9 @@ class DurableQueue(Protocol):
     def dead_letters(self) -> list[DeadLetter]:
         """The dead-lettered events, oldest first."""
 
-    def prune_seen(self, before: float) -> int:
-        """Forget redelivery records older than ``before`` (epoch seconds); the count."""
+    def prune_seen(self, before: float, limit: int) -> int:
+        """Forget at most ``limit`` redelivery records older than ``before`` (epoch seconds);
+        the count."""
 
     def remove_queued(self, event_ids: Sequence[int]) -> int:
         """Delete queued events (discarded by a command); returns how many."""

@@ -51,6 +51,9 @@ MIRROR_IMPORTED = "sessions_json_imported"
 KEY_SCHEMA_META = "key_schema"
 """``state_meta`` name of the store's session-key schema: ``v1``, ``v2`` or :data:`REKEYING`."""
 REKEYING = "v1>v2"
+MAINTENANCE_BATCH = 1_000
+"""Rows one housekeeping step of the writer changes at most: a long pass goes in many short
+steps, and the turns' steps run between them instead of waiting for the whole pass."""
 """The recorded schema while ``rekey`` moves lanes from v1 to v2 (until its last batch)."""
 
 _S = TypeVar("_S", bound="StoreBase")

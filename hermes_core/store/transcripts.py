@@ -128,11 +128,27 @@ class TranscriptStore(StoreBase):
                 limit=max(1, min(limit, 100)),
             )
 
-    @exclusive
     def rebuild_search_index(self) -> bool:
-        """Rebuild the derived full-text index (step ``fts_rebuild_if_stale``)."""
+        """Rebuild the derived full-text index (step ``fts_rebuild_if_stale``): started in one
+        writer step, then the messages indexed in bounded batches, each a writer step of its
+        own, so that turns' steps run between them (search stays exact meanwhile)."""
+        started = self._start_search_rebuild()
+        while started and self._index_search_backlog():
+            pass
+        return started
+
+    @exclusive
+    def _start_search_rebuild(self) -> bool:
         search = self._bound.search
         if search is None:
             return False
         with self._canonical():
-            return search.rebuild_fts()
+            return search.start_fts_rebuild()
+
+    @exclusive
+    def _index_search_backlog(self) -> bool:
+        search = self._bound.search
+        if search is None:
+            return False
+        with self._canonical():
+            return search.index_backlog()

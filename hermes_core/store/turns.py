@@ -32,7 +32,7 @@ from hermes_core.store.backend import (
     RestartCountRows,
     new_obligation,
 )
-from hermes_core.store.base import changed, serialised
+from hermes_core.store.base import MAINTENANCE_BATCH, changed, serialised
 from hermes_core.store.leases import UNFENCED, LeaseStore, QueuedEvent
 from hermes_core.text import clean_text
 from hermes_core.timeutil import utc_now
@@ -306,16 +306,23 @@ class TurnRecoveryStore(LeaseStore):
         with self._canonical():
             return queue.dead_letters()
 
-    @serialised
     def prune_seen_messages(self) -> int:
         """Forget platform message ids seen longer ago than ``gateway.redelivery_window_days``
-        (housekeeping); the count."""
+        (housekeeping); the count. In batches of :data:`MAINTENANCE_BATCH` rows, each a writer
+        step of its own, so that turns' steps run between them."""
+        before = time.time() - self.config.gateway.redelivery_window_days * 86_400
+        total = 0
+        while (pruned := self._prune_seen_batch(before)) == MAINTENANCE_BATCH:
+            total += pruned
+        return total + pruned
+
+    @serialised
+    def _prune_seen_batch(self, before: float) -> int:
         queue = self._bound.queue
         if queue is None:
             return 0
-        before = time.time() - self.config.gateway.redelivery_window_days * 86_400
         with self._canonical():
-            return queue.prune_seen(before)
+            return queue.prune_seen(before, MAINTENANCE_BATCH)
 
     @serialised
     def queue_remove(self, event_ids: list[int]) -> int:

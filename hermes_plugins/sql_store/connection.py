@@ -659,7 +659,18 @@ class SqlConnection:
             )  # fmt: skip
 
     def rebuild_fts(self) -> bool:
-        """Rebuild the derived index and clear ``fts_stale``; False when FTS5 is unavailable."""
+        """Rebuild the derived index and clear ``fts_stale`` (:meth:`start_fts_rebuild`, then
+        the whole backlog indexed); False when FTS5 is unavailable."""
+        started = self.start_fts_rebuild()
+        while started and self.index_backlog():
+            pass
+        return started
+
+    def start_fts_rebuild(self) -> bool:
+        """Start a rebuild of the derived index and clear ``fts_stale``; False when FTS5 is
+        unavailable. On SQLite the index is emptied behind a watermark of 0, so that every
+        message is indexed later in batches (:meth:`index_backlog`, or after the next commits)
+        while search stays exact (see ``fts.py``); PostgreSQL reindexes at once."""
         if self._fts == "unavailable":
             return False
         newest = 0
@@ -668,9 +679,8 @@ class SqlConnection:
                 for trigger in FTS_TRIGGERS:
                     cursor.execute(f"DROP TRIGGER IF EXISTS {trigger}")
                 reset_sqlite_fts(cursor)
-                cursor.execute("INSERT INTO messages_fts(messages_fts) VALUES ('rebuild')")
                 newest = cursor.execute("SELECT coalesce(max(id), 0) FROM messages").fetchone()[0]
-                self._set_meta(cursor, FTS_WATERMARK, str(newest))
+                self._set_meta(cursor, FTS_WATERMARK, "0")
                 for statement in SQLITE_FTS_TRIGGERS:
                     cursor.execute(statement)
             else:
@@ -679,8 +689,19 @@ class SqlConnection:
         self._engine.dispose()  # pooled readers may still hold the broken index's connection
         self._fts = "ok"
         if self.name == "sqlite":
-            self._index = DeferredIndex(int(newest), int(newest))
+            self._index = DeferredIndex(0, int(newest))
         return True
+
+    def index_backlog(self) -> bool:
+        """Index one batch of the messages waiting past the watermark (at most
+        ``fts.CATCH_UP_MAX``, in a transaction of its own, as after any commit); True while
+        enough wait for another batch."""
+        if self._index is None:
+            return False
+        with self._slot.lock:
+            self._index_behind()
+        index = self._index
+        return index is not None and self._fts == "ok" and index.due
 
     # -- meta, health -----------------------------------------------------------------------------
 

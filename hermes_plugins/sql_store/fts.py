@@ -21,6 +21,9 @@ from hermes_plugins.sql_store.schema import FTS_WATERMARK, SQLITE_FTS_CATCH_UP
 
 INDEX_EVERY = 256
 """Messages waiting before the writer indexes them (bounds the unindexed tail a search scans)."""
+CATCH_UP_MAX = 2_000
+"""Messages indexed in one transaction at most: a long backlog (after a rebuild or an import)
+is indexed over several transactions, so that the writer's other steps run between them."""
 
 
 class DeferredIndex:
@@ -44,9 +47,11 @@ class DeferredIndex:
         return self._newest - self.indexed_through >= INDEX_EVERY
 
     def catch_up(self, cursor: Any) -> None:
-        """Index the waiting messages and move the watermark, in the caller's transaction
-        (committed by the caller, then :meth:`committed`)."""
+        """Index the waiting messages (at most :data:`CATCH_UP_MAX` ids past the watermark)
+        and move the watermark, in the caller's transaction (committed by the caller, then
+        :meth:`committed`)."""
         newest = cursor.execute("SELECT coalesce(max(id), 0) FROM messages").fetchone()[0]
+        newest = min(newest, self.indexed_through + CATCH_UP_MAX)
         cursor.execute(SQLITE_FTS_CATCH_UP, {"after": self.indexed_through, "upto": newest})
         cursor.execute(
             "UPDATE state_meta SET value = :value WHERE key = :key",

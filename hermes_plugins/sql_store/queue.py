@@ -7,7 +7,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from sqlalchemy import delete, select, update
+from sqlalchemy import delete, select, tuple_, update
 
 from hermes_core.store.backend import DeadLetter
 from hermes_plugins.sql_store import postgres
@@ -75,9 +75,13 @@ class QueueRows(LedgerRows):
             for row in rows
         ]
 
-    def prune_seen(self, before: float) -> int:
-        """Forget redelivery rows older than ``before`` (epoch seconds)."""
-        statement = delete(seen_messages).where(seen_messages.c.seen_at < before)
+    def prune_seen(self, before: float, limit: int) -> int:
+        """Forget at most ``limit`` redelivery rows older than ``before`` (epoch seconds)."""
+        table = seen_messages
+        doomed = select(table.c.session_key, table.c.message_id).where(table.c.seen_at < before)
+        statement = delete(table).where(
+            tuple_(table.c.session_key, table.c.message_id).in_(doomed.limit(limit))
+        )
         with self._write("pruning seen messages") as cursor:
             return int(self._execute(cursor, statement).rowcount)
 
