@@ -170,9 +170,11 @@ class BusyQueueConfig(Section):
     """``gateway.busy_queue``; a zero burst window disables merging.
 
     A burst stops growing at ``burst_max_parts`` messages or ``burst_max_bytes`` of text and
-    media URLs (UTF-8); the next follow-up starts a new item."""
+    media URLs (UTF-8); the next follow-up starts a new item. ``max_pending`` caps one lane's
+    items, ``max_total`` all lanes' together (queued items are also held in memory)."""
 
     max_pending: Count = 32
+    max_total: Count = 10_000
     burst_window_secs: SecsOrZero = 2.0
     burst_max_parts: int = Field(32, ge=1, le=1000, description="an integer from 1 to 1000")
     burst_max_bytes: int = Field(

@@ -8,6 +8,10 @@ REFUSED_CAP = (
     "⚠️ Not queued — {n} messages are already waiting. Please resend this after the current task "
     "finishes."
 )
+REFUSED_FULL = (
+    "⚠️ Not queued — too many messages are waiting on this gateway. Please resend this in a "
+    "little while."
+)
 REFUSED_NOT_SAVED = "⚠️ Not queued — this message could not be saved. Please resend it."
 NEW_SESSION = "✨ New session started."
 SUSPENDED_NOTICE = (

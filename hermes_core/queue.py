@@ -161,13 +161,14 @@ class QueuedItem:
 class EnqueueResult:
     """What :meth:`TurnQueue.enqueue` did; ``depth`` is the lane's depth after the call.
 
-    ``refused``: ``cap`` (the lane is full), ``not_saved`` (the commit failed) or ``duplicate``
-    (the platform delivered a message the lane already has: nothing to do)."""
+    ``refused``: ``cap`` (the lane is full), ``full`` (all lanes together are), ``not_saved``
+    (the commit failed) or ``duplicate`` (the platform delivered a message the lane already
+    has: nothing to do)."""
 
     accepted: bool
     merged: bool
     depth: int
-    refused: Literal["cap", "not_saved", "duplicate"] | None = None
+    refused: Literal["cap", "full", "not_saved", "duplicate"] | None = None
 
 
 def _mergeable(event: MessageEvent) -> bool:
@@ -266,9 +267,11 @@ class TurnQueue:
     def enqueue(self, session_key: str, event: MessageEvent) -> EnqueueResult:
         """Merge ``event`` into the lane's tail or append it, committed before it is accepted.
 
-        Refused with ``"cap"`` at ``max_pending`` (a merge is still allowed), ``"not_saved"``
-        when the commit fails and ``"duplicate"`` for a platform message the lane already has;
-        a refused event is neither stored nor kept.
+        Refused with ``"cap"`` at ``max_pending`` items on the lane and ``"full"`` at
+        ``max_total`` items on all lanes together (a merge is still allowed: the items are held
+        in memory too, and this bounds them), ``"not_saved"`` when the commit fails and
+        ``"duplicate"`` for a platform message the lane already has; a refused event is neither
+        stored nor kept.
         """
         return self._store.run(self._enqueue, session_key, event, lane=session_key)
 
@@ -286,9 +289,11 @@ class TurnQueue:
         items = self._items(session_key)
         now = self._clock()
         tail = items[-1] if items and self._mergeable_into(items[-1], event, now) else None
-        refused: Literal["cap", "not_saved", "duplicate"] | None = None
+        refused: Literal["cap", "full", "not_saved", "duplicate"] | None = None
         if tail is None and len(items) >= self._settings.max_pending:
             refused = "cap"
+        elif tail is None and self.total() >= self._settings.max_total:
+            refused = "full"
         else:
             try:
                 event_id = self._write(session_key, event, tail)
@@ -322,6 +327,11 @@ class TurnQueue:
         else:
             self._emit("queue_accepted", session_key, depth=depth, internal=event.internal)
         return EnqueueResult(True, tail is not None, depth)
+
+    def total(self) -> int:
+        """Items queued on all lanes together (held in memory; see ``max_total``)."""
+        with self._lock:
+            return sum(map(len, self._lanes.values()))
 
     def depth(self, session_key: str) -> int:
         """Items queued on the lane (slot included)."""

@@ -33,6 +33,7 @@ from hermes_core.gateway_texts import (
     DRAIN_QUEUED,
     DRAIN_REFUSED,
     REFUSED_CAP,
+    REFUSED_FULL,
     REFUSED_NOT_SAVED,
 )
 from hermes_core.housekeeping import Housekeeping
@@ -291,9 +292,12 @@ class Gateway(LaneCommands, LaneRunner, Delivery):
             logger.info("ignored a message delivered again")
             self._seen.remember_event(key, event)
             return
-        if result.refused == "cap":
+        if result.refused in ("cap", "full"):
             if not event.internal:
-                await self._reply(event.source, REFUSED_CAP.format(n=result.depth))
+                text = (
+                    REFUSED_CAP.format(n=result.depth) if result.refused == "cap" else REFUSED_FULL
+                )
+                await self._reply(event.source, text)
             return
         if result.refused is not None:
             await self._not_stored(event, None)

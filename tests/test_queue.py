@@ -181,6 +181,47 @@ def test_cap_refuses_without_storing_but_still_merges(
     assert dict(seen[2].detail) == {"reason": "cap", "depth": 2}
 
 
+def test_the_total_across_lanes_is_capped_too(store: SessionStore, clock: Clock) -> None:
+    """``max_pending`` may be huge; ``max_total`` still bounds what all lanes hold in memory."""
+    queue = make_queue(store, clock, max_pending=1_000_000, max_total=3)
+    for key, text in ((LANE, "a"), (LANE, "b"), (OTHER, "c")):
+        assert queue.enqueue(key, msg(text, user=text)).accepted
+    refused = queue.enqueue(OTHER, msg("d", user="d"))
+    assert (refused.accepted, refused.depth, refused.refused) == (False, 1, "full")
+    assert queue.enqueue(LANE, wake()).refused == "full"
+    assert queue.enqueue(OTHER, msg("c2", user="c")).merged  # a merge adds no item
+    assert queue.total() == 3
+    assert stored(store) == ["a", "b"]
+    assert stored(store, OTHER) == ["c\nc2"]
+    assert texts(queue, LANE) == ["a", "b"]  # nothing accepted was lost, in order
+    assert queue.enqueue(OTHER, msg("e", user="e")).accepted  # room again
+    assert texts(queue, OTHER) == ["c\nc2", "e"]
+
+
+def test_memory_stays_bounded_however_many_messages_are_queued(
+    store: SessionStore, clock: Clock
+) -> None:
+    """3,000 messages for a lane whose own cap would take them all: the queue holds
+    ``max_total`` of them, and its memory grows by that many items, not by 3,000."""
+    import gc
+    import tracemalloc
+
+    queue = make_queue(store, clock, max_pending=1_000_000, max_total=100, burst_window_secs=0)
+    gc.collect()
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        accepted = sum(queue.enqueue(LANE, msg(f"message {n} " + "x" * 1000)).accepted
+                       for n in range(3000))  # fmt: skip
+        gc.collect()
+        grown = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    assert accepted == queue.total() == 100
+    assert grown < 100 * 8 * 1024, grown  # ~2-3 KB an item; 3,000 items would be ~8 MB
+    assert texts(queue) == [f"message {n} " + "x" * 1000 for n in range(100)]
+
+
 # -- burst collapse and album merge ---------------------------------------------------------------
 
 

@@ -714,3 +714,44 @@ async def test_a_reset_on_a_busy_lane_keeps_what_came_after_it(hermes_home: Path
     assert "echo: queued before the reset" not in adapter.texts()
     _answered_after_the_reset(gateway, adapter, old)
     await gateway.stop()
+
+
+async def test_queued_items_are_capped_across_lanes(hermes_home: Path) -> None:
+    """``max_pending`` set huge: ``max_total`` still bounds the items all lanes hold (in
+    memory too); what is accepted runs in order, what is refused is told so."""
+    release = asyncio.Event()
+
+    class Holding(EchoAgent):
+        async def run_turn(self, request: TurnRequest) -> str | None:
+            if request.message == "hold":
+                await release.wait()
+            return await super().run_turn(request)
+
+    settings = {"busy_queue": {"max_pending": 1_000_000, "max_total": 20,
+                               "burst_window_secs": 0}, "busy_ack_enabled": False}  # fmt: skip
+    config = GatewayConfig.from_dict(
+        {"gateway": settings, "display": {"busy_input_mode": "queue"}},
+        environ={"HERMES_HOME": str(hermes_home)},
+    )
+    adapter = InMemoryAdapter("telegram")
+    gateway = Gateway(config, fresh_plugin_manager(hermes_home), lambda _: Holding(), [adapter])
+    await gateway.start()
+    chats = ("1", "2", "3")
+    for chat in chats:
+        await gateway.handle_message(_event("hold", chat=chat))
+    for n in range(45):
+        await gateway.handle_message(_event(f"m{n}", chat=chats[n % 3], user=f"u{n}"))
+    assert gateway.queue is not None
+    assert gateway.queue.total() == 20  # 45 sent, 20 held
+    release.set()
+    await gateway.idle()
+    from hermes_core.gateway_texts import REFUSED_FULL
+
+    for chat in chats:
+        texts = adapter.texts(chat)
+        sent = [f"m{n}" for n in range(45) if chats[n % 3] == chat]
+        answered = [text.removeprefix("echo: ") for text in texts if text.startswith("echo: m")]
+        assert answered == sent[: len(answered)]  # the accepted ones, in order, none lost
+        assert texts.count(REFUSED_FULL) == len(sent) - len(answered)
+    assert sum(text.startswith("echo: m") for text in adapter.texts()) == 20
+    await gateway.stop()
