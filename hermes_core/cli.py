@@ -38,6 +38,7 @@ from hermes_core.store.rekey import RekeyReport
 
 PROG = "hermes-sessions"
 EXIT_ERROR = 2
+MAX_ERROR_CHARS = 2000  # the longest error line (values are cut by errors.shown already)
 
 Handler = Callable[[argparse.Namespace, GatewayConfig], int]
 
@@ -78,6 +79,8 @@ def _run(args: argparse.Namespace) -> int:
         if args.debug:
             traceback.print_exc()
         message = " ".join(_message(exc, args).split())  # one line, whatever it holds
+        if len(message) > MAX_ERROR_CHARS:  # a value quoted without errors.shown: cut anyway
+            message = f"{message[: MAX_ERROR_CHARS // 2]} ... {message[-MAX_ERROR_CHARS // 2 :]}"
         print(f"{PROG}: error: {message}", file=sys.stderr)
         return EXIT_ERROR
 
@@ -224,12 +227,7 @@ def _rekey_lines(report: RekeyReport, config: GatewayConfig) -> list[str]:
         f"queued events and {report.counts} restart counts; {report.unchanged} lanes already "
         "had their v2 key"
     )
-    for collision in report.collisions:
-        lines.append(
-            f"collision: {collision.key} is shared today by sources with different v2 keys "
-            f"({', '.join(collision.targets)}); each row follows its own source, nothing is "
-            "merged"
-        )
+    lines += [collision.describe() for collision in report.collisions]
     lines += [f"left as it is: {key}: {why}" for key, why in report.left]
     if not report.dry_run:
         lines.append(f"the store now uses key schema v2 ({report.batches} transactions)")

@@ -6,6 +6,20 @@ Every error a caller can cause is a :class:`HermesError`; errors about a bad val
 
 from __future__ import annotations
 
+SHOWN_CHARS = 80
+"""How much of an offending value an error message repeats."""
+
+
+def shown(value: object, limit: int = SHOWN_CHARS) -> str:
+    """``repr(value)`` for an error message, cut to about ``limit`` characters with the full
+    length said: a 2 MB id must not make a 2 MB error. Every message quoting a value a caller
+    gave uses it."""
+    text = repr(value)
+    if len(text) <= limit:
+        return text
+    size = f" ({len(value)} characters)" if isinstance(value, str | bytes) else ""
+    return f"{text[: limit - 3]}...{size}"
+
 
 class HermesError(Exception):
     """Base class of every error raised by hermes-sessions."""

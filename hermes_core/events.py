@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from hermes_core.errors import InvalidValueError, MalformedEventError
+from hermes_core.errors import InvalidValueError, MalformedEventError, shown
 from hermes_core.keys import source_key_problem
 from hermes_core.models import MessageEvent
 from hermes_core.plugins import HermesPluginManager, platform_registry
@@ -40,7 +40,7 @@ def read_event(
     if spec.read_event is None:
         raise InvalidValueError(
             "platform",
-            f"platform {platform!r} has no event reader (its plugin does not set "
+            f"platform {shown(platform)} has no event reader (its plugin does not set "
             "PlatformSpec.read_event); build the MessageEvent in the host instead.",
         )
     if not isinstance(payload, Mapping):

@@ -12,6 +12,7 @@ from typing import Any
 
 from hermes_core.config import GatewayConfig
 from hermes_core.context import session_type_line
+from hermes_core.errors import shown
 from hermes_core.keys import KeyResolution, config_profile, resolve_for_config
 from hermes_core.models import SessionSource
 from hermes_core.plugins import HermesPluginManager, platform_registry
@@ -88,7 +89,9 @@ def _namespace_reason(
     """Why the key starts with ``resolution.namespace``."""
     profile = config_profile(source, config)
     if profile is None:
-        ignored = f"; the source's profile {source.profile!r} is ignored" if source.profile else ""
+        ignored = (
+            f"; the source's profile {shown(source.profile)} is ignored" if source.profile else ""
+        )
         return f"gateway.multiplex_profiles is off: every key uses agent:main{ignored}"
     if not source.profile:
         return (
@@ -138,7 +141,7 @@ def _scope(source: SessionSource, spec: PlatformSpec, resolution: KeyResolution)
     """The scope component used (or None) and why."""
     platform = source.platform
     if spec.scope is None:
-        given = f" {source.scope_id!r}" if source.scope_id else ""
+        given = f" {shown(source.scope_id)}" if source.scope_id else ""
         reason = (
             f"{platform} supplies no scope component: the guild or workspace (scope_id{given}) "
             "is never part of the key"

@@ -16,7 +16,7 @@ import secrets
 import stat
 from pathlib import Path
 
-from hermes_core.errors import InvalidValueError, StoreError, TranscriptWriteError
+from hermes_core.errors import InvalidValueError, StoreError, TranscriptWriteError, shown
 
 logger = logging.getLogger(__name__)
 
@@ -110,11 +110,20 @@ def ensure_private_dir(path: Path) -> Path:
             f"{path} exists but is not a directory; move it away or configure another directory."
         )
     if info.st_mode & 0o077:
+        # A directory of ours can be tightened; a shared one (/tmp: another owner, sticky bit)
+        # must not be, so the advice is then a directory of the state's own inside it.
+        ours = info.st_uid == os.getuid() and not info.st_mode & stat.S_ISVTX
+        advice = (
+            f"run 'chmod 700 {path}'"
+            if ours
+            else f"keep the state in a directory of its own (mode 0700) inside {path}"
+        )
         logger.warning(
-            "directory %s is accessible by group or others (mode %03o); run 'chmod 700' on it to "
-            "keep session state private",
+            "directory %s is accessible by group or others (mode %03o); %s to keep session "
+            "state private",
             path,
             stat.S_IMODE(info.st_mode),
+            advice,
         )
     return path
 
@@ -279,11 +288,12 @@ def child_path(directory: Path, name: str) -> Path:
         target = (base / name).resolve()
     except (OSError, ValueError) as exc:
         raise InvalidValueError(
-            "file_name", f"file name {name!r} cannot be used inside {directory}: {exc}."
+            "file_name", f"file name {shown(name)} cannot be used inside {directory}: {exc}."
         ) from exc
     if target == base or base not in target.parents:
         raise InvalidValueError(
             "file_name",
-            f"file name {name!r} would leave {directory}; use a plain name without '..' or '/'.",
+            f"file name {shown(name)} would leave {directory}; use a plain name without '..' or "
+            "'/'.",
         )
     return directory / name

@@ -15,7 +15,7 @@ import re
 from typing import Literal, NamedTuple
 
 from hermes_core.config import GatewayConfig
-from hermes_core.errors import InvalidValueError
+from hermes_core.errors import InvalidValueError, shown
 from hermes_core.models import SessionSource, session_key_problem
 from hermes_core.plugins import HermesPluginManager, platform_registry
 from hermes_core.specs import PlatformSpec
@@ -45,7 +45,7 @@ def profile_namespace(profile: str | None) -> str:
     if not _PROFILE_RE.fullmatch(profile):
         raise InvalidValueError(
             "profile",
-            f"profile {profile!r} is not valid: use 1-64 letters, digits, '_', '.' or '-', "
+            f"profile {shown(profile)} is not valid: use 1-64 letters, digits, '_', '.' or '-', "
             "starting with a letter or digit.",
         )
     return "agent:main~" if profile == "main" else f"agent:{profile}"
@@ -80,7 +80,7 @@ def _decode(value: str, key: str) -> str:
 def _not_v2(key: str, problem: str) -> InvalidValueError:
     return InvalidValueError(
         "session_key",
-        f"{key!r} is not a v2 session key ({problem}); pass a key built by build_session_key "
+        f"{shown(key)} is not a v2 session key ({problem}); pass a key built by build_session_key "
         "with schema='v2' (v1 keys are ambiguous and cannot be parsed).",
     )
 
@@ -130,7 +130,7 @@ def parse_session_key(key: str) -> SessionKeyParts:
     for field in fields[4:]:
         tag, sep, value = field.partition("=")
         if not sep or tag not in values or not value or _TAGS.index(tag) <= order:
-            raise _not_v2(key, f"component {field!r} is not s=, c=, t= or u= in that order")
+            raise _not_v2(key, f"component {shown(field)} is not s=, c=, t= or u= in that order")
         order = _TAGS.index(tag)
         values[tag] = _decode(value, key)
     namespace = f"agent:{fields[1]}"
@@ -195,9 +195,9 @@ def _resolve(
     if problem is not None:
         raise InvalidValueError(
             "source",
-            f"the session key {resolution.key!r} built from this {source.platform} source is not "
-            f"valid: {problem}; fix the ids the adapter puts in the source (chat_id, thread_id, "
-            "user_id).",
+            f"the session key {shown(resolution.key)} built from this {source.platform} source "
+            f"is not valid: {problem}; fix the ids the adapter puts in the source (chat_id, "
+            "thread_id, user_id).",
         )
     return resolution
 

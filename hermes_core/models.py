@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from hermes_core.errors import InvalidValueError
+from hermes_core.errors import InvalidValueError, shown
 from hermes_core.text import clean_text, clean_value
 from hermes_core.timeutil import format_utc, parse_utc, utc_now
 
@@ -68,7 +68,9 @@ def validate_session_key(value: str) -> str:
     """Path-traversal guard for session keys; returns the key."""
     problem = session_key_problem(value) if isinstance(value, str) else "it must be a string"
     if problem is not None:
-        raise InvalidValueError("session_key", f"session_key {value!r} is not valid: {problem}.")
+        raise InvalidValueError(
+            "session_key", f"session_key {shown(value)} is not valid: {problem}."
+        )
     return value
 
 
@@ -124,7 +126,7 @@ def _id_string(field: str, value: object) -> str | None:
         return str(value)
     if isinstance(value, float) and math.isfinite(value) and value.is_integer():
         return str(int(value))
-    raise InvalidValueError(field, f"{field} must be a string or an integer, got {value!r}.")
+    raise InvalidValueError(field, f"{field} must be a string or an integer, got {shown(value)}.")
 
 
 def _text(field: str, value: object) -> str | None:
@@ -218,7 +220,7 @@ class SessionSource(_Untrusted):
     @classmethod
     def _platform_name(cls, value: str) -> str:
         if not PLATFORM_NAME_RE.fullmatch(value):
-            raise ValueError(f"platform {value!r} must match ^[a-z0-9_]+$")
+            raise ValueError(f"platform {shown(value)} must match ^[a-z0-9_]+$")
         return value
 
     @field_validator("chat_type")
@@ -372,7 +374,7 @@ class SessionEntry(_Model):
     def _key_guard(cls, value: str) -> str:
         problem = session_key_problem(value)
         if problem is not None:
-            raise ValueError(f"session_key {value!r} is not valid: {problem}")
+            raise ValueError(f"session_key {shown(value)} is not valid: {problem}")
         return value
 
     @field_validator("session_id")
@@ -380,7 +382,7 @@ class SessionEntry(_Model):
     def _id_guard(cls, value: str) -> str:
         problem = session_id_problem(value)
         if problem is not None:
-            raise ValueError(f"session_id {value!r} is not valid: {problem}")
+            raise ValueError(f"session_id {shown(value)} is not valid: {problem}")
         return value
 
     @field_validator("created_at", "updated_at", "last_resume_marked_at", "active_turn_started_at")
@@ -552,7 +554,7 @@ class MessageEvent(_Untrusted):
         except ValueError:
             allowed = ", ".join(member.value for member in MessageType)
             raise InvalidValueError(
-                "message_type", f"message_type {kind!r} is not one of: {allowed}."
+                "message_type", f"message_type {shown(kind)} is not one of: {allowed}."
             ) from None
         media = data.get("media_urls") or []
         if not isinstance(media, list) or not all(isinstance(url, str) for url in media):

@@ -12,7 +12,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Literal
 
-from hermes_core.errors import HermesError, UnknownPlatformError
+from hermes_core.errors import HermesError, UnknownPlatformError, shown
 from hermes_core.specs import EvictionPolicy, PlatformSpec, RecoveryStep, StoreSpec
 
 __all__ = [
@@ -175,8 +175,8 @@ class PlatformRegistry(Mapping[str, PlatformSpec]):
             known = ", ".join(self._specs) or "none"
             raise UnknownPlatformError(
                 field,
-                f"{field} {name!r} is not a registered platform (registered: {known}); install "
-                "or enable the plugin that provides it, or fix the name.",
+                f"{field} {shown(name)} is not a registered platform (registered: {known}); "
+                "install or enable the plugin that provides it, or fix the name.",
             )
         return spec
 

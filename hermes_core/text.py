@@ -14,7 +14,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from hermes_core.errors import InvalidValueError
+from hermes_core.errors import InvalidValueError, shown
 
 MAX_NESTING = 64
 """How deep lists and mappings inside metadata and messages may nest."""
@@ -54,7 +54,7 @@ def clean_value(value: Any, *, field: str, plain: bool = False, depth: int = 0) 
             cleaned_map: dict[Any, Any] = {}
             for key, item in value.items():
                 if plain and not isinstance(key, str):
-                    raise InvalidValueError(field, f"{field} has a non-string key {key!r}.")
+                    raise InvalidValueError(field, f"{field} has a non-string key {shown(key)}.")
                 name = clean_text(key) if isinstance(key, str) else key
                 cleaned_map[name] = (
                     clean_text(item)  # the common item, without a call of this function
@@ -71,7 +71,7 @@ def clean_value(value: Any, *, field: str, plain: bool = False, depth: int = 0) 
     ):
         raise InvalidValueError(
             field,
-            f"{field} holds {value!r}, which is not a JSON value; pass strings, finite "
+            f"{field} holds {shown(value)}, which is not a JSON value; pass strings, finite "
             "numbers, booleans, None, lists and mappings only.",
         )
     return value

@@ -108,7 +108,9 @@ async def test_rekey_then_restart_recovers_everything_under_v2_keys(
     assert {(m["from"], m["to"]) for m in plan["moves"]} == {
         (v1(MEMBER), v2(MEMBER)), (v1(DM), v2(DM)), (v1(QUIET), v2(QUIET)),
     }  # fmt: skip
-    assert plan["collisions"] == [{"key": v1(TOPIC), "targets": sorted([v2(TOPIC), v2(MEMBER)])}]
+    assert plan["collisions"] == [
+        {"key": v1(TOPIC), "targets": sorted([v2(TOPIC), v2(MEMBER)]), "recorded": True}
+    ]
     assert [left["key"] for left in plan["left"]] == ["agent:main:telegram:dm:legacy"]
     assert (plan["sessions"], plan["queued"], plan["counts"], plan["batches"]) == (4, 1, 1, 0)
     with pytest.raises(KeySchemaError, match="rekey --to v2"):  # the dry run wrote nothing
@@ -153,6 +155,42 @@ async def test_rekey_then_restart_recovers_everything_under_v2_keys(
     assert transcript[0] == "member talk"
     assert [m["content"] for m in store.load_transcript(ids["topic"])] == ["topic talk"]
     await gateway.stop()
+
+
+@pytest.mark.parametrize("first", [TOPIC, MEMBER], ids=["topic-first", "member-first"])
+def test_dry_run_reports_the_topic_member_collision_when_they_shared_one_session(
+    v1_store: SessionStore, first: SessionSource, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The common case of the v1 leak: the topic and the member wrote to one session, so only
+    the first one's origin is recorded; the dry run still names both v2 keys."""
+    for source in (first, MEMBER if first is TOPIC else TOPIC):
+        entry = v1_store.get_or_create_session(source)
+        v1_store.append_to_transcript(entry.session_id, {"role": "user", "content": "hi"})
+    junk = v1_store.get_or_create_session(DM)  # and a routing row whose entry is junk
+    v1_store.close()
+    _set_entry_json(v1_store, v1(DM), "junk")
+    status, plan = rekey_cli("--dry-run", capsys=capsys)
+    assert status == 1
+    assert plan["collisions"] == [
+        {"key": v1(TOPIC), "targets": sorted([v2(TOPIC), v2(MEMBER)]), "recorded": False}
+    ]
+    assert plan["moves"] == [{"from": v1(TOPIC), "to": v2(first)}]
+    assert [left["key"] for left in plan["left"]] == [junk.session_key]
+    assert main(["rekey", "--to", "v2", "--dry-run"]) == 1
+    out = capsys.readouterr().out
+    assert f"collision: {v1(TOPIC)} is the v1 key of sources with different v2 keys" in out
+
+
+def _set_entry_json(store: SessionStore, key: str, value: str) -> None:
+    """Write ``value`` into the routing row's ``entry_json`` behind the store's back."""
+    url = store.config.storage_url
+    engine = create_engine(url if "://" in url else f"sqlite:///{url}")
+    with engine.begin() as conn:
+        conn.execute(
+            text("UPDATE gateway_routing SET entry_json = :value WHERE session_key = :key"),
+            {"value": value, "key": key},
+        )
+    engine.dispose()
 
 
 def test_an_interrupted_rekey_is_refused_at_start_and_finished_by_running_it_again(

@@ -4,6 +4,7 @@ read-only, so it works beside a running gateway."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
 from collections import Counter
@@ -12,7 +13,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from hermes_core.config import GatewayConfig
-from hermes_core.errors import InvalidValueError
+from hermes_core.errors import InvalidValueError, shown
 from hermes_core.models import SessionEntry
 from hermes_core.operations.common import (
     find_lane,
@@ -26,9 +27,11 @@ from hermes_core.operations.common import (
     short_time,
     stamp,
 )
+from hermes_core.operations.outputs import open_output
 from hermes_core.plugins import platform_registry
 from hermes_core.store import SessionStore
 from hermes_core.store.operator import OperatorBackend
+from hermes_core.timeutil import checked_span
 
 OWED_STATES = ("pending", "attempting", "failed")
 """Ledger states of a reply still owed to a chat."""
@@ -125,11 +128,12 @@ def ls_command(args: argparse.Namespace, config: GatewayConfig) -> int:
     """``ls``: lanes, newest first unless ``--sort`` says otherwise."""
     if args.limit is not None and args.limit < 1:
         raise InvalidValueError("limit", "--limit must be at least 1.")
+    active = None if args.active is None else checked_span(args.active, "--active", "minutes")
     with open_store(config, write=False) as store:
         dead = Counter(letter.session_key for letter in store.dead_letters())
         entries = [
             entry
-            for entry in store.list_sessions(args.active)
+            for entry in store.list_sessions(active)
             if (args.platform is None or entry.platform == args.platform)
             and (not args.suspended or entry.suspended)
             and (not args.resume_pending or entry.resume_pending)
@@ -183,16 +187,63 @@ def lane_details(store: SessionStore, entry: SessionEntry) -> dict[str, Any]:
         "queued": queued,
         "dead_letters": dead,
         "owed_replies": owed,
-        "transcript": [iso_times(message) for message in store.load_transcript(entry.session_id)],
+        "transcript": _transcript(store, entry.session_id),
     }
 
 
+def _transcript(store: SessionStore, session_id: str) -> list[dict[str, Any]]:
+    """A session's active transcript as ``show --json`` prints it (ISO times)."""
+    return [iso_times(message) for message in store.load_transcript(session_id)]
+
+
+def session_details(store: SessionStore, session_id: str) -> dict[str, Any]:
+    """A stored session that is no lane's current one (an ended session, as ``search``
+    prints its id), as ``show --json`` prints it: the session, its lane's current session id
+    (None when the lane is gone) and its transcript."""
+    row = store.session_row(session_id)
+    if row is None:
+        find_lane(store, session_id)  # the one error for a name that is nothing stored
+    assert row is not None
+    lane = store.lookup_by_session_key(row.session_key)
+    session = {"session_id": row.id, "session_key": row.session_key,
+               "started_at": iso(row.started_at), "ended_at": iso(row.ended_at),
+               "end_reason": row.end_reason, "message_count": row.message_count}  # fmt: skip
+    return {
+        "session": session,
+        "lane_session_id": lane.session_id if lane is not None else None,
+        "transcript": _transcript(store, row.id),
+    }
+
+
+def _print_transcript(transcript: list[dict[str, Any]]) -> None:
+    print(f"transcript: {len(transcript)} message(s)")
+    for message in transcript:
+        when = short_time(message.get("timestamp"))
+        print(f"  [{when}] {message['role']}: {message.get('content')}")
+
+
 def show_command(args: argparse.Namespace, config: GatewayConfig) -> int:
-    """``show KEY|SESSION_ID``."""
+    """``show KEY|SESSION_ID``: a lane (by its key or current session id), or any stored
+    session by its id."""
     with open_store(config, write=False) as store:
-        details = lane_details(store, find_lane(store, args.lane))
+        entry = store.lookup_by_session_key(args.lane) or store.lookup_by_session_id(args.lane)
+        details = (
+            lane_details(store, entry) if entry is not None else session_details(store, args.lane)
+        )
     if args.json:
         print_json(details)
+        return 0
+    if "session" in details:
+        session, current = details["session"], details["lane_session_id"]
+        print(f"session:  {session['session_id']}")
+        print(f"key:      {session['session_key']}")
+        print(f"started:  {short_time(session['started_at'])}")
+        print(
+            f"ended:    {short_time(session['ended_at'])} ({session['end_reason'] or 'not ended'})"
+        )
+        print(f"lane now: {current} (`show KEY`: its queue and owed replies)" if current
+              else "lane now: none (the lane was pruned)")  # fmt: skip
+        _print_transcript(details["transcript"])
         return 0
     entry = details["entry"]
     flags = [name for name in ("suspended", "resume_pending") if entry.get(name)]
@@ -213,10 +264,7 @@ def show_command(args: argparse.Namespace, config: GatewayConfig) -> int:
     print(f"owed replies: {len(details['owed_replies'])}")
     for item in details["owed_replies"]:
         print(f"  {item['state']}: {item['content']}")
-    print(f"transcript: {len(details['transcript'])} message(s)")
-    for message in details["transcript"]:
-        when = short_time(message.get("timestamp"))
-        print(f"  [{when}] {message['role']}: {message.get('content')}")
+    _print_transcript(details["transcript"])
     return 0
 
 
@@ -286,22 +334,30 @@ def export_markdown(store: SessionStore, backend: OperatorBackend, out: TextIO) 
 
 
 def export_command(args: argparse.Namespace, config: GatewayConfig) -> int:
-    """``export [--format jsonl|markdown] [--output FILE]``."""
-    try:
-        out = sys.stdout if args.output is None else args.output.open("w", encoding="utf-8")
-    except OSError as exc:
-        raise InvalidValueError("output", f"{args.output}: cannot write: {exc.strerror}") from exc
-    try:
-        with open_store(config, write=False) as store:
-            backend = open_operator(config, write=False, plugins=store.plugins)
+    """``export [--format jsonl|markdown] [--output FILE]``: the output is opened after the
+    store, and never onto one of the store's own files (see :mod:`.outputs`)."""
+    with open_store(config, write=False) as store:
+        backend = open_operator(config, write=False, plugins=store.plugins)
+        try:
+            out = sys.stdout if args.output is None else open_output(args.output, config)
             try:
                 if args.format == "jsonl":
                     export_jsonl(backend, out)
                 else:
                     export_markdown(store, backend, out)
+                out.flush()
+            except BrokenPipeError:
+                raise
+            except OSError as exc:  # a full disk, /dev/full: the export is incomplete
+                where = "standard output" if out is sys.stdout else shown(str(args.output))
+                raise InvalidValueError(
+                    "output", f"{where}: cannot write: {exc.strerror or exc}; the export is "
+                    "incomplete, free space or name another output."
+                ) from exc  # fmt: skip
             finally:
-                backend.close()
-    finally:
-        if out is not sys.stdout:
-            out.close()
+                if out is not sys.stdout:
+                    with contextlib.suppress(OSError):
+                        out.close()
+        finally:
+            backend.close()
     return 0

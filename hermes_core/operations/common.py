@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from hermes_core.config import GatewayConfig
-from hermes_core.errors import HermesError, InvalidValueError, StoreUnavailableError
+from hermes_core.errors import HermesError, InvalidValueError, StoreUnavailableError, shown
 from hermes_core.models import SessionEntry
 from hermes_core.plugins import HermesPluginManager, create_plugin_manager
 from hermes_core.specs import StoreSpec
@@ -155,10 +155,10 @@ def load_config(args: argparse.Namespace) -> GatewayConfig:
 
 def with_url(config: GatewayConfig, url: str) -> GatewayConfig:
     """``config`` with ``storage.url`` set to ``url`` (which must name a scheme)."""
-    if "://" not in url:
+    if "://" not in url:  # not echoed: 'postgres:PASSWORD@host/db' holds a credential
         raise InvalidValueError(
-            "url", f"{url!r} is not a store URL; write e.g. sqlite:////srv/hermes/state.db or "
-            "postgresql+psycopg://user@host/db."
+            "url", "the URL given is not a store URL: it names no scheme (no '://'); write "
+            "e.g. sqlite:////srv/hermes/state.db or postgresql+psycopg://user@host/db."
         )  # fmt: skip
     return config.model_copy(update={"storage": config.storage.model_copy(update={"url": url})})
 
@@ -179,12 +179,12 @@ def open_store(config: GatewayConfig, *, write: bool) -> SessionStore:
 
 def store_spec(config: GatewayConfig, plugins: HermesPluginManager | None = None) -> StoreSpec:
     """The storage backend that ``storage.url`` names."""
-    url = config.storage_url
-    spec = (plugins or create_plugin_manager(config)).stores().get(url.split("://", 1)[0])
-    if spec is None:
+    scheme = config.storage_url.split("://", 1)[0]
+    spec = (plugins or create_plugin_manager(config)).stores().get(scheme)
+    if spec is None:  # the scheme only: the rest of a URL may hold a password
         raise StoreUnavailableError(
-            f"storage.url uses the scheme of {url!r}, which no loaded plugin provides; fix the "
-            "URL or install the plugin for it."
+            f"storage.url uses the scheme {shown(scheme)}, which no loaded plugin provides; fix "
+            "the URL or install the plugin for it."
         )
     return spec
 
@@ -211,7 +211,8 @@ def check_chat_type(value: str, what: str) -> str:
     if value not in CHAT_TYPES:
         raise InvalidValueError(
             "chat_type",
-            f"{what} {value!r} is not a chat type; use one of {', '.join(CHAT_TYPES)} (lowercase).",
+            f"{what} {shown(value)} is not a chat type; use one of {', '.join(CHAT_TYPES)} "
+            "(lowercase).",
         )
     return value
 
@@ -221,7 +222,7 @@ def find_lane(store: SessionStore, name: str) -> SessionEntry:
     entry = store.lookup_by_session_key(name) or store.lookup_by_session_id(name)
     if entry is None:
         raise UnknownLaneError(
-            f"no lane has the session key or current session id {name!r}; "
+            f"no lane has the session key or current session id {shown(name)}; "
             "`hermes-sessions ls` lists them."
         )
     return entry

@@ -27,12 +27,11 @@ from hermes_core.config import GatewayConfig
 from hermes_core.errors import CorruptDatabaseError, GatewayLockedError, StoreError
 from hermes_core.instance import (
     CLEAN_SHUTDOWN_FILE,
-    INSTANCE_ID_FILE,
-    LOCK_FILE,
     RESTART_COUNTS_FILE,
     lock_holder,
 )
 from hermes_core.operations.common import open_operator, open_store, print_json, store_spec
+from hermes_core.operations.outputs import store_files
 from hermes_core.redaction import load_hmac_key
 from hermes_core.store.mirror import load_mirror, writes_mirror
 from hermes_core.store.operator import OperatorBackend
@@ -46,7 +45,6 @@ PROCEDURE = (
     "backup are lost)."
 )
 _PII_KEY = re.compile(rb"[0-9a-f]{64}\n?")
-_PRIVATE_FILES = (LOCK_FILE, CLEAN_SHUTDOWN_FILE, RESTART_COUNTS_FILE, INSTANCE_ID_FILE)
 
 
 @dataclass
@@ -71,29 +69,23 @@ def register(commands: Any, parents: list[argparse.ArgumentParser]) -> None:
     doctor.set_defaults(handler=doctor_command)
 
 
-def sqlite_path(config: GatewayConfig) -> Path | None:
-    """The database file of a SQLite ``storage.url``."""
-    url = config.storage_url
-    if not url.startswith("sqlite"):
-        return None
-    return Path(url.split(":///", 1)[1]) if ":///" in url else None
-
-
 def _file_findings(config: GatewayConfig) -> list[Finding]:
     home, sessions = config.hermes_home, config.sessions_dir
     found = []
     for directory in (home, sessions):
-        if not directory.is_dir():
+        if directory == sessions and directory.is_symlink():  # $HERMES_HOME may be one
+            found.append(Finding("files", "problem", f"{directory} is a symlink, which the "
+                                 "store refuses", "put the directory it points at in its place "
+                                 "(or set gateway.sessions_dir to it); doctor never follows "
+                                 "it"))  # fmt: skip
+        elif not directory.is_dir():
             found.append(Finding("files", "problem", f"{directory} is not a directory"))
         elif stat.S_IMODE(directory.stat().st_mode) & 0o077:
             mode = stat.S_IMODE(directory.stat().st_mode)
             found.append(Finding("files", "problem", f"{directory} has mode {mode:04o}, not 0700",
                                  "--fix tightens it"))  # fmt: skip
-    database = sqlite_path(config)
-    paths = [home / name for name in _PRIVATE_FILES] + [config.pii_hmac_key_file]
-    if database is not None:
-        paths += [Path(f"{database}{suffix}") for suffix in ("", "-wal", "-shm", ".lock")]
-    if sessions.is_dir():
+    paths = store_files(config)
+    if sessions.is_dir() and not sessions.is_symlink():
         paths += sorted(sessions.glob("*.json")) + sorted(sessions.glob("*.jsonl*"))
     for path in paths:
         try:
@@ -111,10 +103,18 @@ def _file_findings(config: GatewayConfig) -> list[Finding]:
 
 
 def _tighten_modes(config: GatewayConfig) -> None:
+    """chmod what :func:`_file_findings` found too open, through a descriptor opened without
+    following a symlink (but for ``$HERMES_HOME``, which may be one): a link planted since the
+    check is never followed out of the state directory."""
     for finding in _file_findings(config):
         if finding.fix == "--fix tightens it":
             path = Path(finding.detail.split(" has mode ", 1)[0])
-            os.chmod(path, 0o700 if path.is_dir() else 0o600)
+            follow = 0 if path == config.hermes_home else os.O_NOFOLLOW
+            fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | follow)
+            try:
+                os.fchmod(fd, 0o700 if stat.S_ISDIR(os.fstat(fd).st_mode) else 0o600)
+            finally:
+                os.close(fd)
 
 
 def _database_findings(backend: OperatorBackend) -> list[Finding]:
@@ -132,6 +132,16 @@ def _database_findings(backend: OperatorBackend) -> list[Finding]:
         found.append(Finding("fts", "problem", "; ".join(problems), "--fix rebuilds the index"))
     else:
         found.append(Finding("fts", "ok", "index consistent and queryable"))
+    unreadable = backend.unreadable_routes()
+    found.append(
+        Finding("routing entries", "problem", "; ".join(unreadable[:5]) + (
+            f" (and {len(unreadable) - 5} more)" if len(unreadable) > 5 else ""),
+            "the lane is skipped by ls, show, rekey and the gateway; its next message "
+            "replaces the entry (a new session; the old one stays stored), or restore the "
+            "row from a backup")
+        if unreadable
+        else Finding("routing entries", "ok", "every routing entry can be read")
+    )  # fmt: skip
     routing = backend.routing_problems()
     found.append(
         Finding("routing", "warn", "; ".join(routing[:5]), "`hermes-sessions reset KEY`")

@@ -23,6 +23,7 @@ from hermes_core.operations.common import (
 )
 from hermes_core.recovery import STUCK_LOOP_THRESHOLD, last_reply, marker_max_age
 from hermes_core.store import SessionStore
+from hermes_core.timeutil import checked_span
 
 
 def register(commands: Any, parents: list[argparse.ArgumentParser]) -> None:
@@ -167,18 +168,17 @@ def _dead_letters(args: argparse.Namespace, config: GatewayConfig, done: str) ->
 
 def prune_command(args: argparse.Namespace, config: GatewayConfig) -> int:
     """``prune --days N [--dry-run]``: routing entries only; sessions and messages stay."""
-    if args.days <= 0:
-        raise InvalidValueError("days", "--days must be a positive number of days.")
+    days = checked_span(args.days, "--days")
     if args.dry_run:
         backend = open_operator(config, write=False)
         try:
-            keys = backend.prune_candidates(time.time() - args.days * 86_400)
+            keys = backend.prune_candidates(time.time() - days * 86_400)
         finally:
             backend.close()
         data = {"would_remove": keys, "dry_run": True}
         return _report(args, data, "\n".join([*keys, f"would remove {len(keys)} lane(s)"]))
     with open_store(config, write=True) as store:
-        removed = store.prune_old_entries(args.days)
+        removed = store.prune_old_entries(days)
     return _report(args, {"removed": removed, "dry_run": False}, f"removed {removed} lane(s)")
 
 

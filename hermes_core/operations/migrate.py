@@ -1,16 +1,22 @@
 """``hermes-sessions migrate --to URL``: copy every table of stored state to another store
 (SQLite to PostgreSQL or back), in batches keyed by primary key, so a run that was interrupted
 resumes where it stopped; then rebuild the full-text index there and verify each table by row
-count and checksum."""
+count and checksum.
+
+Before writing anything it refuses a target that is one of the source's own files (a SQLite
+path) or that holds anything but part of this source's copy: another store, or this store's copy
+from before the source changed. A resumed migration of the same source is allowed."""
 
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 from typing import Any
 
 from hermes_core.config import GatewayConfig
 from hermes_core.errors import StoreError
 from hermes_core.operations.common import open_operator, print_json, progress, with_url
+from hermes_core.operations.outputs import SQLITE_FILES, refuse_store_file, sqlite_path
 from hermes_core.store.operator import TRANSFER_TABLES, OperatorBackend
 
 BATCH_ROWS = 500
@@ -18,6 +24,10 @@ BATCH_ROWS = 500
 
 class MigrationMismatchError(StoreError):
     """The copy does not match its source after a migration."""
+
+
+class ForeignTargetError(StoreError):
+    """The migration's target holds rows that are not part of the source's copy."""
 
 
 def register(commands: Any, parents: list[argparse.ArgumentParser]) -> None:
@@ -29,6 +39,22 @@ def register(commands: Any, parents: list[argparse.ArgumentParser]) -> None:
     migrate.add_argument("--to", required=True, metavar="URL", help="the target store's URL")
     migrate.add_argument("--json", action="store_true", help="print one JSON object")
     migrate.set_defaults(handler=migrate_command)
+
+
+def check_target(source: OperatorBackend, target: OperatorBackend) -> None:
+    """Raise :class:`ForeignTargetError` unless every row of ``target`` is a row of ``source``
+    (an empty target, or one an interrupted migration of this source filled in part)."""
+    for name in TRANSFER_TABLES:
+        after = None
+        while rows := target.table_rows(name, after, BATCH_ROWS):
+            foreign = source.foreign_rows(name, rows)
+            if foreign:
+                raise ForeignTargetError(
+                    f"the target already holds another store ({foreign} row(s) of its table "
+                    f"{name} are not rows of this one); nothing was copied. Migrate into an empty "
+                    "database, or into the target of an interrupted migration of this same store."
+                )
+            after = target.primary_key(name, rows[-1])
 
 
 def copy_tables(source: OperatorBackend, target: OperatorBackend) -> dict[str, int]:
@@ -67,10 +93,15 @@ def verify(source: OperatorBackend, target: OperatorBackend) -> dict[str, int]:
 
 def migrate_command(args: argparse.Namespace, config: GatewayConfig) -> int:
     """``migrate --to URL``: both stores are opened for writing, so neither may be in use."""
+    target_config = with_url(config, args.to)
+    database = sqlite_path(target_config)
+    for suffix in SQLITE_FILES if database is not None else ():
+        refuse_store_file(Path(f"{database}{suffix}"), config, "to")
     source = open_operator(config, write=True)
     try:
-        target = open_operator(with_url(config, args.to), write=True, plugins=None)
+        target = open_operator(target_config, write=True, plugins=None)
         try:
+            check_target(source, target)
             inserted = copy_tables(source, target)
             counts = verify(source, target)
         finally:

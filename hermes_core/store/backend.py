@@ -19,7 +19,7 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
-from hermes_core.errors import InvalidValueError
+from hermes_core.errors import InvalidValueError, shown
 from hermes_core.text import clean_value
 
 if TYPE_CHECKING:
@@ -57,20 +57,21 @@ def clean_message(message: Message) -> dict[str, Any]:
     role = message.get("role")
     if not isinstance(role, str) or role not in MESSAGE_ROLES:
         allowed = ", ".join(sorted(MESSAGE_ROLES))
-        raise InvalidValueError("role", f"message role {role!r} is not one of: {allowed}.")
+        raise InvalidValueError("role", f"message role {shown(role)} is not one of: {allowed}.")
     stamp = message.get("timestamp")
     if stamp is None:
         stamp = time.time()
     elif isinstance(stamp, bool) or not isinstance(stamp, (int, float)) or not math.isfinite(stamp):
         raise InvalidValueError(
-            "timestamp", f"message timestamp {stamp!r} must be finite epoch seconds (a number)."
+            "timestamp",
+            f"message timestamp {shown(stamp)} must be finite epoch seconds (a number).",
         )
     count = message.get("token_count")
     if count is not None and (
         isinstance(count, bool) or not isinstance(count, int) or not 0 <= count <= INT64_MAX
     ):
         raise InvalidValueError(
-            "token_count", f"token_count {count!r} must be an integer from 0 to 2**63-1."
+            "token_count", f"token_count {shown(count)} must be an integer from 0 to 2**63-1."
         )
     cleaned: dict[str, Any] = clean_value(message, field="message", plain=True)
     cleaned["timestamp"] = float(stamp)

@@ -148,7 +148,15 @@ class StoreBase:
         self.read_only = read_only
         """Opened to read only: no writer lock is taken and every change is refused
         (``ReadOnlyStoreError``), so it may be opened beside a running gateway."""
-        self.sessions_dir = ensure_private_dir(Path(sessions_dir))
+        # Read-only creates nothing: an operator's `ls` must not leave directories behind.
+        directory = Path(sessions_dir)
+        if directory.is_symlink():  # refused like a symlinked database file
+            raise StoreError(
+                f"{directory}: the sessions directory is a symlink, which the store never "
+                "follows (nor a symlinked state.db); set gateway.sessions_dir to the directory "
+                "it points at, or put that directory in its place."
+            )
+        self.sessions_dir = directory if read_only else ensure_private_dir(directory)
         self.plugins = plugins if plugins is not None else default_plugin_manager(config)
         self._has_active_processes = has_active_processes_fn
         self._cache_size = entry_cache_size

@@ -34,6 +34,7 @@ from hermes_core.errors import (
     StoreError,
     TranscriptReadError,
     TranscriptWriteError,
+    shown,
 )
 from hermes_core.files import (
     append_line_durably,
@@ -339,7 +340,7 @@ class JsonlBackend:
         problem = session_id_problem(session_id)
         if problem is not None:
             raise InvalidValueError(
-                "session_id", f"session_id {session_id!r} is invalid: {problem}."
+                "session_id", f"session_id {shown(session_id)} is invalid: {problem}."
             )
         return child_path(self.sessions_dir, session_id + TRANSCRIPT_SUFFIX)
 

@@ -45,6 +45,9 @@ class OperatorBackend(Protocol):
     def fts_problems(self) -> list[str]:
         """Full-text index integrity and probe findings (``[]`` when sound or unavailable)."""
 
+    def unreadable_routes(self) -> list[str]:
+        """Routing rows the store cannot read (junk entry or time), one line each."""
+
     def routing_problems(self) -> list[str]:
         """Routing rows whose session is missing or ended."""
 
@@ -84,6 +87,9 @@ class OperatorBackend(Protocol):
 
     def insert_missing(self, name: str, rows: Sequence[Mapping[str, Any]]) -> int:
         """Insert the rows the table lacks (by primary key), in one transaction."""
+
+    def foreign_rows(self, name: str, rows: Sequence[Mapping[str, Any]]) -> int:
+        """How many of ``rows`` (another store's) the table lacks or holds otherwise."""
 
     def set_session_counts(self, rows: Sequence[Mapping[str, Any]]) -> None:
         """Set sessions' message counts and last activity to those of ``rows``."""

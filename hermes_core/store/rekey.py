@@ -41,6 +41,24 @@ class Collision:
     key: str
     targets: tuple[str, ...]
     """Their v2 keys, sorted."""
+    recorded: bool = True
+    """Rows of both sources are stored. False: one source is recorded, and another source
+    (a forum topic read as a group member, or the other way round) has the same v1 key, so
+    their messages may share one session: the common case, as the key records no more."""
+
+    def describe(self) -> str:
+        """The collision as ``rekey`` prints it."""
+        targets = ", ".join(self.targets)
+        if self.recorded:
+            return (
+                f"collision: {self.key} is shared today by sources with different v2 keys "
+                f"({targets}); each row follows its own source, nothing is merged"
+            )
+        return (
+            f"collision: {self.key} is the v1 key of sources with different v2 keys ({targets}); "
+            "one of them is recorded, so if both wrote, their messages share one session, which "
+            "moves with the recorded source (check the transcript)"
+        )
 
 
 @dataclass(frozen=True)
@@ -72,7 +90,10 @@ class RekeyReport:
             "dry_run": self.dry_run, "schema_before": self.schema_before,
             "moves": [{"from": old, "to": new} for old, new in self.moves],
             "sessions": self.sessions, "queued": self.queued, "unchanged": self.unchanged,
-            "collisions": [{"key": c.key, "targets": list(c.targets)} for c in self.collisions],
+            "collisions": [
+                {"key": c.key, "targets": list(c.targets), "recorded": c.recorded}
+                for c in self.collisions
+            ],
             "left": [{"key": key, "reason": why} for key, why in self.left],
             "counts": self.counts, "batches": self.batches,
         }  # fmt: skip
@@ -127,6 +148,8 @@ class _Planner:
         self.plugins = plugins
         self.renames: dict[str, str] = {}
         self.targets: defaultdict[str, set[str]] = defaultdict(set)
+        self.twins: defaultdict[str, set[str]] = defaultdict(set)
+        """v1 key → v2 keys of sources not recorded that have the same v1 key."""
         self.lanes: dict[str, str] = {}
         self.left: dict[str, str] = {}
 
@@ -135,12 +158,32 @@ class _Planner:
         if not isinstance(data, Mapping):
             return None
         try:
-            keys = self.keys_of(SessionSource.from_dict(data, plugins=self.plugins))
+            source = SessionSource.from_dict(data, plugins=self.plugins)
+            keys = self.keys_of(source)
         except InvalidValueError:
             return None
         if keys[0] != keys[1]:
             self.renames[keys[0]] = keys[1]
+            self.twins[keys[0]].update(self._twin_keys(source, keys))
         return keys
+
+    def _twin_keys(self, source: SessionSource, keys: tuple[str, str]) -> Iterator[str]:
+        """v2 keys of the source's twin (its thread id read as a sender id, or the other way
+        round) when the twin has the same v1 key and another v2 key."""
+        thread, user = source.thread_id, source.user_id
+        twin = (
+            source.replace(thread_id=None, user_id=thread, user_id_alt=None)
+            if thread
+            else source.replace(thread_id=user)
+            if user
+            else None
+        )
+        try:
+            found = self.keys_of(twin) if twin is not None else None
+        except InvalidValueError:
+            return
+        if found is not None and found[0] == keys[0] and found[1] != keys[1]:
+            yield found[1]
 
     def plan(self, stored: StoredKeys, schema_before: str) -> RekeyPlan:
         unchanged = self._routes(stored)
@@ -171,9 +214,9 @@ class _Planner:
             if key in routed or key not in stored.others:
                 unit.lane = None  # only the rows move: the key's lane stays, or there is none
         collisions = tuple(
-            Collision(key, tuple(sorted(targets)))
+            Collision(key, tuple(sorted(targets | self.twins[key])), len(targets) > 1)
             for key, targets in sorted(self.targets.items())
-            if len(targets) > 1
+            if len(targets | self.twins[key]) > 1
         )
         report = RekeyReport(
             dry_run=True, schema_before=schema_before,
@@ -192,7 +235,9 @@ class _Planner:
             keys = self._keys(origin)
             if keys is None:
                 self.left[key] = (
-                    "no origin is recorded, so its source is unknown"
+                    "its stored entry cannot be read (`hermes-sessions doctor` says why)"
+                    if "session_id" not in entry
+                    else "no origin is recorded, so its source is unknown"
                     if origin is None
                     else "its origin cannot be read or keyed (is its platform's plugin loaded?)"
                 )

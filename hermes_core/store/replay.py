@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from hermes_core.errors import shown
 from hermes_core.models import SessionEntry, session_id_problem
 from hermes_core.store.backend import (
     MESSAGE_ROLES,
@@ -169,7 +170,7 @@ def _stored_offset(target: BacklogTarget, session_id: str) -> int:
         return 0
     offset = int(value)
     if offset < 0:
-        raise ValueError(f"the stored offset {value!r} is negative")
+        raise ValueError(f"the stored offset {shown(value)} is negative")
     return offset
 
 

@@ -30,6 +30,7 @@ from hermes_core.errors import (
     InvalidValueError,
     MessageRedeliveredError,
     StoreError,
+    shown,
 )
 from hermes_core.keys import config_profile, resolve_for_config
 from hermes_core.ledger import SendResult
@@ -48,7 +49,7 @@ from hermes_core.store.leases import QueuedEvent
 from hermes_core.store.rekey import RekeyStore
 from hermes_core.store.transcripts import TranscriptStore
 from hermes_core.text import clean_text, clean_value
-from hermes_core.timeutil import utc_now
+from hermes_core.timeutil import checked_span, utc_now
 
 logger = logging.getLogger(__name__)
 
@@ -546,7 +547,8 @@ class SessionStore(RekeyStore, TranscriptStore):
             stored = list(self._backend.iter_routes())
         entries = [entry for entry in map(self._parse, stored) if entry is not None]
         if active_minutes is not None:
-            cutoff = utc_now() - timedelta(minutes=active_minutes)
+            minutes = checked_span(active_minutes, "active_minutes", "minutes")
+            cutoff = utc_now() - timedelta(minutes=minutes)
             entries = [entry for entry in entries if entry.updated_at >= cutoff]
         return sorted(entries, key=lambda entry: entry.updated_at, reverse=True)
 
@@ -573,11 +575,12 @@ class SessionStore(RekeyStore, TranscriptStore):
 
     @exclusive
     def prune_old_entries(self, max_age_days: float | None) -> int:
-        """Remove routing entries idle for ``max_age_days`` (sessions and messages stay)."""
+        """Remove routing entries idle for ``max_age_days`` (sessions and messages stay); None
+        or 0 removes nothing, a value that is no finite number of days is refused."""
         pruning = self._bound.pruning
-        if max_age_days is None or max_age_days <= 0 or pruning is None:
+        if max_age_days is None or max_age_days == 0 or pruning is None:
             return 0
-        cutoff = time.time() - max_age_days * 86_400
+        cutoff = time.time() - checked_span(max_age_days, "max_age_days") * 86_400
         with self._canonical():
             candidates = pruning.prune_candidates(cutoff)
         keys = [key for key in candidates if not self._has_active_process(key)]
@@ -594,7 +597,7 @@ class SessionStore(RekeyStore, TranscriptStore):
 def _counter(name: str, current: int, delta: object) -> int:
     """``current + delta`` for a token counter: ``delta`` an integer, the sum a 64-bit one."""
     if isinstance(delta, bool) or not isinstance(delta, int):
-        raise InvalidValueError(name, f"{name} must be an integer, got {delta!r}.")
+        raise InvalidValueError(name, f"{name} must be an integer, got {shown(delta)}.")
     result = current + delta
     if not -INT64_MAX <= result <= INT64_MAX:
         raise InvalidValueError(name, f"{name} would become {result}, outside a 64-bit integer.")
@@ -604,11 +607,11 @@ def _counter(name: str, current: int, delta: object) -> int:
 def _finite(name: str, value: object) -> float:
     """``value`` as a finite float (costs are stored as such)."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise InvalidValueError(name, f"{name} must be a number, got {value!r}.")
+        raise InvalidValueError(name, f"{name} must be a number, got {shown(value)}.")
     try:
         number = float(value)
     except OverflowError:
         number = math.inf
     if not math.isfinite(number):
-        raise InvalidValueError(name, f"{name} must be a finite number, got {value!r}.")
+        raise InvalidValueError(name, f"{name} must be a finite number, got {shown(value)}.")
     return number

@@ -11,6 +11,7 @@ from hermes_core.errors import (
     TranscriptReadError,
     TranscriptWriteError,
     TurnInProgressError,
+    shown,
 )
 from hermes_core.models import session_id_problem
 from hermes_core.store.backend import (
@@ -33,7 +34,7 @@ class TranscriptStore(StoreBase):
         problem = session_id_problem(session_id) if isinstance(session_id, str) else "not a string"
         if problem is not None:
             raise InvalidValueError(
-                "session_id", f"session_id {session_id!r} is invalid: {problem}."
+                "session_id", f"session_id {shown(session_id)} is invalid: {problem}."
             )
 
     @serialised
@@ -116,7 +117,7 @@ class TranscriptStore(StoreBase):
         if not isinstance(query, str):
             raise InvalidValueError("query", "the search query must be a string.")
         if isinstance(limit, bool) or not isinstance(limit, int):
-            raise InvalidValueError("limit", f"limit must be an integer, got {limit!r}.")
+            raise InvalidValueError("limit", f"limit must be an integer, got {shown(limit)}.")
         search = self._bound.search
         if search is None or (session_id is not None and session_id_problem(session_id)):
             return []

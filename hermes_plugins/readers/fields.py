@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from hermes_core.errors import MalformedEventError
+from hermes_core.errors import MalformedEventError, shown
 from hermes_core.models import MessageType
 
 _ID_LIMIT = 2**64
@@ -74,8 +74,8 @@ class Fields:
             return str(value)
         if isinstance(value, str) and value:
             return value
-        shown = repr(value) if isinstance(value, str | float | bool) else _kind(value)
-        raise malformed(self._at(name), f"must be a non-empty string or an integer, got {shown}")
+        got = shown(value) if isinstance(value, str | float | bool) else _kind(value)
+        raise malformed(self._at(name), f"must be a non-empty string or an integer, got {got}")
 
     def text(self, name: str) -> str | None:
         """The string ``name``, or None when absent or null."""

@@ -23,6 +23,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from hermes_core.errors import shown
 from hermes_core.models import MessageEvent, MessageType, SessionSource
 from hermes_core.specs import ReadContext
 from hermes_plugins.readers.fields import Fields, malformed
@@ -173,7 +174,7 @@ def _read_web(message: Fields) -> MessageEvent | None:
     if server != "g.us" and server not in _DM_SERVERS:
         raise malformed(
             "payload.key.remoteJid",
-            f"has the server {server!r}; expected g.us, s.whatsapp.net, lid, broadcast or "
+            f"has the server {shown(server)}; expected g.us, s.whatsapp.net, lid, broadcast or "
             "newsletter",
         )
     content = _web_content(message.opt_obj("message"))

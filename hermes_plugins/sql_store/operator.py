@@ -13,12 +13,14 @@ from typing import Any
 
 from sqlalchemy import Table, bindparam, func, insert, select, tuple_, update
 
-from hermes_core.errors import StoreError
+from hermes_core.errors import StoreError, shown
 from hermes_core.store.operator import TRANSFER_TABLES, TableDigest
 from hermes_plugins.sql_store.exclusive import LOCK_SUFFIX
 from hermes_plugins.sql_store.queue import QueueRows
+from hermes_plugins.sql_store.rows import ROUTE_READ, route_problems
 from hermes_plugins.sql_store.schema import (
     FTS_WATERMARK,
+    gateway_routing,
     metadata,
     queued_events,
     sessions,
@@ -45,9 +47,15 @@ def _table(name: str) -> Table:
     return metadata.tables[name]
 
 
-def _digest_value(value: Any) -> Any:
-    """A column value in the form both dialects agree on (floats by their exact repr)."""
-    return repr(float(value)) if isinstance(value, float) else value
+def _canonical(table: Table, row: Mapping[str, Any], *, copied: bool = False) -> str:
+    """A row in the form both dialects agree on: canonical JSON, floats by their exact repr.
+    ``copied``: without the session columns a copy sets only at its end."""
+    values = {
+        column: repr(float(value)) if isinstance(value, float) else value
+        for column, value in row.items()
+        if not (copied and table is sessions and column in _RECOUNTED)
+    }
+    return json.dumps(values, sort_keys=True)
 
 
 class OperatorRows(QueueRows):
@@ -110,6 +118,20 @@ class OperatorRows(QueueRows):
     def writer_lock_path(self) -> str | None:
         """The SQLite writer lock file (None on PostgreSQL, whose lock lives on the server)."""
         return f"{self.path}{LOCK_SUFFIX}" if self.name == "sqlite" else None
+
+    def unreadable_routes(self) -> list[str]:
+        """Routing rows the store passes over (a junk ``entry_json`` or time column), one line
+        each: ``ls``, ``show``, ``rekey`` and the gateway skip such a lane."""
+        query = select(gateway_routing.c.session_key, *ROUTE_READ).order_by(
+            gateway_routing.c.session_key
+        )
+        with self._read("checking the routing entries") as conn:
+            rows = conn.execute(query).mappings().all()
+        return [
+            f"{shown(row['session_key'])}: {'; '.join(problems)}"
+            for row in rows
+            if (problems := route_problems(row))
+        ]
 
     def routing_problems(self) -> list[str]:
         """Routing rows whose session row is missing or ended."""
@@ -189,6 +211,23 @@ class OperatorRows(QueueRows):
                 statement.run(cursor, row)
         return len(missing)
 
+    def foreign_rows(self, name: str, rows: Sequence[Mapping[str, Any]]) -> int:
+        """How many of ``rows`` (another store's rows of table ``name``) this table lacks or
+        holds with other values, the session columns a copy sets at its end aside: 0 when
+        they are part of a copy of this store."""
+        if not rows:
+            return 0
+        table = _table(name)
+        keys = [self.primary_key(name, row) for row in rows]
+        query = select(table).where(tuple_(*table.primary_key.columns).in_(keys))
+        with self._read(f"reading {name}") as conn:
+            found = [dict(row) for row in conn.execute(query).mappings()]
+        mine = {self.primary_key(name, row): _canonical(table, row, copied=True) for row in found}
+        return sum(
+            mine.get(key) != _canonical(table, row, copied=True)
+            for key, row in zip(keys, rows, strict=True)
+        )
+
     def set_session_counts(self, rows: Sequence[Mapping[str, Any]]) -> None:
         """Give sessions the message counts and last activity of ``rows`` (the copy's source),
         which the message-count trigger changed while their messages were inserted."""
@@ -222,8 +261,7 @@ class OperatorRows(QueueRows):
         after: Sequence[Any] | None = None
         while rows := self.table_rows(name, after, 1000):
             for row in rows:
-                canonical = {column: _digest_value(value) for column, value in row.items()}
-                digest.update(json.dumps(canonical, sort_keys=True).encode("utf-8") + b"\n")
+                digest.update(_canonical(_table(name), row).encode("utf-8") + b"\n")
             count += len(rows)
             after = self.primary_key(name, rows[-1])
         return TableDigest(count, digest.hexdigest())

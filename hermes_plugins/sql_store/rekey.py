@@ -37,7 +37,12 @@ class RekeyRows(CountRows):
         table = sessions.c
         others: set[str] = set()
         with self._read("reading the stored session keys") as conn:
-            routes = [route_entry(row) for row in conn.execute(select(*ROUTE_READ)).mappings()]
+            routes = [
+                {**route_entry(row), "session_key": row["session_key"]}
+                for row in conn.execute(
+                    select(*ROUTE_READ, gateway_routing.c.session_key)
+                ).mappings()
+            ]
             rows = conn.execute(
                 select(table.id, table.session_key, table.origin_json, table.started_at)
             )

@@ -8,6 +8,7 @@ from collections.abc import Mapping
 from datetime import datetime, timezone
 from typing import Any
 
+from hermes_core.errors import shown
 from hermes_core.models import SessionEntry
 from hermes_core.store.backend import (
     MESSAGE_COLUMNS,
@@ -16,7 +17,7 @@ from hermes_core.store.backend import (
     SessionRow,
     clean_message,
 )
-from hermes_core.timeutil import format_utc
+from hermes_core.timeutil import format_utc, parse_utc
 from hermes_plugins.sql_store.schema import gateway_routing
 
 SESSION_COLUMNS = tuple(SessionRow.__dataclass_fields__)
@@ -114,14 +115,49 @@ def marker_params(entry: SessionEntry) -> dict[str, Any]:
 
 def route_entry(row: Mapping[Any, Any]) -> dict[str, Any]:
     """A stored routing row (the :data:`ROUTE_READ` columns) as an entry mapping:
-    ``entry_json`` with the marker and the activity time of their columns."""
-    entry = dict(json.loads(row["entry_json"]))
+    ``entry_json`` with the marker and the activity time of their columns.
+
+    Junk never raises here (one bad row must not stop a listing): ``entry_json`` that is not a
+    JSON object gives ``{}``, which the store skips with a warning; a time column that is not
+    a time leaves the entry's own value. :func:`route_problems` names both for ``doctor``."""
+    entry = _entry_json(row["entry_json"])
+    if entry is None:
+        return {}
     entry["active_turn_token"] = row["active_turn_token"]
-    started = row["active_turn_started_at"]
-    entry["active_turn_started_at"] = None if started is None else _iso(started)
-    if row["updated_at"] is not None:
-        entry["updated_at"] = _iso(row["updated_at"])
+    if row["active_turn_started_at"] is None:
+        entry["active_turn_started_at"] = None
+    for column in ("updated_at", "active_turn_started_at"):
+        stamp = _iso(row[column])
+        if stamp is not None:
+            entry[column] = stamp
     return entry
+
+
+def route_problems(row: Mapping[Any, Any]) -> list[str]:
+    """What in a routing row (its ``entry_json`` and time columns) :func:`route_entry` had to
+    pass over: an entry that is not a JSON object, a time that is not one."""
+    problems = []
+    entry = route_entry(row)
+    if not entry:
+        problems.append("its entry_json is not a JSON object")
+    for name in ("session_id", "created_at", "updated_at") if entry else ():
+        if parse_utc(entry.get(name)) is None and not (
+            name == "session_id" and isinstance(entry.get(name), str)
+        ):
+            problems.append(f"its entry has no valid {name}")
+    for column in ("updated_at", "active_turn_started_at"):
+        if row[column] is not None and _iso(row[column]) is None:
+            problems.append(f"its {column} is not a time ({shown(row[column])})")
+    return problems
+
+
+def _entry_json(text: Any) -> dict[str, Any] | None:
+    """A stored ``entry_json`` as a mapping, or None when it is not a JSON object."""
+    try:
+        entry = json.loads(text)
+    except (TypeError, ValueError, RecursionError):
+        return None
+    return entry if isinstance(entry, dict) else None
 
 
 def session_row(row: Mapping[Any, Any]) -> SessionRow:
@@ -131,5 +167,9 @@ def session_row(row: Mapping[Any, Any]) -> SessionRow:
     return SessionRow(**values)
 
 
-def _iso(stamp: float) -> str:
-    return format_utc(datetime.fromtimestamp(stamp, timezone.utc))
+def _iso(stamp: Any) -> str | None:
+    """An epoch column as the stored time form; None when it is no time (junk, NaN)."""
+    try:
+        return format_utc(datetime.fromtimestamp(stamp, timezone.utc))
+    except (TypeError, ValueError, OverflowError, OSError):
+        return None
