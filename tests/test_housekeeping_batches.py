@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import sqlite3
+import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -15,6 +17,7 @@ from hermes_core.models import MessageEvent
 from hermes_core.runtime import Gateway
 from hermes_core.store import SessionStore
 from hermes_core.testing import fresh_plugin_manager, telegram_dm
+from hermes_plugins.sql_store import fts
 
 SEEN_ROWS = 200_000
 """Platform message ids past the redelivery window: what the pass forgets."""
@@ -69,3 +72,47 @@ async def test_a_turn_is_answered_between_the_batches_of_a_long_housekeeping_pas
         assert loop.time() < deadline, "the pass never finished"
         await asyncio.sleep(0.05)
     assert await gateway.stop()
+
+
+MESSAGES = 100_000
+
+
+def _watermark(home: Path) -> int:
+    with sqlite3.connect(home / "state.db") as db:
+        query = "SELECT value FROM state_meta WHERE key = 'fts_indexed_through'"
+        return int(db.execute(query).fetchone()[0])
+
+
+def test_a_search_index_rebuild_goes_in_batches_with_other_steps_between(
+    hermes_home: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(fts, "CATCH_UP_MAX", 500)  # a rebuild of 200 steps
+    config = _config(hermes_home)
+    with SessionStore.open(config) as store:
+        session_id = store.get_or_create_session(telegram_dm("1")).session_id
+    with sqlite3.connect(hermes_home / "state.db") as db:  # many messages, in bulk
+        db.executemany(
+            "INSERT INTO messages (session_id, role, content, timestamp) VALUES (?, 'user', ?, ?)",
+            ((session_id, f"note {n} about kiwis", 1000.0 + n) for n in range(MESSAGES)),
+        )
+        db.execute("INSERT OR REPLACE INTO state_meta (key, value) VALUES ('fts_stale', '1')")
+    store = SessionStore.open(config, plugins=fresh_plugin_manager(hermes_home))
+    try:
+        assert store.health()["fts"] == "stale"
+        with ThreadPoolExecutor(1) as pool:
+            rebuilding = pool.submit(store.rebuild_search_index)
+            deadline = time.monotonic() + 60
+            while _watermark(hermes_home) == 0 and not rebuilding.done():
+                assert time.monotonic() < deadline, "the rebuild never started"
+                time.sleep(0.005)
+            other = store.get_or_create_session(telegram_dm("2"))  # writer steps of a turn
+            store.append_to_transcript(other.session_id, {"role": "user", "content": "hello"})
+            assert _watermark(hermes_home) < MESSAGES  # they ran between the rebuild's batches
+            assert rebuilding.result(timeout=60)
+        assert _watermark(hermes_home) > MESSAGES - fts.INDEX_EVERY
+        assert store.health()["fts"] == "ok"
+        assert [hit.session_id for hit in store.search("note 99999 kiwis")] == [session_id]
+        assert len(store.search("kiwis", limit=100)) == 100
+        assert [hit.session_id for hit in store.search("hello")] == [other.session_id]
+    finally:
+        store.close()
