@@ -140,12 +140,14 @@ def test_migrate_refuses_a_target_holding_another_store(
     there = ["--state-dir", str(other), "--url", target]
     source_before = exported(capsys, home, None)
     target_before = run(capsys, "export", *there)[1]
+    files = {path: path.read_bytes() for path in other.glob("state.db*")}  # not even the lock
     one_error_line(
         *run(capsys, "migrate", "--state-dir", str(home), "--to", target),
         "the target already holds another store",
     )
     assert run(capsys, "export", *there)[1] == target_before
     assert exported(capsys, home, None) == source_before
+    assert {path: path.read_bytes() for path in files} == files
 
 
 @pytest.mark.parametrize("value", BAD_NUMBERS)

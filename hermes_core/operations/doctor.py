@@ -166,6 +166,8 @@ def _database_findings(backend: OperatorBackend) -> list[Finding]:
 
 def _mirror_finding(config: GatewayConfig, routes: dict[str, str], running: bool) -> Finding:
     path = config.sessions_dir / "sessions.json"
+    if config.sessions_dir.is_symlink():
+        return Finding("mirror", "warn", "not read: the sessions directory is a symlink")
     if not writes_mirror(config, store_spec(config)):
         return Finding("mirror", "ok", "not written (gateway.write_sessions_json is off)")
     if not path.exists():
@@ -186,7 +188,10 @@ def _mirror_finding(config: GatewayConfig, routes: dict[str, str], running: bool
 
 
 def _backlog(config: GatewayConfig) -> list[Path]:
-    return sorted(config.sessions_dir.glob("*.jsonl")) if config.sessions_dir.is_dir() else []
+    sessions = config.sessions_dir  # a symlinked one is a finding of its own, never followed
+    return (
+        sorted(sessions.glob("*.jsonl")) if sessions.is_dir() and not sessions.is_symlink() else []
+    )
 
 
 def _other_files(config: GatewayConfig) -> list[Finding]:

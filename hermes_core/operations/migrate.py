@@ -57,6 +57,20 @@ def check_target(source: OperatorBackend, target: OperatorBackend) -> None:
             after = target.primary_key(name, rows[-1])
 
 
+def _check_before_writing(source: OperatorBackend, target_config: GatewayConfig) -> None:
+    """:func:`check_target` on the target opened read-only, so that another store is refused
+    before its writer lock is taken or its schema touched; a target that cannot be read as it
+    is (nothing there yet, an older schema) is checked once opened for writing."""
+    try:
+        probe = open_operator(target_config, write=False, plugins=None)
+    except StoreError:
+        return
+    try:
+        check_target(source, probe)
+    finally:
+        probe.close()
+
+
 def copy_tables(source: OperatorBackend, target: OperatorBackend) -> dict[str, int]:
     """Copy the rows ``target`` lacks, table by table; rows inserted per table."""
     inserted = {}
@@ -99,6 +113,7 @@ def migrate_command(args: argparse.Namespace, config: GatewayConfig) -> int:
         refuse_store_file(Path(f"{database}{suffix}"), config, "to")
     source = open_operator(config, write=True)
     try:
+        _check_before_writing(source, target_config)
         target = open_operator(target_config, write=True, plugins=None)
         try:
             check_target(source, target)
