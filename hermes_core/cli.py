@@ -22,6 +22,7 @@ from hermes_core.config import GatewayConfig
 from hermes_core.errors import GatewayLockedError, HermesError, InvalidValueError
 from hermes_core.events import read_event
 from hermes_core.explain import explain_session_key, format_explanation
+from hermes_core.files import read_at_most, read_user_file
 from hermes_core.keys import resolve_for_config
 from hermes_core.models import SessionSource
 from hermes_core.operations import browse, console, doctor, lanes, migrate
@@ -39,6 +40,8 @@ from hermes_core.store.rekey import RekeyReport
 PROG = "hermes-sessions"
 EXIT_ERROR = 2
 MAX_ERROR_CHARS = 2000  # the longest error line (values are cut by errors.shown already)
+MAX_JSON_BYTES = 16 << 20
+"""A ``--source-json`` or ``--payload`` file (or standard input) may hold at most 16 MiB."""
 
 Handler = Callable[[argparse.Namespace, GatewayConfig], int]
 
@@ -377,12 +380,22 @@ def _read_json_object(name: str, field: str, what: str) -> dict[str, Any]:
     """The JSON object in file ``name`` (``-``: stdin); unreadable or malformed → named error."""
     label = "standard input" if name == "-" else name
     try:
-        text = sys.stdin.read() if name == "-" else Path(name).read_text(encoding="utf-8")
+        if name == "-":  # its bytes, unless a caller of main() put a text stream there
+            raw = read_at_most(getattr(sys.stdin, "buffer", sys.stdin), MAX_JSON_BYTES)
+        else:
+            raw = read_user_file(name, MAX_JSON_BYTES)
+        text = raw.decode("utf-8") if isinstance(raw, bytes) else raw
     except (OSError, UnicodeDecodeError) as exc:
         reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc
         raise InvalidValueError(field, f"{label}: cannot read the file: {reason}") from exc
     try:
         data = json.loads(text)
+    except RecursionError:
+        raise InvalidValueError(
+            field,
+            f"{label}: the JSON is nested too deeply to read; {what} is a JSON object a "
+            "few levels deep.",
+        ) from None
     except ValueError as exc:
         raise InvalidValueError(field, f"{label}: not valid JSON: {exc}") from exc
     if not isinstance(data, dict):

@@ -6,16 +6,18 @@ that gives the line and column but never quotes the file's text (it may hold a c
 from __future__ import annotations
 
 from collections.abc import Iterable
-from pathlib import Path
 from typing import Any
 
 import yaml
 
 from hermes_core.errors import ConfigError
+from hermes_core.files import read_user_file
 
 __all__ = ["HugeInteger", "dotted", "read_yaml"]
 
 _MAX_DEPTH = 32  # nesting levels a configuration file may use
+MAX_CONFIG_BYTES = 1 << 20
+"""A configuration file may hold at most this many bytes (1 MiB): it is read whole."""
 _MAX_DIGITS = 100  # longer YAML integers are not converted (Python refuses more than 4300 digits)
 
 
@@ -91,13 +93,18 @@ _ConfigLoader.add_constructor("tag:yaml.org,2002:int", _ConfigLoader.construct_y
 
 
 def read_yaml(name: str) -> Any:
-    """The document in the file ``name`` (None when it is empty); errors name the file."""
+    """The document in the file ``name`` (None when it is empty); errors name the file. A
+    directory, FIFO or device, or a file over :data:`MAX_CONFIG_BYTES`, is refused unread."""
     try:
-        text = Path(name).read_text(encoding="utf-8")
+        text = read_user_file(name, MAX_CONFIG_BYTES).decode("utf-8")
     except FileNotFoundError:
         raise ConfigError("", f"{name}: configuration file not found", source=name) from None
     except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError("", f"{name}: cannot read the file: {exc}", source=name) from exc
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc
+        raise ConfigError(
+            "", f"{name}: cannot read the file: {reason}; name a YAML configuration file.",
+            source=name,
+        ) from exc  # fmt: skip
     loader = _ConfigLoader(text)
     try:
         return loader.get_single_data()

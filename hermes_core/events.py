@@ -8,6 +8,7 @@ keys are built from what the platform said rather than from a hand translation.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping
 
 from hermes_core.errors import InvalidValueError, MalformedEventError, shown
@@ -17,6 +18,8 @@ from hermes_core.plugins import HermesPluginManager, platform_registry
 from hermes_core.specs import ReadContext
 
 __all__ = ["read_event"]
+
+logger = logging.getLogger(__name__)
 
 
 def read_event(
@@ -33,10 +36,12 @@ def read_event(
     Raises :class:`~hermes_core.errors.UnknownPlatformError` for an unregistered platform,
     :class:`~hermes_core.errors.InvalidValueError` when the platform's plugin reads no payloads,
     and :class:`~hermes_core.errors.MalformedEventError` for a payload that cannot be read (any
-    invalid value met while reading is reported as one) and for ids the key builder refuses
-    (control characters, over 1024 characters in the key), checked here for every reader.
+    invalid value met while reading is reported as one, and so is any other exception a
+    plugin's reader raises, naming the plugin) and for ids the key builder refuses (control
+    characters, over 1024 characters in the key), checked here for every reader.
     """
-    spec = platform_registry(plugins).require(platform)
+    registry = platform_registry(plugins)
+    spec = registry.require(platform)
     if spec.read_event is None:
         raise InvalidValueError(
             "platform",
@@ -56,6 +61,15 @@ def read_event(
     except InvalidValueError as exc:
         raise MalformedEventError(
             exc.field, f"the {platform} payload cannot be read: {exc}"
+        ) from exc
+    except Exception as exc:  # a reader's bug (or a payload too deep for it): named, one error
+        owner = registry.owners.get(platform, "?")
+        logger.debug("plugin %r failed reading a %s payload", owner, platform, exc_info=True)
+        raise MalformedEventError(
+            "payload",
+            f"plugin {owner!r} failed reading this {platform} payload ({shown(exc)}); it is a bug "
+            f"in that plugin's read_event: report it to its authors with the payload, or "
+            f"disable the plugin (plugins.disable: [{owner}]).",
         ) from exc
     problem = None if event is None else source_key_problem(event.source, spec)
     if problem is not None:

@@ -1,4 +1,5 @@
-"""Secure file primitives for everything the library writes to disk.
+"""Secure file primitives for everything the library writes to disk, and the bounded read of a
+file a user names (a configuration, a payload).
 
 Files are created with their final mode (0600 files, 0700 directories), never widened and then
 chmod-ed; write targets are checked with ``lstat`` so a symlink or special file planted in the
@@ -15,6 +16,7 @@ import os
 import secrets
 import stat
 from pathlib import Path
+from typing import IO, AnyStr
 
 from hermes_core.errors import InvalidValueError, StoreError, TranscriptWriteError, shown
 
@@ -227,6 +229,31 @@ def read_file_nofollow(path: Path) -> bytes | None:
         if not stat.S_ISREG(os.fstat(handle.fileno()).st_mode):
             raise OSError(errno.EINVAL, "not a regular file", str(path))
         return handle.read()
+
+
+def read_user_file(path: str | os.PathLike[str], limit: int) -> bytes:
+    """The content of the file ``path`` that a user named (a symlink to it is followed), at
+    most ``limit`` bytes.
+
+    It is opened without blocking and must be a regular file, so a FIFO is refused instead of
+    waited on and a device such as ``/dev/zero`` instead of read for ever. A missing file raises
+    :class:`FileNotFoundError`; a special file, a larger file or a read failure another
+    :class:`OSError` whose ``strerror`` says why (callers turn it into their own error).
+    """
+    fd = os.open(path, os.O_RDONLY | _O_CLOEXEC | _O_NONBLOCK)
+    with os.fdopen(fd, "rb") as handle:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(errno.EINVAL, "not a regular file (a directory, FIFO or device)")
+        return read_at_most(handle, limit)
+
+
+def read_at_most(stream: IO[AnyStr], limit: int) -> AnyStr:
+    """All of ``stream`` when it holds at most ``limit`` bytes (characters, for a text stream);
+    else :class:`OSError` (``EFBIG``) without reading further."""
+    data = stream.read(limit + 1)
+    if len(data) > limit:
+        raise OSError(errno.EFBIG, f"larger than {limit:,} bytes")
+    return data
 
 
 def append_line_durably(path: Path, line: bytes) -> None:

@@ -154,7 +154,15 @@ def load_config(args: argparse.Namespace) -> GatewayConfig:
 
 
 def with_url(config: GatewayConfig, url: str) -> GatewayConfig:
-    """``config`` with ``storage.url`` set to ``url`` (which must name a scheme)."""
+    """``config`` with ``storage.url`` set to ``url`` (which must name a scheme and be UTF-8
+    text: bytes that are not arrive from the command line as lone surrogates)."""
+    try:
+        url.encode("utf-8")
+    except UnicodeEncodeError:
+        raise InvalidValueError(
+            "url", "the store URL holds bytes that are not UTF-8 text; write it in UTF-8 "
+            "(a database file needs a name that is UTF-8 text)."
+        ) from None  # fmt: skip
     if "://" not in url:  # not echoed: 'postgres:PASSWORD@host/db' holds a credential
         raise InvalidValueError(
             "url", "the URL given is not a store URL: it names no scheme (no '://'); write "

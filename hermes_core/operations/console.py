@@ -10,14 +10,16 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import errno
 import importlib
 import inspect
 import json
 import os
 import re
+import stat
 import sys
 import threading
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -31,6 +33,8 @@ from hermes_core.plugins import HermesPluginManager, create_plugin_manager
 from hermes_core.runtime import Gateway
 
 PROG = "hermes-sessions"
+MAX_EVENT_LINE = 1 << 20
+"""``replay`` skips a line over 1 MiB (an event is far smaller), reading past it in pieces."""
 CONSOLE_COMMAND = re.compile(r":([a-z]+)(?:\s+(.*))?")
 """A console command line (``:as bob``); other lines, ``:)`` included, are messages."""
 HELP = """console commands (other lines are sent as messages, /new /reset /stop /queue included):
@@ -301,14 +305,29 @@ def _parse(raw: bytes, plugins: HermesPluginManager) -> MessageEvent:
     return MessageEvent.from_dict(data, plugins=plugins)
 
 
+def _lines(stream: BinaryIO) -> Iterator[bytes | None]:
+    """The lines of ``stream``, each read with a bound: None stands for a line over
+    :data:`MAX_EVENT_LINE` bytes, which is read past in pieces and never held whole."""
+    while raw := stream.readline(MAX_EVENT_LINE + 1):
+        if len(raw) <= MAX_EVENT_LINE or raw.endswith(b"\n"):
+            yield raw
+            continue
+        while (rest := stream.readline(MAX_EVENT_LINE)) and not rest.endswith(b"\n"):
+            pass
+        yield None
+
+
 async def _replay(gateway: Gateway, path: Path, lines: BinaryIO) -> int:
     fed = skipped = 0
-    for number, raw in enumerate(lines, start=1):
-        if not raw.strip():
+    for number, raw in enumerate(_lines(lines), start=1):
+        if raw is not None and not raw.strip():
             continue
         where = f"{path}:{number}: "
         try:
+            if raw is None:
+                raise InvalidValueError("event", f"longer than {MAX_EVENT_LINE:,} bytes")
             event = _parse(raw, gateway.plugins)
+            gateway.store.session_key_for(event.source)  # ids no key can hold: a bad line too
         except InvalidValueError as exc:
             _error(f"{where}skipped: {exc}")
             skipped += 1
@@ -326,6 +345,8 @@ def replay_command(args: argparse.Namespace, config: GatewayConfig) -> int:
     """``replay EVENTS.jsonl``: exit 0 when every line was fed, 1 when some were skipped."""
     path: Path = args.events
     try:
+        if not stat.S_ISREG(mode := path.stat().st_mode) and not stat.S_ISFIFO(mode):
+            raise OSError(errno.EINVAL, "not a regular file or a pipe")  # /dev/zero never ends
         lines = path.open("rb")
     except OSError as exc:
         raise InvalidValueError(

@@ -187,7 +187,7 @@ def import_command(args: argparse.Namespace, config: GatewayConfig) -> int:
     if not args.path.is_file():
         raise InvalidValueError("path", f"{args.path}: no such file; name a sessions.json.")
     with open_store(config, write=True) as store:
-        imported = store.import_sessions_json(args.path)
+        imported = store.import_sessions_json(args.path, strict=True)
     return _report(args, {"imported": imported}, f"imported {imported} lane(s)")
 
 

@@ -536,8 +536,10 @@ class StoreBase:
             logger.warning("imported the routing index from %s", self._mirror.path)
 
     @exclusive
-    def import_sessions_json(self, path: str | Path) -> int:
-        """Import the entries of a sessions.json whose keys the routing table lacks."""
+    def import_sessions_json(self, path: str | Path, *, strict: bool = False) -> int:
+        """Import the entries of a sessions.json whose keys the routing table lacks. A file that
+        is missing or not a JSON object imports nothing with a warning, or with ``strict`` (a
+        file an operator named) raises :class:`InvalidValueError` before anything is written."""
         meta = self._bound.maintenance
         if meta is None:
             raise StoreUnavailableError(self._without("maintenance", "Importing sessions.json"))
@@ -546,7 +548,7 @@ class StoreBase:
                 entry.to_dict(),
                 session_row_from_entry(entry, parent_session_id=entry.prev_session_id),
             )
-            for entry in read_mirror(Path(path), self.plugins).values()
+            for entry in load_mirror(Path(path), self.plugins, strict=strict).entries.values()
         ]
         with self._canonical():
             imported = meta.import_routes(entries, (MIRROR_IMPORTED, str(time.time())))

@@ -113,32 +113,40 @@ def _origin_platform(value: Mapping[str, Any]) -> str:
     return platform if isinstance(platform, str) else "?"
 
 
-def load_mirror(path: Path, plugins: HermesPluginManager | None = None) -> MirrorContents:
+def load_mirror(
+    path: Path, plugins: HermesPluginManager | None = None, *, strict: bool = False
+) -> MirrorContents:
     """Read a mirror file leniently; the file is never modified.
 
     A missing file is simply empty. An unreadable or unparsable file logs one warning naming it
-    and yields nothing. ``_``-prefixed members are skipped; an invalid entry, or one stored under
-    a key other than its own ``session_key``, is skipped with a warning naming the key. Entries
-    of unregistered platforms get one warning per platform.
+    and yields nothing; ``strict`` (a file an operator named for import) raises
+    :class:`InvalidValueError` for it instead, and for a missing file. ``_``-prefixed members are
+    skipped; an invalid entry, or one stored under a key other than its own ``session_key``, is
+    skipped with a warning naming the key. Entries of unregistered platforms get one warning per
+    platform.
     """
+
+    def unusable(problem: str) -> MirrorContents:
+        if strict:
+            raise InvalidValueError(
+                "path", f"{path} {problem}; name a sessions.json: a JSON object of routing "
+                "entries by session key, as a gateway writes it."
+            )  # fmt: skip
+        logger.warning("routing mirror %s %s; no entries loaded from it", path, problem)
+        return MirrorContents(problem=problem)
+
     try:
         raw = path.read_bytes()
     except FileNotFoundError:
-        return MirrorContents()
+        return unusable("does not exist") if strict else MirrorContents()
     except OSError as exc:
-        problem = f"cannot be read ({exc.strerror or type(exc).__name__})"
-        logger.warning("routing mirror %s %s; no entries loaded from it", path, problem)
-        return MirrorContents(problem=problem)
+        return unusable(f"cannot be read ({exc.strerror or type(exc).__name__})")
     try:
         document = json.loads(raw.decode("utf-8-sig"))
-    except ValueError:
-        problem = "is not valid UTF-8 JSON (truncated or edited?)"
-        logger.warning("routing mirror %s %s; no entries loaded from it", path, problem)
-        return MirrorContents(problem=problem)
+    except (ValueError, RecursionError):
+        return unusable("is not valid UTF-8 JSON (truncated or edited?)")
     if not isinstance(document, dict):
-        problem = "does not hold a JSON object"
-        logger.warning("routing mirror %s %s; no entries loaded from it", path, problem)
-        return MirrorContents(problem=problem)
+        return unusable("does not hold a JSON object")
     entries: dict[str, SessionEntry] = {}
     unregistered: dict[str, dict[str, Any]] = {}
     by_platform: dict[str, list[str]] = {}
