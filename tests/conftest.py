@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.metadata
 import os
 import sys
 import textwrap
@@ -38,6 +39,50 @@ def hermes_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 FakeDistribution = Callable[..., Path]
 
+OWN_DISTRIBUTION = "hermes-sessions"
+
+
+VISIBLE_DISTRIBUTIONS = {OWN_DISTRIBUTION}
+"""The distributions whose entry points the suite sees: hermes-sessions, and the fake ones a
+running test installed (:func:`fake_distribution`)."""
+
+
+def _visible_entry_points(*, group: str) -> importlib.metadata.EntryPoints:
+    found = importlib.metadata.entry_points(group=group)
+    return importlib.metadata.EntryPoints(
+        entry for entry in found
+        if entry.dist is not None and entry.dist.name in VISIBLE_DISTRIBUTIONS
+    )  # fmt: skip
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """The suite counts on the built-in plugins alone: from collection on, the plugin manager
+    does not see the entry points of third-party plugins installed in the environment, only
+    those of :data:`VISIBLE_DISTRIBUTIONS`. Child processes do not inherit this: a test that
+    starts one says what it loads (``HERMES_PLUGINS_AUTOLOAD=0``, or the
+    :func:`installed_plugins` disabled)."""
+    from hermes_core import plugins
+
+    plugins.entry_points = _visible_entry_points  # type: ignore[attr-defined,assignment]
+
+
+def builtins_only(environ: dict[str, str] | None = None, **extra: str) -> dict[str, str]:
+    """A child process's environment (``environ``, else this process's, with ``extra``) in
+    which it loads the built-in plugins alone, whatever is installed beside them."""
+    return {**(os.environ if environ is None else environ), **extra, "HERMES_PLUGINS_AUTOLOAD": "0"}
+
+
+@pytest.fixture
+def installed_plugins() -> list[str]:
+    """The entry-point names of the third-party plugins installed in this environment (taken
+    before the test installs fake ones), for the ``plugins.disable`` of a child process that
+    must load entry points but count on no installed plugin."""
+    return sorted(
+        entry.name
+        for entry in importlib.metadata.entry_points(group="hermes.plugins")
+        if entry.dist is not None and entry.dist.name != OWN_DISTRIBUTION
+    )
+
 
 @pytest.fixture
 def home(tmp_path: Path) -> Path:
@@ -66,6 +111,7 @@ def fake_distribution(
     """
     counter = iter(range(1000))
     installed: list[str] = []
+    names: list[str] = []
 
     def install(
         name: str,
@@ -86,12 +132,15 @@ def fake_distribution(
         for module, source in (modules or {}).items():
             (site / f"{module}.py").write_text(textwrap.dedent(source), encoding="utf-8")
         installed.extend([*(modules or {}), *entry_points.values()])
+        VISIBLE_DISTRIBUTIONS.add(name)
+        names.append(name)
         monkeypatch.syspath_prepend(str(site))
         if extra_path is not None:
             monkeypatch.syspath_prepend(str(extra_path))
         return site
 
     yield install
+    VISIBLE_DISTRIBUTIONS.difference_update(names)
     for module in installed:  # the next test's fake module of the same name must be imported anew
         sys.modules.pop(module.split(":")[0], None)
 

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 import hermes_core
+from conftest import builtins_only
 from hermes_core.cli import main
 from hermes_core.config import GatewayConfig
 from hermes_core.explain import explain_session_key
@@ -213,7 +214,7 @@ def test_console_script_explains_the_readme_example(hermes_home: Path) -> None:
     if not script.exists():
         pytest.skip(f"console script not installed beside the interpreter: {script}")
     env = {k: v for k, v in os.environ.items() if k not in _ENV_TO_CLEAR}
-    env.update(HERMES_HOME=str(hermes_home), PYTHONIOENCODING="utf-8")
+    env = builtins_only(env, HERMES_HOME=str(hermes_home), PYTHONIOENCODING="utf-8")
     result = subprocess.run(
         [str(script), "explain", *README_EXAMPLE],
         capture_output=True, text=True, encoding="utf-8", env=env, timeout=60, check=False,

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import io
 import json
-import os
 import subprocess
 import sys
 from datetime import datetime
@@ -15,6 +14,7 @@ from pathlib import Path
 import pytest
 from support.populate import config_for, populate
 
+from conftest import builtins_only
 from hermes_core.cli import main
 from hermes_core.store import SessionStore
 
@@ -37,7 +37,7 @@ def _script(*argv: str) -> subprocess.CompletedProcess[str]:
     script = Path(sys.executable).with_name("hermes-sessions")
     return subprocess.run(
         [str(script), *argv], capture_output=True, text=True, check=False, timeout=120,
-        env={**os.environ, "PYTHONIOENCODING": "utf-8"},
+        env=builtins_only(PYTHONIOENCODING="utf-8"),
     )  # fmt: skip
 
 

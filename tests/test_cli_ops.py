@@ -4,7 +4,6 @@ state directory: outputs, ``--json`` shapes, exit codes and one-line errors."""
 from __future__ import annotations
 
 import json
-import os
 import sqlite3
 import subprocess
 import sys
@@ -13,6 +12,7 @@ from pathlib import Path
 import pytest
 from support.populate import config_for, populate
 
+from conftest import builtins_only
 from hermes_core.cli import main
 from hermes_core.store import SessionStore
 
@@ -263,7 +263,7 @@ def test_console_script_runs_ls_in_a_subprocess(state: State) -> None:
     script = Path(sys.executable).with_name("hermes-sessions")
     result = subprocess.run(
         [str(script), "ls", "--json", "--state-dir", str(home)],
-        capture_output=True, text=True, check=False, env={**os.environ},
+        capture_output=True, text=True, check=False, env=builtins_only(),
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
     assert sorted(lane["session_key"] for lane in json.loads(result.stdout)) == sorted(

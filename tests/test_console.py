@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 from support.populate import config_for
 
+from conftest import builtins_only
 from hermes_core import EchoAgent, Gateway, InMemoryAdapter, SessionStore, create_plugin_manager
 from hermes_core.cli import main
 from hermes_core.gateway_texts import NEW_SESSION
@@ -214,7 +215,7 @@ def test_console_script_chats_with_an_agent_from_the_current_directory(tmp_path:
         [str(script), "chat", "--platform", "telegram", "--chat-id", "5", "--agent",
          "shouting:Shout", "--state-dir", str(tmp_path / "state")],
         input="hello\n", capture_output=True, text=True, check=False, cwd=tmp_path,
-        env={**os.environ}, timeout=60,
+        env=builtins_only(), timeout=60,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
     assert "operator> hello\n  → telegram:5: HELLO\n" in result.stdout

@@ -28,6 +28,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from conftest import builtins_only
 from hermes_core import GatewayConfig, SessionStore
 from hermes_core.testing import fresh_plugin_manager
 
@@ -102,8 +103,7 @@ def environment(hermes_home: Path, tmp_path: Path) -> dict[str, str]:
     home = tmp_path / "home"
     home.mkdir()
     environ = {k: v for k, v in os.environ.items() if not k.startswith("HERMES_")}
-    environ.update(HERMES_HOME=str(hermes_home), HOME=str(home))
-    return environ
+    return builtins_only(environ, HERMES_HOME=str(hermes_home), HOME=str(home))
 
 
 def _run(argv: list[str], environ: dict[str, str], cwd: Path, block: Block) -> str:

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 from support.populate import config_for, populate
 
+from conftest import builtins_only
 from hermes_core.cli import main
 from hermes_core.store import SessionStore
 
@@ -72,7 +73,7 @@ def test_a_migration_killed_midway_resumes(
     script = Path(sys.executable).with_name("hermes-sessions")
     child = subprocess.Popen(
         [str(script), "migrate", "--state-dir", str(home), "--to", f"sqlite:///{database}"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=builtins_only(),
     )  # fmt: skip
     copied = 0
     deadline = time.monotonic() + 60

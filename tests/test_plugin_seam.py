@@ -340,9 +340,10 @@ def test_a_dotted_disable_must_name_a_platform_of_the_plugin(hermes_home: Path) 
 
 
 def test_conflict_in_a_separate_process(
-    hermes_home: Path, fake_distribution: FakeDistribution
+    hermes_home: Path, fake_distribution: FakeDistribution, installed_plugins: list[str]
 ) -> None:
-    """The console script, in its own interpreter, finds the plugins through their entry points."""
+    """The console script, in its own interpreter, finds the plugins through their entry points
+    (those installed in the environment disabled: the test counts on its own two)."""
     script = Path(sys.executable).parent / "hermes-sessions"
     if not script.exists():
         pytest.skip(f"console script not installed beside the interpreter: {script}")
@@ -359,13 +360,15 @@ def test_conflict_in_a_separate_process(
             timeout=60, check=False,
         )  # fmt: skip
 
+    config = hermes_home / "config.yaml"
+    config.write_text(json.dumps({"plugins": {"disable": installed_plugins}}))
     listed = run("plugins")
     assert listed.returncode == 0, listed.stderr
     assert _conflicting(listed.stdout.split("Problems:\n")[1])
     keyed = run("key", "--platform", "matrix", "--chat-id", "!room")
     assert keyed.returncode == 2
     assert _conflicting(keyed.stderr)
-    (hermes_home / "config.yaml").write_text("plugins:\n  disable: [beta_matrix]\n")
+    config.write_text(json.dumps({"plugins": {"disable": [*installed_plugins, "beta_matrix"]}}))
     fixed = run("key", "--platform", "matrix", "--chat-id", "!room")
     assert (fixed.returncode, fixed.stdout) == (0, "agent:main:matrix:dm:c=!room\n"), fixed.stderr
 

@@ -96,6 +96,28 @@ def test_example_plugin_is_discovered_through_its_entry_point(
     assert build_session_key(dm, plugins=manager) == "agent:main:irc:dm:s=oftc:c=bob"
 
 
+def test_plugins_installed_beside_the_suite_are_not_seen(
+    hermes_home: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A third-party plugin installed in the test environment (here: a distribution on
+    ``sys.path`` that :func:`fake_distribution` did not install) does not reach the tests, which
+    count on the built-ins alone (tests/conftest.py)."""
+    site = tmp_path / "site-packages"
+    info = site / "hermes_stray-1.0.dist-info"
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: hermes-stray\nVersion: 1.0\n")
+    (info / "entry_points.txt").write_text("[hermes.plugins]\nstray = stray_plugin\n")
+    (site / "stray_plugin.py").write_text(
+        "from hermes_core import PlatformSpec, hookimpl\n\n\n@hookimpl\n"
+        "def hermes_register_platforms(config):\n"
+        "    return [PlatformSpec(name='telegram'), PlatformSpec(name='stray')]\n"
+    )
+    monkeypatch.syspath_prepend(str(site))
+    manager = create_plugin_manager(_config(hermes_home), strict=True)
+    assert [info.name for info in manager.list_plugins()] == BUILTINS
+    assert "stray" not in manager.platforms()
+
+
 def test_entry_points_are_skipped_when_not_loaded(
     hermes_home: Path, fake_distribution: FakeDistribution
 ) -> None:

@@ -3,7 +3,6 @@ which extra to install."""
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 import textwrap
@@ -11,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import POSTGRES_SKIP_REASON, POSTGRES_URL
+from conftest import POSTGRES_SKIP_REASON, POSTGRES_URL, builtins_only
 from hermes_core import GatewayConfig, SessionStore
 from hermes_core.testing import fresh_plugin_manager
 
@@ -31,7 +30,7 @@ WITHOUT_PSYCOPG = textwrap.dedent("""
 @pytest.mark.parametrize("scheme", ["postgresql", "postgresql+psycopg"])
 def test_a_missing_driver_names_the_extra_to_install(scheme: str) -> None:
     url = f"{scheme}://hermes@127.0.0.1:1/none"
-    done = subprocess.run([sys.executable, "-c", WITHOUT_PSYCOPG, url], env=os.environ,
+    done = subprocess.run([sys.executable, "-c", WITHOUT_PSYCOPG, url], env=builtins_only(),
                           capture_output=True, text=True, timeout=60, check=False)  # fmt: skip
     assert done.returncode == 3, done.stderr
     assert done.stdout.startswith("StoreUnavailableError ")
