@@ -283,25 +283,34 @@ def test_junk_routing_rows_are_skipped_and_reported_by_doctor(
     home = tmp_path / "state"
     keys = populate(home, url)
     _corrupt(home, url, keys)
-    code, out, _ = run(capsys, "ls", *where(home, url), "--json")
+    code, out, err = run(capsys, "ls", *where(home, url), "--json")
     assert code == 0
+    assert err.count("\n") == 1  # one warning line for the lane it skips
+    assert "cannot be loaded" in err
     lanes = {lane["session_key"]: lane for lane in json.loads(out)}
     assert keys["alice"] not in lanes  # its entry cannot be read
     assert keys["bob"] in lanes  # the junk time column leaves the entry's own
     code, out, _ = run(capsys, "doctor", *where(home, url), "--json")
     report = json.loads(out)
     assert code == 1
-    problems = [f["detail"] for f in report["findings"] if f["check"] == "routing entries"]
-    assert "entry_json is not a JSON object" in problems[0]
-    assert "updated_at is not a time" in problems[0]
+    problems = [f["detail"] for f in report["findings"] if f["check"] == "stored rows"]
+    assert f"routing row {keys['alice']!r}: its entry_json is not a JSON object" in problems[0]
+    assert f"routing row {keys['bob']!r}: its updated_at is not a time" in problems[0]
+    assert "queued event #2 of" in problems[0]
+    code, out, _ = run(capsys, "show", keys["topic"], *where(home, url), "--json")
+    assert code == 0  # the lane whose dead letter cannot be read
+    assert json.loads(out)["dead_letters"][0]["event"] is None
 
 
 def _corrupt(home: Path, url: str | None, keys: dict[str, str]) -> None:
-    """Junk ``entry_json`` in alice's routing row, a junk ``updated_at`` in bob's."""
+    """Junk ``entry_json`` in alice's routing row, a junk ``updated_at`` in bob's, a junk
+    ``event_json`` in alice's dead letter, moved to the topic's lane (alice's is unreadable)."""
     statements = (
         ("UPDATE gateway_routing SET entry_json = 'junk' WHERE session_key = :key", keys["alice"]),
         ("UPDATE gateway_routing SET updated_at = 'NaN' WHERE session_key = :key", keys["bob"]),
-    )
+        ("UPDATE queued_events SET event_json = '{', session_key = :key WHERE dead_at IS NOT NULL",
+         keys["topic"]),
+    )  # fmt: skip
     if url is None:
         with sqlite3.connect(home / "state.db") as raw:
             for sql, key in statements:

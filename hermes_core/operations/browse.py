@@ -170,7 +170,7 @@ def lane_details(store: SessionStore, entry: SessionEntry) -> dict[str, Any]:
     ]
     dead = [
         {"event_id": letter.event_id, "attempts": letter.attempts, "last_error": letter.last_error,
-         "dead_at": iso(letter.dead_at), "event": json.loads(letter.event_json)}
+         "dead_at": iso(letter.dead_at), "event": _event(letter.event_json)}
         for letter in store.dead_letters()
         if letter.session_key == key
     ]  # fmt: skip
@@ -194,6 +194,14 @@ def lane_details(store: SessionStore, entry: SessionEntry) -> dict[str, Any]:
 def _transcript(store: SessionStore, session_id: str) -> list[dict[str, Any]]:
     """A session's active transcript as ``show --json`` prints it (ISO times)."""
     return [iso_times(message) for message in store.load_transcript(session_id)]
+
+
+def _event(text: str) -> Any:
+    """A dead letter's stored event, or None when it is not JSON (``doctor`` names it)."""
+    try:
+        return json.loads(text)
+    except ValueError:
+        return None
 
 
 def session_details(store: SessionStore, session_id: str) -> dict[str, Any]:

@@ -132,15 +132,15 @@ def _database_findings(backend: OperatorBackend) -> list[Finding]:
         found.append(Finding("fts", "problem", "; ".join(problems), "--fix rebuilds the index"))
     else:
         found.append(Finding("fts", "ok", "index consistent and queryable"))
-    unreadable = backend.unreadable_routes()
+    unreadable = backend.unreadable_rows()
+    more = f" (and {len(unreadable) - 5} more)" if len(unreadable) > 5 else ""
     found.append(
-        Finding("routing entries", "problem", "; ".join(unreadable[:5]) + (
-            f" (and {len(unreadable) - 5} more)" if len(unreadable) > 5 else ""),
-            "the lane is skipped by ls, show, rekey and the gateway; its next message "
-            "replaces the entry (a new session; the old one stays stored), or restore the "
-            "row from a backup")
+        Finding("stored rows", "problem", "; ".join(unreadable[:5]) + more,
+                "ls, show, rekey and the gateway pass over them: restore them from a backup; a "
+                "lane's next message rewrites its entry (in a new session, the old one stays "
+                "stored); `hermes-sessions drop ID` deletes a dead-lettered event")
         if unreadable
-        else Finding("routing entries", "ok", "every routing entry can be read")
+        else Finding("stored rows", "ok", "every routing entry and queued event can be read")
     )  # fmt: skip
     routing = backend.routing_problems()
     found.append(

@@ -463,7 +463,8 @@ class StoreBase:
                 self._unloadable_warned.add(marker)
                 logger.warning(
                     "skipping stored session entries that cannot be loaded (%s); they stay in "
-                    "the store and return once fixed (e.g. the platform plugin loads)",
+                    "the store and return once fixed (e.g. the platform plugin loads); "
+                    "`hermes-sessions doctor` names them",
                     exc,
                 )
             return None

@@ -45,8 +45,8 @@ class OperatorBackend(Protocol):
     def fts_problems(self) -> list[str]:
         """Full-text index integrity and probe findings (``[]`` when sound or unavailable)."""
 
-    def unreadable_routes(self) -> list[str]:
-        """Routing rows the store cannot read (junk entry or time), one line each."""
+    def unreadable_rows(self) -> list[str]:
+        """Routing rows and queued events the store cannot read, one line each."""
 
     def routing_problems(self) -> list[str]:
         """Routing rows whose session is missing or ended."""

@@ -17,7 +17,7 @@ from hermes_core.errors import StoreError, shown
 from hermes_core.store.operator import TRANSFER_TABLES, TableDigest
 from hermes_plugins.sql_store.exclusive import LOCK_SUFFIX
 from hermes_plugins.sql_store.queue import QueueRows
-from hermes_plugins.sql_store.rows import ROUTE_READ, route_problems
+from hermes_plugins.sql_store.rows import ROUTE_READ, json_object, route_problems
 from hermes_plugins.sql_store.schema import (
     FTS_WATERMARK,
     gateway_routing,
@@ -119,19 +119,28 @@ class OperatorRows(QueueRows):
         """The SQLite writer lock file (None on PostgreSQL, whose lock lives on the server)."""
         return f"{self.path}{LOCK_SUFFIX}" if self.name == "sqlite" else None
 
-    def unreadable_routes(self) -> list[str]:
-        """Routing rows the store passes over (a junk ``entry_json`` or time column), one line
-        each: ``ls``, ``show``, ``rekey`` and the gateway skip such a lane."""
-        query = select(gateway_routing.c.session_key, *ROUTE_READ).order_by(
+    def unreadable_rows(self) -> list[str]:
+        """Rows the store passes over, one line each: routing rows with a junk ``entry_json``
+        or time column (``ls``, ``show``, ``rekey`` and the gateway skip the lane or keep the
+        entry's own time), queued events whose ``event_json`` is not a JSON object (never
+        dispatched; ``show`` lists a dead letter's as null)."""
+        routes = select(gateway_routing.c.session_key, *ROUTE_READ).order_by(
             gateway_routing.c.session_key
         )
-        with self._read("checking the routing entries") as conn:
-            rows = conn.execute(query).mappings().all()
-        return [
-            f"{shown(row['session_key'])}: {'; '.join(problems)}"
-            for row in rows
-            if (problems := route_problems(row))
-        ]
+        events = select(queued_events.c.id, queued_events.c.session_key,
+                        queued_events.c.event_json).order_by(queued_events.c.id)  # fmt: skip
+        with self._read("checking stored rows") as conn:
+            found = [
+                f"routing row {shown(row['session_key'])}: {'; '.join(problems)}"
+                for row in conn.execute(routes).mappings()
+                if (problems := route_problems(row))
+            ]
+            found += [
+                f"queued event #{event_id} of {shown(key)}: its event_json is not a JSON object"
+                for event_id, key, text in conn.execute(events)
+                if json_object(text) is None
+            ]
+        return found
 
     def routing_problems(self) -> list[str]:
         """Routing rows whose session row is missing or ended."""

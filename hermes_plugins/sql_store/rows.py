@@ -120,7 +120,7 @@ def route_entry(row: Mapping[Any, Any]) -> dict[str, Any]:
     Junk never raises here (one bad row must not stop a listing): ``entry_json`` that is not a
     JSON object gives ``{}``, which the store skips with a warning; a time column that is not
     a time leaves the entry's own value. :func:`route_problems` names both for ``doctor``."""
-    entry = _entry_json(row["entry_json"])
+    entry = json_object(row["entry_json"])
     if entry is None:
         return {}
     entry["active_turn_token"] = row["active_turn_token"]
@@ -151,8 +151,9 @@ def route_problems(row: Mapping[Any, Any]) -> list[str]:
     return problems
 
 
-def _entry_json(text: Any) -> dict[str, Any] | None:
-    """A stored ``entry_json`` as a mapping, or None when it is not a JSON object."""
+def json_object(text: Any) -> dict[str, Any] | None:
+    """A stored JSON column (``entry_json``, ``event_json``) as a mapping, or None when it is
+    not a JSON object."""
     try:
         entry = json.loads(text)
     except (TypeError, ValueError, RecursionError):
