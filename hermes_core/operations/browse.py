@@ -19,11 +19,14 @@ from hermes_core.operations.common import (
     find_lane,
     iso,
     iso_times,
+    json_text,
     open_operator,
     open_store,
     print_json,
     print_table,
     progress,
+    safe_text,
+    say,
     short_time,
     stamp,
 )
@@ -224,10 +227,10 @@ def session_details(store: SessionStore, session_id: str) -> dict[str, Any]:
 
 
 def _print_transcript(transcript: list[dict[str, Any]]) -> None:
-    print(f"transcript: {len(transcript)} message(s)")
+    say(f"transcript: {len(transcript)} message(s)")
     for message in transcript:
         when = short_time(message.get("timestamp"))
-        print(f"  [{when}] {message['role']}: {message.get('content')}")
+        say(f"  [{when}] {message['role']}: {message.get('content')}")
 
 
 def show_command(args: argparse.Namespace, config: GatewayConfig) -> int:
@@ -243,13 +246,11 @@ def show_command(args: argparse.Namespace, config: GatewayConfig) -> int:
         return 0
     if "session" in details:
         session, current = details["session"], details["lane_session_id"]
-        print(f"session:  {session['session_id']}")
-        print(f"key:      {session['session_key']}")
-        print(f"started:  {short_time(session['started_at'])}")
-        print(
-            f"ended:    {short_time(session['ended_at'])} ({session['end_reason'] or 'not ended'})"
-        )
-        print(f"lane now: {current} (`show KEY`: its queue and owed replies)" if current
+        say(f"session:  {session['session_id']}")
+        say(f"key:      {session['session_key']}")
+        say(f"started:  {short_time(session['started_at'])}")
+        say(f"ended:    {short_time(session['ended_at'])} ({session['end_reason'] or 'not ended'})")
+        say(f"lane now: {current} (`show KEY`: its queue and owed replies)" if current
               else "lane now: none (the lane was pruned)")  # fmt: skip
         _print_transcript(details["transcript"])
         return 0
@@ -257,21 +258,21 @@ def show_command(args: argparse.Namespace, config: GatewayConfig) -> int:
     flags = [name for name in ("suspended", "resume_pending") if entry.get(name)]
     if entry.get("active_turn_token"):
         flags.append(f"turn marker since {entry.get('active_turn_started_at')}")
-    print(f"key:      {entry['session_key']}")
-    print(f"session:  {entry['session_id']}")
-    print(f"platform: {entry.get('platform')} ({entry.get('chat_type')})")
-    print(f"created:  {entry['created_at']}")
-    print(f"updated:  {entry['updated_at']}")
-    print(f"flags:    {', '.join(flags) or 'none'}")
-    print(f"queued:   {len(details['queued'])} event(s)")
+    say(f"key:      {entry['session_key']}")
+    say(f"session:  {entry['session_id']}")
+    say(f"platform: {entry.get('platform')} ({entry.get('chat_type')})")
+    say(f"created:  {entry['created_at']}")
+    say(f"updated:  {entry['updated_at']}")
+    say(f"flags:    {', '.join(flags) or 'none'}")
+    say(f"queued:   {len(details['queued'])} event(s)")
     for item in details["queued"]:
-        print(f"  #{item['event_id']}: {item['text']}")
-    print(f"dead letters: {len(details['dead_letters'])}")
+        say(f"  #{item['event_id']}: {item['text']}")
+    say(f"dead letters: {len(details['dead_letters'])}")
     for item in details["dead_letters"]:
-        print(f"  #{item['event_id']} after {item['attempts']} attempts: {item['last_error']}")
-    print(f"owed replies: {len(details['owed_replies'])}")
+        say(f"  #{item['event_id']} after {item['attempts']} attempts: {item['last_error']}")
+    say(f"owed replies: {len(details['owed_replies'])}")
     for item in details["owed_replies"]:
-        print(f"  {item['state']}: {item['content']}")
+        say(f"  {item['state']}: {item['content']}")
     _print_transcript(details["transcript"])
     return 0
 
@@ -317,8 +318,7 @@ def export_jsonl(backend: OperatorBackend, out: TextIO) -> int:
     with progress("export", len(EXPORT_TABLES)) as bar:
         for name in EXPORT_TABLES:
             for row in _table(backend, name):
-                record = {"table": name, "row": iso_times(row)}
-                out.write(json.dumps(record, ensure_ascii=False) + "\n")
+                out.write(json_text({"table": name, "row": iso_times(row)}) + "\n")
                 lines += 1
             bar.advance()
     return lines
@@ -329,14 +329,19 @@ def export_markdown(store: SessionStore, backend: OperatorBackend, out: TextIO) 
     sessions = list(_table(backend, "sessions"))
     with progress("export", len(sessions)) as bar:
         for row in sessions:
-            out.write(f"## {row['session_key']} — {row['id']}\n\n")
-            out.write(f"- started: {stamp(row['started_at'])}\n")
             ended = stamp(row["ended_at"])
-            out.write(f"- ended: {ended} ({row['end_reason']})\n" if row["ended_at"] else "")
-            out.write(f"- messages: {row['message_count']}\n\n")
+            section = [
+                f"## {row['session_key']} — {row['id']}\n\n",
+                f"- started: {stamp(row['started_at'])}\n",
+                f"- ended: {ended} ({row['end_reason']})\n" if row["ended_at"] else "",
+                f"- messages: {row['message_count']}\n\n",
+            ]
             for message in store.load_transcript(row["id"]):
                 when = stamp(message.get("timestamp"))
-                out.write(f"**{message['role']}** ({when}): {message.get('content') or ''}\n\n")
+                section.append(
+                    f"**{message['role']}** ({when}): {message.get('content') or ''}\n\n"
+                )
+            out.write(safe_text("".join(section), keep_lines=True))
             bar.advance()
     return len(sessions)
 
