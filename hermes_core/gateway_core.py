@@ -100,6 +100,8 @@ class GatewayCore(abc.ABC):
         self._lanes: dict[str, Lane] = {}
         self._commands: dict[str, asyncio.Task[None]] = {}
         """Lanes whose queue head is a command being carried out (nothing else dispatches)."""
+        self._resetting: set[str] = set()
+        """Lanes a reset is moving to a new session (what arrives meanwhile is queued)."""
         self._retrying: dict[str, asyncio.TimerHandle] = {}
         """Lanes waiting to retry a queued message whose turn failed to start."""
         self._timers: set[asyncio.TimerHandle] = set()
@@ -171,7 +173,7 @@ class GatewayCore(abc.ABC):
         return adapter is not None and adapter.is_connected()
 
     def _busy(self, key: str) -> bool:
-        return key in self._lanes or key in self._commands
+        return key in self._lanes or key in self._commands or key in self._resetting
 
     def _later(self, delay: float, callback: Callable[[], object]) -> asyncio.TimerHandle:
         """Call ``callback`` after ``delay`` seconds unless the gateway stops first; a
@@ -245,6 +247,10 @@ class GatewayCore(abc.ABC):
     @abc.abstractmethod
     async def _enqueue(self, key: str, event: MessageEvent) -> EnqueueResult:
         """Queue an event durably (``runtime``)."""
+
+    @abc.abstractmethod
+    async def _enqueued(self, key: str, event: MessageEvent, result: EnqueueResult) -> None:
+        """Answer an enqueue's refusal, raising when the event was not saved (``runtime``)."""
 
     @abc.abstractmethod
     def _dispatch_next(self, key: str) -> None:

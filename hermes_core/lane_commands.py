@@ -20,7 +20,7 @@ from hermes_core.gateway_texts import (
     TURN_FAILED,
 )
 from hermes_core.models import MessageEvent, SessionSource
-from hermes_core.queue import QueuedItem
+from hermes_core.queue import EnqueueResult
 
 logger = logging.getLogger(__name__)
 
@@ -67,22 +67,27 @@ class LaneCommands(GatewayCore):
             return  # an idle lane runs its queued commands from the head, as usual
         if shared.recovering(key) or not self.store.holds(key):
             return
-        take = functools.partial(self._queue.take_first, key, self._is_command)
+        take = functools.partial(self._take_first_command, key)
         self._commands[key] = asyncio.create_task(self._command_task(key, take, self._carry_out))
+
+    def _take_first_command(self, key: str) -> tuple[MessageEvent, int] | None:
+        """The first command queued for the lane, wherever it stands, taken out (writer step)."""
+        item = self._queue.take_first(key, self._is_command)
+        return None if item is None else (item.event, item.order)
 
     async def _command_task(
         self,
         key: str,
-        take: Callable[[], QueuedItem | None],
+        take: Callable[[], tuple[MessageEvent, int] | None],
         run: Callable[[str, MessageEvent, int], Awaitable[None]],
     ) -> None:
-        """The task of a command taken out of the lane's queue (``take``, a writer step): carry
-        it out with ``run`` (only what was queued before it counts as before it), then let the
-        lane go on."""
+        """The task of a command taken out of the lane's queue (``take``, a writer step, gives
+        it with its place in the queue): carry it out with ``run`` (only what was queued before
+        it counts as before it), then let the lane go on."""
         try:
-            item = await self.store.arun(take, lane=key)
-            if item is not None:
-                await run(key, item.event, item.order)
+            taken = await self.store.arun(take, lane=key)
+            if taken is not None:
+                await run(key, *taken)
         except Exception:
             logger.exception("a queued command could not be carried out")
         finally:
@@ -96,11 +101,12 @@ class LaneCommands(GatewayCore):
         after it, even while it waits for the running turn to stop, is kept and answered."""
         command, rest = self._command(event)
         try:
-            if cut is None:
-                cut = await self.store.arun(self._queue.cut, key, lane=key)
             if command in self.triggers:
                 await self._reset(key, event, rest, cut)
-            elif command == "/stop":
+                return
+            if cut is None:
+                cut = await self.store.arun(self._queue.cut, key, lane=key)
+            if command == "/stop":
                 await self._stop_lane(key, event, cut)
             elif command == "/queue":
                 await self._queue_command(key, event, rest)
@@ -132,18 +138,42 @@ class LaneCommands(GatewayCore):
             logger.exception("interrupting background work failed")
             return False
 
-    async def _reset(self, key: str, event: MessageEvent, rest: str, cut: int) -> None:
-        """Interrupt, discard the human items queued before it (``cut``), clean up the agent,
-        new session, reply."""
-        await self._halt(key, "user")
-        await self._interrupt_background(key)
-        await self.store.arun(self._queue.discard_humans, key, cut, lane=key)
-        await asyncio.to_thread(self.cache.discard, key)  # full cleanup runs off the loop
-        await self.store.arun(self._new_session, key, event.source, lane=key)
-        await self._reply(event.source, NEW_SESSION)
-        if rest.strip():
-            await self._enqueue(key, event.replace(text=rest))
-        self._dispatch_next(key)
+    async def _cut_reset(self, key: str, event: MessageEvent, rest: str) -> int:
+        """A reset arrives: its cut of the lane's queue and, when text follows the trigger,
+        that text queued right behind the cut in the same writer step, ahead of anything sent
+        after the reset: the new session's first message."""
+        if not rest.strip():
+            return await self.store.arun(self._queue.cut, key, lane=key)
+        first = _first_message(event, rest)
+
+        def cut_and_queue() -> tuple[int, EnqueueResult]:
+            return self._queue.cut(key), self._queue.enqueue(key, first)
+
+        cut, result = await self.store.arun(cut_and_queue, lane=key)
+        await self._enqueued(key, first, result)
+        return cut
+
+    async def _reset(self, key: str, event: MessageEvent, rest: str, cut: int | None) -> None:
+        """Interrupt, discard the human items queued before it (``cut``; None: it arrives now,
+        see :meth:`_cut_reset`), clean up the agent, new session, reply, then the lane's queue
+        (``rest``, the text after the trigger, queued at the end when it is not queued yet).
+        Until then the lane counts as busy: what arrives meanwhile is queued for the new
+        session."""
+        self._resetting.add(key)
+        try:
+            if cut is None:
+                cut, rest = await self._cut_reset(key, event, rest), ""
+            await self._halt(key, "user")
+            await self._interrupt_background(key)
+            await self.store.arun(self._queue.discard_humans, key, cut, lane=key)
+            await asyncio.to_thread(self.cache.discard, key)  # full cleanup runs off the loop
+            await self.store.arun(self._new_session, key, event.source, lane=key)
+            await self._reply(event.source, NEW_SESSION)
+            if rest.strip():
+                await self._enqueue(key, event.replace(text=rest))
+        finally:
+            self._resetting.discard(key)
+            self._dispatch_next(key)
 
     def _new_session(self, key: str, source: SessionSource) -> None:
         """A new session on the lane and its stuck-loop count forgotten (one commit)."""
@@ -190,14 +220,28 @@ class LaneCommands(GatewayCore):
         take it out of the queue and carry it out."""
         await self._command_task(key, functools.partial(self._take_command, key), self._run_command)
 
-    def _take_command(self, key: str) -> QueuedItem | None:
-        """Take the command at the head of the lane's queue out (writer step). A ``/queue
-        <prompt>`` stays at the head as its prompt's own turn, which runs next (its row is
-        deleted when that turn starts), so the items queued after it stay after it."""
+    def _take_command(self, key: str) -> tuple[MessageEvent, int] | None:
+        """Take the command at the head of the lane's queue out (writer step), with its place.
+        A ``/queue <prompt>`` stays at the head as its prompt's own turn, which runs next (its
+        row is deleted when that turn starts), so the items queued after it stay after it; so
+        does the text after a reset trigger, behind the reset (the new session's first
+        message)."""
         head = self._queue.head(key)
-        if head is not None:
-            command, prompt = self._command(head.event)
-            if command == "/queue" and (prompt.strip() or head.event.media_urls):
-                head.rewrite(head.event.replace(text=prompt, queued_via_command=True))
-                return None
-        return self._take_head(key)
+        if head is None:
+            return None
+        event = head.event
+        command, rest = self._command(event)
+        if command == "/queue" and (rest.strip() or event.media_urls):
+            head.rewrite(event.replace(text=rest, queued_via_command=True))
+            return None
+        if command in self.triggers and rest.strip():
+            head.rewrite(_first_message(event, rest))
+            return event.replace(text=command), head.order
+        item = self._take_head(key)
+        return None if item is None else (item.event, item.order)
+
+
+def _first_message(reset: MessageEvent, rest: str) -> MessageEvent:
+    """The text after a reset trigger as a message of its own: queued behind the reset, never
+    read as a command or merged with a burst."""
+    return reset.replace(text=rest, queued_via_command=True)

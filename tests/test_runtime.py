@@ -755,3 +755,69 @@ async def test_queued_items_are_capped_across_lanes(hermes_home: Path) -> None:
         assert texts.count(REFUSED_FULL) == len(sent) - len(answered)
     assert sum(text.startswith("echo: m") for text in adapter.texts()) == 20
     await gateway.stop()
+
+
+async def test_the_text_after_a_held_reset_is_the_new_sessions_first_message(
+    make_gateway: Any,
+) -> None:
+    """``/new <text>`` queued behind the gate: its text runs before what was sent after it."""
+    first, _adapter, _ = make_gateway(delay=30.0, agent={"restart_drain_timeout": 0.1})
+    await first.start()
+    await first.handle_message(_event("interrupted question"))
+    await asyncio.sleep(0.05)
+    await first.stop(restart=True)
+    gateway, _adapter, agents = make_gateway(delay=0.3)
+    starting = asyncio.create_task(gateway.start())
+    while gateway.queue is None:
+        await asyncio.sleep(0.01)
+    await gateway.handle_message(_event("/new fresh start"))
+    await gateway.handle_message(_event("plain text after it"))
+    await starting
+    agents.hurry()
+    await gateway.idle()
+    new = gateway.store.peek_session_id("agent:main:telegram:dm:c=1")
+    assert new is not None
+    contents = [m.get("content") for m in gateway.store.load_transcript(new)]
+    assert contents == ["fresh start", "echo: fresh start", "plain text after it",
+                        "echo: plain text after it"]  # fmt: skip
+    await gateway.stop()
+
+
+async def test_a_message_sent_while_a_reset_finishes_belongs_to_the_new_session(
+    hermes_home: Path,
+) -> None:
+    """A message that arrives after ``/new <text>``, while the old agent is being cleaned up,
+    runs in the new session, after the reset's own text."""
+    import threading
+
+    entered, release = threading.Event(), threading.Event()
+
+    class SlowCleanup(EchoAgent):
+        def cleanup(self) -> None:
+            entered.set()
+            release.wait(30)
+
+    config = GatewayConfig.from_dict({}, environ={"HERMES_HOME": str(hermes_home)})
+    adapter = InMemoryAdapter("telegram")
+    gateway = Gateway(config, fresh_plugin_manager(hermes_home), lambda _: SlowCleanup(), [adapter])
+    await gateway.start()
+    await gateway.handle_message(_event("hello"))
+    await gateway.idle()
+    old = gateway.store.peek_session_id("agent:main:telegram:dm:c=1")
+    resetting = asyncio.create_task(gateway.handle_message(_event("/new fresh start")))
+    while not entered.is_set():  # the reset is cleaning up the old session's agent
+        await asyncio.sleep(0.01)
+    await gateway.handle_message(_event("plain text after it"))
+    release.set()
+    await resetting
+    await gateway.idle()
+    new = gateway.store.peek_session_id("agent:main:telegram:dm:c=1")
+    assert new is not None
+    assert new != old
+    assert old is not None
+    earlier = [m.get("content") for m in gateway.store.load_transcript(old)]
+    assert earlier == ["hello", "echo: hello"]
+    contents = [m.get("content") for m in gateway.store.load_transcript(new)]
+    assert contents == ["fresh start", "echo: fresh start", "plain text after it",
+                        "echo: plain text after it"]  # fmt: skip
+    await gateway.stop()
