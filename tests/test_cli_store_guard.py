@@ -323,3 +323,42 @@ def _corrupt(home: Path, url: str | None, keys: dict[str, str]) -> None:
         for sql, key in statements:
             conn.execute(text(sql), {"key": key})
     engine.dispose()
+
+
+WRITERS = (
+    ("reset", "{key}"), ("suspend", "{key}"), ("resume", "{key}"), ("requeue", "--all"),
+    ("drop", "--all"), ("prune", "--days", "1"), ("import-sessions-json", "{mirror}"),
+    ("rekey", "--to", "v2"), ("doctor", "--fix"), ("migrate", "--to", "sqlite:///{copy}"),
+)  # fmt: skip
+
+
+@pytest.mark.parametrize("linked", ["state.db", "sessions"])
+@pytest.mark.parametrize("argv", WRITERS, ids=[argv[0] for argv in WRITERS])
+def test_writing_commands_refuse_a_store_whose_files_are_symlinks(
+    tmp_path: Path, linked: str, argv: tuple[str, ...], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The store's database or sessions directory replaced by a symlink to one elsewhere:
+    every writing command refuses it, and nothing behind the link changes."""
+    home, elsewhere = tmp_path / "state", tmp_path / "elsewhere"
+    keys = populate(home)
+    saved = tmp_path / "saved.json"
+    saved.write_bytes((home / "sessions" / "sessions.json").read_bytes())
+    elsewhere.mkdir()
+    (home / linked).rename(elsewhere / linked)
+    (elsewhere / linked).chmod(0o755 if linked == "sessions" else 0o644)
+    (home / linked).symlink_to(elsewhere / linked)
+    before = _snapshot(elsewhere)
+    values = {"key": keys["alice"], "mirror": str(saved), "copy": str(tmp_path / "copy.db")}
+    code, _, err = run(capsys, *(part.format(**values) for part in argv), "--state-dir", str(home))
+    if (argv[0], linked) != ("migrate", "sessions"):  # migrate never opens sessions/
+        assert code in (1, 2)
+        assert "symlink" in err or code == 1
+    assert _snapshot(elsewhere) == before
+
+
+def _snapshot(directory: Path) -> dict[str, tuple[int, bytes]]:
+    """Mode and content of every file under ``directory`` (and the modes of directories)."""
+    return {
+        str(path): (path.stat().st_mode, path.read_bytes() if path.is_file() else b"")
+        for path in [directory, *sorted(directory.rglob("*"))]
+    }
