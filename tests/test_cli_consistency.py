@@ -208,3 +208,20 @@ def test_console_commands_without_their_arguments_print_their_usage(
         f"hermes-sessions: usage: {usage} (:help says what it does); nothing changed."
         for usage in (":chat ID [TYPE]", ":as USER [NAME]", ":platform NAME")
     ]
+
+
+def test_prune_and_its_dry_run_report_one_shape(
+    state: State, capsys: pytest.CaptureFixture[str]
+) -> None:
+    home, keys = state
+    with SessionStore.open(config_for(home)) as store:  # age alice's lane by decades
+        entry = store.lookup_by_session_key(keys["alice"])
+        assert entry is not None
+        store._backend.put_route(  # a direct routing write: the only way to go back in time
+            entry.model_copy(update={"updated_at": entry.updated_at.replace(year=2000)}).to_dict()
+        )
+    where = ["--days", "1", "--state-dir", str(home), "--json"]
+    planned = json.loads(run(capsys, "prune", "--dry-run", *where)[1])
+    done = json.loads(run(capsys, "prune", *where)[1])
+    assert planned == {"lanes": [keys["alice"]], "count": 1, "dry_run": True}
+    assert done == {"lanes": [keys["alice"]], "count": 1, "dry_run": False}

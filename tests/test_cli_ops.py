@@ -175,7 +175,7 @@ def test_prune_dry_run_then_prune(state: State, capsys: pytest.CaptureFixture[st
     home, keys = state
     args = ["--state-dir", str(home)]
     code, out, _ = run(capsys, "prune", "--days", "1", "--dry-run", *args, "--json")
-    assert json.loads(out) == {"would_remove": [], "dry_run": True}
+    assert json.loads(out) == {"lanes": [], "count": 0, "dry_run": True}
     with SessionStore.open(config_for(home)) as store:  # age alice's lane by 10 days
         entry = store.lookup_by_session_key(keys["alice"])
         assert entry is not None
@@ -183,10 +183,10 @@ def test_prune_dry_run_then_prune(state: State, capsys: pytest.CaptureFixture[st
             entry.model_copy(update={"updated_at": entry.updated_at.replace(year=2000)}).to_dict()
         )
     code, out, _ = run(capsys, "prune", "--days", "1", "--dry-run", *args, "--json")
-    assert json.loads(out)["would_remove"] == [keys["alice"]]
+    assert json.loads(out) == {"lanes": [keys["alice"]], "count": 1, "dry_run": True}
     code, out, _ = run(capsys, "prune", "--days", "1", *args)
     assert code == 0
-    assert out == "removed 1 lane(s)\n"
+    assert out == f"{keys['alice']}\nremoved 1 lane(s)\n"
     _, out, _ = run(capsys, "ls", *args, "--json")
     assert keys["alice"] not in [lane["session_key"] for lane in json.loads(out)]
 

@@ -175,11 +175,12 @@ def prune_command(args: argparse.Namespace, config: GatewayConfig) -> int:
             keys = backend.prune_candidates(time.time() - days * 86_400)
         finally:
             backend.close()
-        data = {"would_remove": keys, "dry_run": True}
-        return _report(args, data, "\n".join([*keys, f"would remove {len(keys)} lane(s)"]))
-    with open_store(config, write=True) as store:
-        removed = store.prune_old_entries(days)
-    return _report(args, {"removed": removed, "dry_run": False}, f"removed {removed} lane(s)")
+    else:
+        with open_store(config, write=True) as store:
+            keys = store.prune_idle_lanes(days)
+    verb = "would remove" if args.dry_run else "removed"
+    data = {"lanes": keys, "count": len(keys), "dry_run": args.dry_run}
+    return _report(args, data, "\n".join([*keys, f"{verb} {len(keys)} lane(s)"]))
 
 
 def import_command(args: argparse.Namespace, config: GatewayConfig) -> int:

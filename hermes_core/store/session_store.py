@@ -573,13 +573,18 @@ class SessionStore(RekeyStore, TranscriptStore):
             logger.warning("has_active_processes_fn failed; keeping the lane", exc_info=True)
             return True
 
-    @exclusive
     def prune_old_entries(self, max_age_days: float | None) -> int:
         """Remove routing entries idle for ``max_age_days`` (sessions and messages stay); None
-        or 0 removes nothing, a value that is no finite number of days is refused."""
+        or 0 removes nothing, a value that is no finite number of days is refused. The number
+        removed (:meth:`prune_idle_lanes` names them)."""
+        return len(self.prune_idle_lanes(max_age_days))
+
+    @exclusive
+    def prune_idle_lanes(self, max_age_days: float | None) -> list[str]:
+        """:meth:`prune_old_entries`, returning the session keys of the entries removed."""
         pruning = self._bound.pruning
         if max_age_days is None or max_age_days == 0 or pruning is None:
-            return 0
+            return []
         cutoff = time.time() - checked_span(max_age_days, "max_age_days") * 86_400
         with self._canonical():
             candidates = pruning.prune_candidates(cutoff)
@@ -591,7 +596,7 @@ class SessionStore(RekeyStore, TranscriptStore):
         if removed:
             self._routing_changed()
             self.flush_mirror(force=True)
-        return removed
+        return keys
 
 
 def _counter(name: str, current: int, delta: object) -> int:
