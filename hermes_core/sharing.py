@@ -35,9 +35,13 @@ from hermes_core.pipeline import Turn
 from hermes_core.queue import EnqueueResult, TurnQueue
 from hermes_core.recovery import marker_max_age, record_crash_left_replies
 from hermes_core.store import SessionStore
-from hermes_core.store.backend import LeaseGrant
+from hermes_core.store.backend import LOCKED, LeaseGrant, Locked
 
 logger = logging.getLogger(__name__)
+
+LOCKED_RETRY_SECS = 0.25
+"""Wait before a grant or release that found the lane's lease row locked by another
+transaction is tried again (nothing waits for the lock meanwhile: see ``LOCKED``)."""
 
 
 class SharedLanes:
@@ -118,21 +122,33 @@ class SharedLanes:
             grant = None
         finally:
             self._busy.discard(key)
-        if grant == "unreleased":  # its holder died or hung: take it over, as the scan would
+        if grant == LOCKED:
+            self._later(key, self.take)
+        elif grant == "unreleased":  # its holder died or hung: take it over, as the scan would
             await self._recover_lanes([key])
         elif grant is not None:
             self._dispatch(key)
 
-    def _take_step(self, key: str) -> LeaseGrant | None:
+    def _later(self, key: str, action: Callable[[str], None]) -> None:
+        """Call ``action(key)`` after :data:`LOCKED_RETRY_SECS` (unless the gateway stops)."""
+
+        async def later() -> None:
+            await asyncio.sleep(LOCKED_RETRY_SECS)
+            action(key)
+
+        self._spawn(later())
+
+    def _take_step(self, key: str) -> LeaseGrant | Locked | None:
         """Writer step: the lease and the lane's durable queue, or (held elsewhere, or being
-        taken over here since the scan claimed it) nothing. A lane it marks as recovering is
-        unmarked if its batch is rolled back (the step then runs again)."""
+        taken over here since the scan claimed it) nothing, or :data:`LOCKED` (try again). A
+        lane it marks as recovering is unmarked if its batch is rolled back (the step then runs
+        again)."""
         if key in self._recovering:
             return None
         grant = self.store.take_lease(key)
-        if grant is None:
+        if grant is None or grant == LOCKED:
             self.queue.forget(key)
-            return None
+            return grant
         self.queue.reload(key)
         if grant == "unreleased":
             self._recovering.add(key)  # before the writer lets anything else near the lane
@@ -146,38 +162,41 @@ class SharedLanes:
         its turn begun with ``begin`` (None: a redelivery), or the event queued instead (see
         :meth:`_open_step`). A lane whose lease was never released is taken over once that
         lane task has returned (a takeover leaves a running lane alone)."""
-        opened, unreleased = await self.store.arun(self._open_step, key, event, begin, lane=key)
-        if unreleased:  # the task's first step comes after the caller's lane task returns
+        opened, then = await self.store.arun(self._open_step, key, event, begin, lane=key)
+        if then == "unreleased":  # the task's first step comes after the caller's lane task returns
             self._spawn(self._recover_lanes([key]))
+        elif then == LOCKED:
+            self._later(key, self.take)
         return opened
 
     def _open_step(
         self, key: str, event: MessageEvent, begin: Callable[[str, MessageEvent], Turn | None]
-    ) -> tuple[Turn | EnqueueResult | None, bool]:
+    ) -> tuple[Turn | EnqueueResult | None, LeaseGrant | Locked | None]:
         """Writer step, one transaction: take the lane's lease and, when nothing waits in its
         durable queue, begin the turn (its one commit stores the message: no queue row is
         written or deleted). Otherwise queue the event: only that when the lease is held
         elsewhere (the failed grant keeps it from changing hands until this commit, so its
-        holder's release sees the event); with the lease taken, the lane's durable queue is
-        reloaded to run here in order (True: after a takeover, the lease was never released).
-        A lane held or being taken over here already just gets the event queued."""
+        holder's release sees the event) or its row is locked (then :data:`LOCKED`: the caller
+        tries the lease again shortly, as nothing marked it); with the lease taken, the lane's
+        durable queue is reloaded to run here in order (``unreleased``: after a takeover, the
+        lease was never released). A lane held or being taken over here already just gets the
+        event queued."""
         store = self.store
         if key in self._recovering or store.holds(key):
-            return self.queue.enqueue(key, event), False
+            return self.queue.enqueue(key, event), None
         with store.atomically():
             taken = store.take_idle_lease(key)
             if taken == ("free", False):
-                return begin(key, event), False
+                return begin(key, event), None
             queued = self.queue.enqueue(key, event)
-            if taken is None:
+            if taken is None or taken == LOCKED:
                 self.queue.forget(key)
-                return queued, False
+                return queued, taken
             self.queue.reload(key)
-            unreleased = taken[0] == "unreleased"
-            if unreleased:
+            if taken[0] == "unreleased":
                 self._recovering.add(key)
                 store.on_rollback(lambda: self._recovering.discard(key))
-            return queued, unreleased
+            return queued, taken[0]
 
     def release(self, key: str) -> None:
         """The lane ran dry here: give its lease up, or run what waits in its queue."""
@@ -193,15 +212,20 @@ class SharedLanes:
             kept = False
         finally:
             self._busy.discard(key)
-        if kept:
+        if kept == LOCKED:
+            self._later(key, self._dispatch)  # the lane may have something to run by then
+        elif kept:
             self._dispatch(key)
 
-    def _release_step(self, key: str) -> bool:
-        """Writer step: release (True: kept, because events wait; they are loaded here)."""
+    def _release_step(self, key: str) -> bool | Locked:
+        """Writer step: release (True: kept, because events wait; they are loaded here;
+        :data:`LOCKED`: kept, try again)."""
         waiting = self.store.release_lease(key)
         if waiting is None:
             self.queue.forget(key)
             return False
+        if waiting == LOCKED:
+            return waiting
         self.queue.reload(key, waiting)
         return True
 

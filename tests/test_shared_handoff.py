@@ -9,11 +9,13 @@ from __future__ import annotations
 import asyncio
 import functools
 import threading
+import time
 import zlib
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import pytest
+from sqlalchemy import create_engine, text
 from support.database import run_sql
 from support.shared_driver import configure
 from test_shared_takeover import (
@@ -32,7 +34,7 @@ from hermes_core.errors import LeaseLostError
 from hermes_core.ledger import SendResult
 from hermes_core.runtime import Gateway
 from hermes_core.store import SessionStore
-from hermes_core.store.backend import LeaseGrant, Obligation
+from hermes_core.store.backend import LOCKED, LeaseGrant, Locked, Obligation
 from hermes_core.store.leases import QueuedEvent
 
 pytestmark = pytest.mark.postgres
@@ -131,12 +133,9 @@ def test_an_event_waiting_without_a_lease_runs_before_the_message_that_takes_it(
     assert asyncio.run(scenario()) == ["echo: first", "echo: second"]
 
 
-def _while_held_open(
-    store: SessionStore, key: str, work: Callable[[], object]
-) -> Callable[[Callable[[], object]], object]:
+def _held_open(store: SessionStore, key: str, work: Callable[[], object]) -> Callable[[], None]:
     """Run ``work`` in a writer step of ``key`` (another thread) whose transaction then stays
-    open; returns the call that checks ``call`` waits for it, lets the step commit and returns
-    what ``call`` returned."""
+    open; returns the call that lets it commit (and waits for that)."""
     done, commit = threading.Event(), threading.Event()
 
     def step() -> None:
@@ -148,23 +147,39 @@ def _while_held_open(
     holding.start()
     assert done.wait(10)
 
+    def committed() -> None:
+        commit.set()
+        holding.join(10)
+
+    return committed
+
+
+def _while_held_open(
+    store: SessionStore, key: str, work: Callable[[], object]
+) -> Callable[[Callable[[], object]], object]:
+    """:func:`_held_open`; returns the call that checks ``call`` waits for that transaction,
+    lets it commit and returns what ``call`` returned."""
+    commit = _held_open(store, key, work)
+
     def waits_for_commit(call: Callable[[], object]) -> object:
         result: list[object] = []
         calling = threading.Thread(target=lambda: result.append(call()), daemon=True)
         calling.start()
         calling.join(0.5)
         assert calling.is_alive()  # it waits for the open transaction
-        commit.set()
-        holding.join(10)
+        commit()
         calling.join(10)
         return result[0]
 
     return waits_for_commit
 
 
-def test_a_release_waits_for_an_event_queued_under_a_failed_grant_and_keeps_the_lease(
+def test_a_release_meeting_a_grant_in_progress_waits_for_nothing_and_then_keeps_the_lease(
     stores: Callable[..., SessionStore],
 ) -> None:
+    """The refused grant keeps the lease row locked until the enqueue commits: a release then
+    decides nothing and does not wait (the writer's other lanes would wait behind it); tried
+    again after the commit, it sees the event and keeps the lease."""
     holder, enqueuer = stores("holder", lease_secs=LONG), stores("enqueuer", lease_secs=LONG)
     key = holder.session_key_for(SOURCE)
     assert holder.take_lease(key) == "free"
@@ -175,11 +190,16 @@ def test_a_release_waits_for_an_event_queued_under_a_failed_grant_and_keeps_the_
             refused.append(enqueuer.take_idle_lease(key))
             enqueuer.queue_add(key, _message("hi", "m1"))
 
-    waits_for_commit = _while_held_open(enqueuer, key, enqueue_under_the_grant)
-    kept = waits_for_commit(lambda: holder.release_lease(key))
+    commit = _held_open(enqueuer, key, enqueue_under_the_grant)
+    started = time.monotonic()
+    assert holder.release_lease(key) == LOCKED
+    assert time.monotonic() - started < 1.0
+    assert holder.holds(key)
+    commit()
+    kept = holder.release_lease(key)
     assert refused == [None]
     assert isinstance(kept, list)  # kept: the event waits and the holder runs it
-    assert [event.text for _, _, event in kept] == ["hi"]  # read after the wait, not before
+    assert [event.text for _, _, event in kept] == ["hi"]
     assert holder.holds(key)
 
 
@@ -229,7 +249,7 @@ def test_a_release_after_an_event_was_queued_under_a_refused_grant_keeps_the_lea
     before = holder.stats()
     kept = holder.release_lease(key)
     after = holder.stats()
-    assert kept is not None
+    assert isinstance(kept, list)
     assert [(queued, event.text) for queued, _, event in kept] == [(event_id, "hi")]
     assert after["round_trips"] - before["round_trips"] == 2  # the event came with the keep
     assert holder.holds(key)
@@ -238,17 +258,17 @@ def test_a_release_after_an_event_was_queued_under_a_refused_grant_keeps_the_lea
     assert enqueuer.take_lease(key) == "free"
 
 
-def test_an_enqueuer_whose_grant_waits_for_a_release_finds_the_lane_free(
+def test_an_enqueuer_meeting_a_release_in_progress_finds_the_lane_free_once_it_commits(
     stores: Callable[..., SessionStore],
 ) -> None:
     holder, enqueuer = stores("holder", lease_secs=LONG), stores("enqueuer", lease_secs=LONG)
     key = holder.session_key_for(SOURCE)
     assert holder.take_lease(key) == "free"
     released: list[object] = []
-    waits_for_commit = _while_held_open(
-        holder, key, lambda: released.append(holder.release_lease(key))
-    )
-    taken = waits_for_commit(lambda: enqueuer.take_idle_lease(key))
+    commit = _held_open(holder, key, lambda: released.append(holder.release_lease(key)))
+    assert enqueuer.take_idle_lease(key) == LOCKED  # nothing waited for, nothing marked
+    commit()
+    taken = enqueuer.take_idle_lease(key)
     assert released == [None]
     assert taken == ("free", False)  # the lane is the enqueuer's: it runs its event itself
 
@@ -269,11 +289,11 @@ def test_a_renewal_while_a_grant_is_uncommitted_leaves_that_lease_alone(
     assert other.take_lease(key) == "free"
 
 
-def test_a_grant_that_waits_for_a_release_sees_what_the_release_committed_with_it(
+def test_a_grant_after_a_release_in_progress_sees_what_the_release_committed_with_it(
     stores: Callable[..., SessionStore],
 ) -> None:
-    """The grant's statement began before that commit: the revision it read may be old, so the
-    entry cached at that revision is not kept."""
+    """Tried while the release is uncommitted, the grant does nothing; tried again after, it
+    reads the entry the release committed, not the one cached."""
     holder, taker = stores("holder", lease_secs=LONG), stores("taker", lease_secs=LONG)
     old = taker.get_or_create_session(SOURCE)  # cached by the taker, at the row's revision
     key = old.session_key
@@ -283,8 +303,10 @@ def test_a_grant_that_waits_for_a_release_sees_what_the_release_committed_with_i
         assert holder.reset_session(key) is not None
         assert holder.release_lease(key) is None
 
-    waits_for_commit = _while_held_open(holder, key, new_and_release)
-    assert waits_for_commit(lambda: taker.take_lease(key)) == "free"
+    commit = _held_open(holder, key, new_and_release)
+    assert taker.take_lease(key) == LOCKED
+    commit()
+    assert taker.take_lease(key) == "free"
     entry, new = taker.lookup_by_session_key(key), holder.lookup_by_session_key(key)
     assert entry is not None
     assert new is not None
@@ -487,7 +509,7 @@ def test_two_processes_taking_two_lanes_in_opposite_orders_do_not_deadlock(
 
         gated = store.submit(gate, lane=order[0])
         await asyncio.to_thread(started.wait, 10)
-        steps: list[asyncio.Future[LeaseGrant | None] | asyncio.Future[None]] = [
+        steps: list[asyncio.Future[LeaseGrant | Locked | None] | asyncio.Future[None]] = [
             store.submit(store.take_lease, order[0], lane=order[0]),
             store.submit(between, lane=order[0]),
             store.submit(store.take_lease, order[1], lane=order[1]),
@@ -571,3 +593,33 @@ def test_a_lease_released_while_the_renewal_runs_is_not_counted_lost(
     assert holder.renew_leases() == []
     assert not holder.holds(keys[0])
     assert holder.holds(keys[1])
+
+
+def test_a_grant_that_waited_for_another_insert_still_runs_its_full_lease(
+    stores: Callable[..., SessionStore], empty_database: str
+) -> None:
+    """Another process's grant of the same new lane is uncommitted (its row is not in the
+    statement's snapshot, so the insert waits for it); once it commits, expired, the grant
+    takes the lane, and its lease counts from then, not from before the wait."""
+    lease = 4.0
+    holder = stores("holder", lease_secs=lease)
+    key = holder.session_key_for(SOURCE)
+    engine = create_engine(empty_database)
+    try:
+        with engine.connect() as conn:
+            conn.execute(text(
+                "INSERT INTO session_turn_leases (session_key, owner_instance, owner_boot, token,"
+                " acquired_at, expires_at) VALUES (:key, 'gone', 'gone', 'gone', 0, 1)"
+            ), {"key": key})  # fmt: skip
+            granting = threading.Thread(target=holder.take_lease, args=(key,), daemon=True)
+            granting.start()
+            granting.join(0.8)
+            assert granting.is_alive()  # waits for the uncommitted insert
+            conn.commit()
+            granting.join(10)
+    finally:
+        engine.dispose()
+    rows = run_sql(empty_database, "SELECT owner_instance, expires_at - extract(epoch from "
+                   "clock_timestamp()) FROM session_turn_leases")  # fmt: skip
+    assert [row[0] for row in rows] == [holder.owner[0]]
+    assert rows[0][1] > lease - 0.5  # a full lease from the grant, not from before the wait

@@ -477,6 +477,13 @@ LeaseGrant = Literal["free", "unreleased"]
 or already this boot's), so the holder may have left a turn cut short or a reply unsent."""
 
 
+Locked = Literal["locked"]
+"""What a grant or release says when another transaction has the lane's lease row locked at
+that moment (a grant or release elsewhere, or one in a process frozen with its transaction
+open): nothing was done, not even a mark, and nothing waited; the caller tries again shortly."""
+LOCKED: Locked = "locked"
+
+
 @dataclass(frozen=True)
 class LeaseTaken:
     """A lease granted by :meth:`TurnLeases.take_lease`, and the lane as the grant's own
@@ -507,13 +514,18 @@ class TurnLeases(Protocol):
         token: str,
         ttl: float,
         cached: int | None = None,
-    ) -> LeaseTaken | None:
+        *,
+        reclaim: bool = False,
+    ) -> LeaseTaken | Locked | None:
         """Grant the lane's lease to ``(owner, boot)`` under ``token`` for ``ttl`` seconds
-        (absent, expired or already this boot's) and say how, with what the same statement
-        read (:class:`LeaseTaken`; the lane's entry only when its routing row's revision is not
-        ``cached``, the one the caller holds); None while another boot holds it. Either way the
-        lease is kept from changing hands until the transaction ends (so a release waits for an
-        event the caller queues in it)."""
+        (absent, expired, with an expiry further than ``ttl`` from now, already this boot's,
+        or with ``reclaim`` an earlier boot's of ``owner``) and say how, with what the same
+        statement read (:class:`LeaseTaken`; the lane's entry only when its routing row's
+        revision is not ``cached``, the one the caller holds); None while another boot holds
+        it. Either way the lease is kept from changing hands until the transaction ends (so a
+        release waits for an event the caller queues in it). :data:`LOCKED` when another
+        transaction has the lease locked: a grant never waits for one (its ``ttl`` counts from
+        the moment the lease is written)."""
 
     def check_lease(self, session_key: str, token: str) -> bool:
         """Whether ``token`` still holds the lane's lease, keeping it so until the enclosing
@@ -526,12 +538,17 @@ class TurnLeases(Protocol):
 
     def release_lease(
         self, session_key: str, token: str, delivered: str | None = None
-    ) -> list[tuple[int, str, str]] | None:
+    ) -> list[tuple[int, str, str]] | Locked | None:
         """Give up the lane's lease unless events wait in its durable queue: None when it was
         released (or ``token`` no longer holds it), else the lane's queued events as
-        :meth:`DurableQueue.queued` returns them (kept: the caller runs them); with ``delivered``,
-        delete that ledger row (a reply delivered) in the same transaction whatever the release
-        decides."""
+        :meth:`DurableQueue.queued` returns them (kept: the caller runs them); :data:`LOCKED`
+        when another transaction has the lease locked (nothing decided, nothing waited for);
+        with ``delivered``, delete that ledger row (a reply delivered) in the same transaction
+        whatever the release decides, while ``token`` still holds the lease."""
+
+    def give_up_leases(self, tokens: Sequence[str]) -> list[str]:
+        """Delete the leases of ``tokens`` whatever waits in their lanes (a clean stop); the
+        lanes among them with events queued."""
 
     def read_route(self, session_key: str) -> tuple[EntryDict, int] | None:
         """The stored entry of a key (which may carry :data:`SESSION_ENDED`) and its row's
@@ -547,9 +564,12 @@ class TurnLeases(Protocol):
         does not, that method writes nothing at all. The mapping yielded receives each key
         written, with its row's new revision."""
 
-    def orphaned_lanes(self, owner: str, boot: str, expired: bool) -> list[tuple[str, int | None]]:
+    def orphaned_lanes(
+        self, owner: str, boot: str, expired: bool, ttl: float
+    ) -> list[tuple[str, int | None]]:
         """Lanes with a turn marker, queued events or unsettled replies whose lease is absent
-        or held by an earlier boot of ``owner`` (or, with ``expired``, expired); also lanes
+        or held by an earlier boot of ``owner`` (or, with ``expired``, expired or with an
+        expiry further than ``ttl`` from now); also lanes
         armed to resume whose lease, never released, is so held or expired. Each comes with
         the id of its oldest queued event when queued events alone, with no lease at all,
         make it orphaned (else None): its enqueuer may be about to take the lease."""

@@ -25,7 +25,7 @@ from contextlib import AbstractContextManager, contextmanager, nullcontext
 from hermes_core.errors import InvalidValueError, LeaseLostError
 from hermes_core.instance import instance_id
 from hermes_core.models import MessageEvent
-from hermes_core.store.backend import LeaseGrant
+from hermes_core.store.backend import LOCKED, LeaseGrant, Locked
 from hermes_core.store.base import serialised
 from hermes_core.store.routing import RoutingStore
 
@@ -111,21 +111,27 @@ class LeaseStore(RoutingStore):
         return None if wakeups is None else wakeups.listen_lanes(woken)
 
     @serialised
-    def take_lease(self, session_key: str) -> LeaseGrant | None:
-        """Take the lane's lease (a new token), unless another live process holds it (None);
-        ``unreleased`` when it replaced a lease never given back (see :data:`LeaseGrant`). The
+    def take_lease(self, session_key: str, *, reclaim: bool = False) -> LeaseGrant | Locked | None:
+        """Take the lane's lease (a new token), unless another live process holds it (None) or
+        another transaction has its row locked at this moment (:data:`LOCKED`: nothing done,
+        try again shortly); ``unreleased`` when it replaced a lease never given back (see
+        :data:`LeaseGrant`). ``reclaim``: a lease of an earlier boot of this instance is taken
+        back at once (start-up: that boot is gone, the state directory's lock says so). The
         lane's cached entry is kept while its routing row is still at the revision it was read
         or written at, and replaced by the entry read in the grant's own statement when the row
         moved on; when the grant waited for another process's transaction on the lease, it is
         dropped and read afresh (the statement's snapshot may miss what that one wrote)."""
-        taken = self.take_idle_lease(session_key)
-        return None if taken is None else taken[0]
+        taken = self.take_idle_lease(session_key, reclaim=reclaim)
+        return taken if taken is None or taken == LOCKED else taken[0]
 
     @serialised
-    def take_idle_lease(self, session_key: str) -> tuple[LeaseGrant, bool] | None:
+    def take_idle_lease(
+        self, session_key: str, *, reclaim: bool = False
+    ) -> tuple[LeaseGrant, bool] | Locked | None:
         """:meth:`take_lease`, and whether events wait in the lane's durable queue (read in
         the same statement). Held elsewhere (None), the lease cannot change hands before this
-        step's commit, so its holder's release sees an event queued in the same step."""
+        step's commit, so its holder's release sees an event queued in the same step; locked
+        (:data:`LOCKED`), nothing is marked, and the caller must try again."""
         rows = self._bound.leases
         if rows is None:
             return "free", False
@@ -134,9 +140,9 @@ class LeaseStore(RoutingStore):
         ttl = self.config.storage.turn_lease_secs
         cached = self._cached_revision(session_key)
         with self._canonical():
-            taken = rows.take_lease(session_key, owner, boot, token, ttl, cached)
-        if taken is None:
-            return None
+            taken = rows.take_lease(session_key, owner, boot, token, ttl, cached, reclaim=reclaim)
+        if taken is None or taken == LOCKED:
+            return taken
         held, granting = self._leases, self._granting
         with self._map_lock:
             previous = held.get(session_key)
@@ -163,10 +169,12 @@ class LeaseStore(RoutingStore):
     @serialised
     def release_lease(
         self, session_key: str, *, delivered: str | None = None
-    ) -> list[QueuedEvent] | None:
+    ) -> list[QueuedEvent] | Locked | None:
         """Give up the lane's lease: None when it is released, else it is kept because events
         wait in the lane's durable queue, and those events (read in the same statement, oldest
-        first), which this process then runs. A lease lost meanwhile counts as released.
+        first), which this process then runs, or :data:`LOCKED` (kept: another transaction has
+        its row locked at this moment; try again shortly). A lease lost meanwhile counts as
+        released.
         ``delivered``: the ledger row of a reply delivered, deleted in the same statement (call
         this only while :meth:`holds` the lane, or the row stays)."""
         rows = self._bound.leases
@@ -175,11 +183,40 @@ class LeaseStore(RoutingStore):
             return None
         with self._canonical():
             kept = rows.release_lease(session_key, token, delivered)
+        if kept == LOCKED:
+            return kept
         if kept is not None:
             return self._queued_events(kept, set_aside=True)
         self._leases.pop(session_key, None)
         self._writer.on_rollback(lambda: self._restore(session_key, token))
         return None
+
+    @serialised
+    def give_up_leases(self) -> list[str]:
+        """Give up every lease this process holds, whatever waits in their lanes (a clean stop,
+        once drained: the other processes need not wait for the leases to expire), and wake the
+        other processes for the lanes with events queued; those lanes."""
+        rows = self._bound.leases
+        held = self._leases
+        with self._map_lock:
+            tokens = dict(held)
+        if rows is None or not tokens:
+            return []
+        with self._canonical():
+            waiting = rows.give_up_leases(list(tokens.values()))
+        with self._map_lock:
+            for key, token in tokens.items():
+                if held.get(key) == token:
+                    del held[key]
+        self._writer.on_rollback(lambda: self._restore_all(tokens))
+        for key in waiting:
+            self.wake_lane(key)
+        return waiting
+
+    def _restore_all(self, tokens: dict[str, str]) -> None:
+        held = self._leases
+        with self._map_lock:
+            held.update(tokens)
 
     def _queued_events(
         self, stored: Iterable[tuple[int, str, str]], *, set_aside: bool = False
@@ -248,8 +285,9 @@ class LeaseStore(RoutingStore):
         rows = self._bound.leases
         if rows is None:
             return []
+        ttl = self.config.storage.turn_lease_secs
         with self._canonical():
-            orphaned = rows.orphaned_lanes(*self.owner, expired)
+            orphaned = rows.orphaned_lanes(*self.owner, expired, ttl)
         if expired:
             previous = self._unleased or {}
             self._unleased = {key: head for key, head in orphaned if head is not None}
@@ -257,7 +295,9 @@ class LeaseStore(RoutingStore):
             orphaned = [
                 (key, head) for key, head in orphaned if head is None or previous.get(key) == head
             ]
-        return [key for key, _ in orphaned if self.take_lease(key) is not None]
+        reclaim = not expired
+        taken = [(key, self.take_lease(key, reclaim=reclaim)) for key, _ in orphaned]
+        return [key for key, grant in taken if grant is not None and grant != LOCKED]
 
     def _fence(self, session_key: str) -> None:
         """Within a write's transaction: raise :class:`LeaseLostError` unless this process's

@@ -39,6 +39,7 @@ from hermes_core.plugins import HermesPluginManager
 from hermes_core.specs import LifecycleKind
 from hermes_core.store.backend import (
     INT64_MAX,
+    LOCKED,
     CounterDelta,
     Message,
     Obligation,
@@ -420,7 +421,7 @@ class SessionStore(RekeyStore, TranscriptStore):
         delivered: str | None = None,
     ) -> None:
         waiting = self.release_lease(session_key, delivered=delivered)
-        if waiting is not None:
+        if waiting is not None and waiting != LOCKED:  # locked: kept, released later
             kept(waiting)
 
     @serialised

@@ -94,6 +94,14 @@ SESSION_TIMEOUTS = {
 a connection (and the rows it locked) for ever."""
 
 
+def shared_writer_timeouts(turn_lease_secs: float) -> dict[str, str]:
+    """A shared store's writer sessions (set when each connects): a lock wait, and a transaction
+    left open by a process that froze, end after a quarter of a lease (at least a second), so
+    a frozen process's locks are gone long before its leases expire and can be taken over."""
+    bound = f"{max(1000, int(turn_lease_secs * 250))}ms"
+    return {"lock_timeout": bound, "idle_in_transaction_session_timeout": bound}
+
+
 def display_url(url: URL) -> str:
     """The URL without credentials, for messages and logs."""
     return url.set(username=None, password=None).render_as_string(hide_password=True)
@@ -142,6 +150,7 @@ class SqlConnection:
         self.shared = config.storage.instances == "shared"
         """Several gateways share the database under turn leases (PostgreSQL only): no writer
         lock; schema changes run under a transaction-level advisory lock instead."""
+        self._writer_timeouts = shared_writer_timeouts(config.storage.turn_lease_secs)
         if self.shared and self.name == "sqlite":
             raise ConfigError(
                 "storage.instances",
@@ -449,7 +458,10 @@ class SqlConnection:
                     cursor = writer.cursor()
                     try:
                         backend_pid = int(cursor.execute("SELECT pg_backend_pid()").fetchone()[0])
-                        if not self.shared:
+                        if self.shared:
+                            for name, value in self._writer_timeouts.items():
+                                cursor.execute(f"SET {name} = '{value}'")
+                        else:
                             ours = {
                                 slot.backend_pid
                                 for slot in self._slots

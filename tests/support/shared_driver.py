@@ -22,6 +22,7 @@ import multiprocessing
 import multiprocessing.process
 import os
 import random
+import signal
 import sys
 import time
 from collections.abc import Callable
@@ -211,8 +212,12 @@ async def _serve_inbox(
     await gateway.start()
     append_line(workdir / "started.jsonl", {"name": name, "pid": os.getpid(), "t": time.time()})
     inbox = Inbox(workdir, name)
-    stop = workdir / f"stop-{name}"
+    stop, freeze = workdir / f"stop-{name}", workdir / f"freeze-{name}"
     while not stop.exists():
+        if freeze.exists():
+            freeze.unlink()
+            held = gateway.store.held_lanes()
+            await gateway.store.arun(_freeze, gateway, workdir, name, lane=held[0] if held else "")
         for item in inbox.poll():
             try:
                 await gateway.handle_message(item)
@@ -222,6 +227,20 @@ async def _serve_inbox(
         await asyncio.sleep(0.02)
     await gateway.stop()
     append_line(workdir / "stopped.jsonl", {"name": name, "pid": os.getpid(), "t": time.time()})
+
+
+def _freeze(gateway: Gateway, workdir: Path, name: str) -> None:
+    """Writer step: take the held lanes' leases again (each grant locks the lane's lease row
+    until the transaction ends), then say so in ``frozen.jsonl`` (naming the lanes) and wait
+    with that transaction open, for the harness to stop the process (SIGSTOP) as a host freeze
+    would."""
+    store = gateway.store
+    held = store.held_lanes()
+    for key in held:
+        store.take_lease(key)
+    append_line(workdir / "frozen.jsonl", {"name": name, "pid": os.getpid(), "lanes": held,
+                                           "t": time.time()})  # fmt: skip
+    time.sleep(60)  # Fleet.freeze stops the process here
 
 
 def inbox_child(
@@ -290,6 +309,17 @@ class Fleet:
         process = self.children[name]
         process.kill()
         process.join(10)
+
+    def freeze(self, name: str) -> list[str]:
+        """Make the child stop itself (SIGSTOP) inside an open writer transaction that holds
+        the lease rows of the lanes it holds locked; those lanes."""
+        before = len(read_lines(self.workdir / "frozen.jsonl"))
+        (self.workdir / f"freeze-{name}").touch()
+        self.wait_for(lambda: len(read_lines(self.workdir / "frozen.jsonl")) > before, "a freeze")
+        pid = self.children[name].pid
+        assert pid is not None
+        os.kill(pid, signal.SIGSTOP)
+        return list(read_lines(self.workdir / "frozen.jsonl")[-1]["lanes"])
 
     def stop(self, name: str, timeout: float = 60) -> None:
         """A clean stop (the gateway drains and stops), then wait for the exit."""

@@ -1,0 +1,76 @@
+"""Real gateway processes on one PostgreSQL database (``storage.instances: shared``): what one
+process that freezes, stops or restarts costs the others' lanes, and the order of one lane's
+messages handed to alternating processes."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from pathlib import Path
+
+import pytest
+from sqlalchemy import create_engine, text
+from support.shared_driver import Fleet, event
+
+pytestmark = [pytest.mark.postgres, pytest.mark.multi_process]
+
+
+def _query(url: str, sql: str) -> list[tuple[object, ...]]:
+    engine = create_engine(url)
+    with engine.connect() as conn:
+        rows = [tuple(row) for row in conn.execute(text(sql))]
+    engine.dispose()
+    return rows
+
+
+def _answered_at(fleet: Fleet, message_id: str) -> float | None:
+    """When the first reply to ``message_id`` was sent (wall clock), or None."""
+    times = [float(line["t"]) for line in fleet.sent() if line["reply_to"] == message_id]
+    return min(times) if times else None
+
+
+def test_a_frozen_process_inside_a_transaction_stalls_only_its_own_lanes(
+    tmp_path: Path, empty_database: str
+) -> None:
+    """``a`` stops (SIGSTOP) inside an open writer transaction that holds its lanes' lease rows
+    locked. ``b`` and ``c`` keep answering their own lanes at once, while messages for ``a``'s
+    lanes reach ``b``; those wait about one lease and are then answered by the others."""
+    lease = 8.0
+    fleet = Fleet(tmp_path, empty_database, lease_secs=lease, think=(2.0, 2.0))
+    for name in ("a", "b", "c"):
+        fleet.start(name)
+    first = [event(f"a{n}", f"a{n} first", f"a{n}-0") for n in range(3)]
+    fleet.deliver("a", first)
+    fleet.wait_for(
+        lambda: sum(line["kind"] == "start" for line in fleet.turns()) == len(first),
+        "a's turns to start",
+    )
+    frozen = fleet.freeze("a")
+    assert len(frozen) == len(first)  # a holds its three lanes' rows locked, frozen
+    try:
+        states = _query(empty_database, "SELECT state FROM pg_stat_activity")
+        assert ("idle in transaction",) in states  # a's transaction stays open
+        for_a = [event(f"a{n}", f"a{n} second", f"a{n}-1") for n in range(3)]
+        own = {"b": [event(f"b{n}", f"b{n}", f"b{n}-0") for n in range(3)],
+               "c": [event(f"c{n}", f"c{n}", f"c{n}-0") for n in range(3)]}  # fmt: skip
+        sent = time.time()
+        fleet.deliver("b", for_a + own["b"])  # b's writer meets a's locked rows first
+        fleet.deliver("c", own["c"])
+        theirs = own["b"] + own["c"]
+        fleet.wait_for(lambda: not fleet.unanswered(theirs), "b's and c's lanes", 60)
+        slowest = max(_answered_at(fleet, str(item["message_id"])) or 0.0 for item in theirs)
+        # a turn thinks 2 s; a stalled writer waited for a's rows until a lock timed out
+        assert slowest - sent < lease / 2, f"b's and c's lanes waited {slowest - sent:.1f} s"
+        fleet.wait_for(lambda: not fleet.unanswered(for_a), "a's lanes, taken over", 90)
+        later = min(_answered_at(fleet, str(item["message_id"])) or 0.0 for item in for_a)
+        assert later - sent >= lease / 2  # a's own lanes waited for a's lease to expire
+        names = {line["name"] for line in fleet.sent() if line["reply_to"] in
+                 {str(item["message_id"]) for item in for_a}}  # fmt: skip
+        assert "a" not in names
+    finally:
+        process = fleet.children["a"]
+        if process.pid is not None:
+            os.kill(process.pid, signal.SIGKILL)
+        process.join(10)
+    fleet.stop_all()
