@@ -148,6 +148,9 @@ def test_migrate_refuses_a_target_holding_another_store(
     assert run(capsys, "export", *there)[1] == target_before
     assert exported(capsys, home, None) == source_before
     assert {path: path.read_bytes() for path in files} == files
+    itself = "the store to migrate from" if url else "is one of the store's own files"
+    one_error_line(*run(capsys, "migrate", *there, "--to", target), itself)
+    assert run(capsys, "export", *there)[1] == target_before
 
 
 @pytest.mark.parametrize("value", BAD_NUMBERS)

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from hermes_core.config import GatewayConfig
-from hermes_core.errors import StoreError
+from hermes_core.errors import InvalidValueError, StoreError
 from hermes_core.operations.common import open_operator, print_json, progress, with_url
 from hermes_core.operations.outputs import SQLITE_FILES, refuse_store_file, sqlite_path
 from hermes_core.store.operator import TRANSFER_TABLES, OperatorBackend
@@ -111,6 +111,8 @@ def migrate_command(args: argparse.Namespace, config: GatewayConfig) -> int:
     database = sqlite_path(target_config)
     for suffix in SQLITE_FILES if database is not None else ():
         refuse_store_file(Path(f"{database}{suffix}"), config, "to")
+    if target_config.storage_url == config.storage_url:  # not echoed: it may hold a password
+        raise InvalidValueError("to", "--to names the store to migrate from; name another one.")
     source = open_operator(config, write=True)
     try:
         _check_before_writing(source, target_config)
