@@ -57,9 +57,10 @@ from hermes_core.runtime import Gateway
 from hermes_core.store import SessionStore
 
 RUN_THINK = 0.1
-"""Seconds a turn of chat 1 thinks in ``run`` and ``drain`` mode (its next message arrives
-while it is busy); chat ``n > 1`` thinks ``RUN_STAGGER * n``, so lanes reach each crash point in
-chat order, chat 1 first while the others are still thinking, whatever the store's speed."""
+"""Seconds a turn of chat 1 thinks in ``run`` and ``drain`` mode once every pending message was
+handed over (so its next message arrives while it is busy, however slowly the store commits
+under load); chat ``n > 1`` thinks ``RUN_STAGGER * n``, so lanes reach each crash point in chat
+order, chat 1 first while the others are still thinking."""
 RUN_STAGGER = 0.15
 SLOW_THINK = 60.0
 ACKKILL_THINK = 2.0
@@ -117,12 +118,20 @@ class ThinkingAgent(EchoAgent):
     """The echo agent, thinking as long as ``think()`` says at each turn; ``answered()`` runs
     as each turn's reply is handed back to the gateway."""
 
-    def __init__(self, think: Callable[[], float], answered: Callable[[], None]) -> None:
+    def __init__(
+        self,
+        think: Callable[[], float],
+        answered: Callable[[], None],
+        ready: asyncio.Event | None = None,
+    ) -> None:
         super().__init__()
         self.think = think
         self.answered = answered
+        self.ready = ready
 
     async def run_turn(self, request: TurnRequest) -> str | None:
+        if self.ready is not None:  # thinking starts once ``ready`` is set
+            await self.ready.wait()
         self.delay = self.think()
         reply = await super().run_turn(request)
         self.answered()
@@ -158,6 +167,8 @@ async def child(workdir: Path, mode: str, seed: int) -> None:
     if ack_kill is not None:
         slow[0] = ACKKILL_THINK
     stopping = asyncio.Event()
+    fed = asyncio.Event()  # every pending message was handed over (set during start-up)
+    fed.set()
     answers = [0, rng.randint(1, 6)]  # turns answered; the one whose answer stops (graceful)
 
     def answered() -> None:
@@ -169,11 +180,12 @@ async def child(workdir: Path, mode: str, seed: int) -> None:
         chat = entry.origin.chat_id if entry.origin is not None else ""
         number = int(chat) if chat.isdigit() else 1
         pace = RUN_THINK if number <= 1 else RUN_STAGGER * number
+        paced = not serving and ack_kill is None and number <= 1
 
         def thinking() -> float:
             return rng.uniform(0, SERVE_THINK) if serving else slow[0] or pace
 
-        return ThinkingAgent(thinking, answered)
+        return ThinkingAgent(thinking, answered, fed if paced else None)
 
     gateway = Gateway(config, plugins, agents, [FileAdapter(workdir / "outbox.jsonl")])
     await gateway.start()
@@ -191,17 +203,21 @@ async def child(workdir: Path, mode: str, seed: int) -> None:
     target = pending[-1] if ack_kill is not None and pending else None
 
     async def feed() -> None:
-        for item in pending:
-            if stopping.is_set():
-                return
-            await _hand_over(gateway, item, acks, ack_kill if item is target else None)
-            if serving:
-                await asyncio.sleep(rng.uniform(0, SERVE_GAP))
+        try:
+            for item in pending:
+                if stopping.is_set():
+                    return
+                await _hand_over(gateway, item, acks, ack_kill if item is target else None)
+                if serving:
+                    await asyncio.sleep(rng.uniform(0, SERVE_GAP))
+        finally:
+            fed.set()
 
     async def settle() -> None:
         await feeder
         await gateway.idle()
 
+    fed.clear()  # the turns start() resumed did not wait; the turns begun from here on do
     feeder = asyncio.ensure_future(feed())
     settled = asyncio.ensure_future(settle())
     if mode == "graceful":  # a SIGTERM: the platform connection closes, then the gateway stops
