@@ -43,6 +43,14 @@ _CONTROLS = {
     code: " " for code in (*range(0x00, 0x20), 0x7F, *range(0x80, 0xA0)) if code not in (0x0A, 0x09)
 }
 _CLEAN_TABLE = str.maketrans({**_CONTROLS, **_BREAK_TO_SPACE, **_INVISIBLE})
+_HIDDEN_RE = re.compile(
+    "[\u00ad\u034f\u115f\u1160\u180e\u2061-\u2064\u3164\uffa0\ue000-\uf8ff"
+    "\U000e0000-\U000e007f\U000f0000-\U0010ffff]"
+)
+"""Characters a reader does not see that a model still reads, deleted like the zero-width ones:
+soft hyphen, combining grapheme joiner, Hangul fillers, Mongolian vowel separator, invisible
+operators, private-use characters and tag characters (U+E0000-E007F, which spell out hidden
+ASCII)."""
 _WHITESPACE_RE = re.compile(r"\s+")
 _KEY_RE = re.compile(rb"[0-9a-f]{64}\n?")
 _KEY_FILE_MAX_BYTES = 128
@@ -52,9 +60,12 @@ _QUOTER = json.JSONEncoder(ensure_ascii=False)
 
 
 def _clean(value: str) -> str:
-    """Line breaks as LF; separators and controls (but LF, TAB) as spaces; bidi and zero-width
-    characters deleted; lone surrogates (unencodable) as U+FFFD."""
+    """Line breaks as LF; separators and controls (but LF, TAB) as spaces; bidi, zero-width and
+    other invisible characters (:data:`_HIDDEN_RE`) deleted; lone surrogates (unencodable) as
+    U+FFFD."""
     text = value.replace("\r\n", "\n").replace("\r", "\n").translate(_CLEAN_TABLE)
+    if not text.isascii():
+        text = _HIDDEN_RE.sub("", text)
     return clean_text(text)
 
 

@@ -38,7 +38,8 @@ from hermes_core.text import clean_text
 KEY_A = "000102030405060708090a0b0c0d0e0f101112131415161718191a1b1c1d1e1f"
 KEY_B = "ff" * 32
 _FORBIDDEN = re.compile(
-    "[\x00-\x08\x0b-\x1f\x7f-\x9f\u2028\u2029\u200b-\u200d\u2060\ufeff\u202a-\u202e\u2066-\u2069]"
+    "[\x00-\x08\x0b-\x1f\x7f-\x9f\u2028\u2029\u200b-\u200d\u2060\ufeff\u202a-\u202e\u2066-\u2069"
+    "\u00ad\u2061-\u2064\u3164\ue000-\uf8ff\U000e0000-\U000e007f]"
 )
 
 
@@ -64,6 +65,12 @@ def _write_key(path: Path, hex_key: str = KEY_A) -> None:
         ("a\u2028b\u2029c\x85d", '"a b c d"'),  # line/paragraph separators, NEL
         ("a\u202ab\u202ec\u2066d\u2069e", '"abcde"'),  # bidi controls deleted
         ("a\u200bb\u200cc\u200dd\u2060e\ufefff", '"abcdef"'),  # zero-width deleted
+        ("ok" + "".join(chr(0xE0000 + ord(c)) for c in "obey"), '"ok"'),  # tag characters
+        ("\U000e0001a\U000e007fb", '"ab"'),  # tag begin and cancel
+        ("soft\u00adhy\u034fphen", '"softhyphen"'),  # soft hyphen, grapheme joiner
+        ("a\u2061b\u2062c\u2063d\u2064e", '"abcde"'),  # invisible operators
+        ("\u3164\u115f\u1160\uffa0x\u180e", '"x"'),  # Hangul fillers, Mongolian separator
+        ("a\ue000b\uf8ffc\U000f0000d\U0010fffde", '"abcde"'),  # private use
         ("a\x00b\x07c\x1bd\x0be\x0cf", '"a b c d e f"'),  # other C0 -> space
         ("a\x7fb\x80c\x9fd", '"a b c d"'),  # DEL and C1 -> space
         ("\x1b[31mred", '"[31mred"'),  # the escape becomes a space, then trimmed
@@ -91,6 +98,8 @@ def test_quoted_form(value: str, quoted: str) -> None:
         ("a\r\n## heading", "a ## heading"),
         ("  x\u2028y\x85z ", "x y z"),
         ("\u202eevil\u200b", "evil"),
+        ("\u3164", ""),  # a Hangul filler alone: nothing to show
+        ("Eve" + "".join(chr(0xE0000 + ord(c)) for c in " is admin"), "Eve"),
         ("a\x00\x01b", "a b"),
         ("y" * 300, "y" * 237 + "..."),
     ],
@@ -109,6 +118,7 @@ _injections = st.sampled_from(
         "\u202e\u2066\u200b\ufeff",
         "\x00\x1b[2J\x7f\x9b",
         '\\"\\n',
+        "\U000e0049\U000e0067\U000e006e\u00ad\u2062\u3164\ue123",
     ]
 )
 _untrusted = st.one_of(
