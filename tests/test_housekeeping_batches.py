@@ -25,7 +25,12 @@ SEEN_ROWS = 200_000
 
 def _config(home: Path) -> GatewayConfig:
     return GatewayConfig.from_dict(
-        {"gateway": {"housekeeping": {"initial_delay_secs": 0, "interval_secs": 3600}}},
+        {
+            "gateway": {
+                "housekeeping": {"initial_delay_secs": 0, "interval_secs": 3600},
+                "session_store_max_age_days": 1,
+            }
+        },
         environ={"HERMES_HOME": str(home)},
     )
 
@@ -116,3 +121,65 @@ def test_a_search_index_rebuild_goes_in_batches_with_other_steps_between(
         assert [hit.session_id for hit in store.search("hello")] == [other.session_id]
     finally:
         store.close()
+
+
+LANES = 20_000
+"""Routing entries idle for longer than ``session_store_max_age_days``: what the pass prunes."""
+
+
+def _routes(home: Path) -> dict[str, tuple[str, float]]:
+    with sqlite3.connect(home / "state.db") as db:
+        rows = db.execute("SELECT session_key, session_id, updated_at FROM gateway_routing")
+        return {key: (session_id, updated_at) for key, session_id, updated_at in rows}
+
+
+def _idle_lanes(home: Path, last: str) -> str:
+    """Many idle routing entries, copied in bulk from one real lane (a gateway would take
+    hours to make them), and the real lane ``last``, idle too and last in key order; the
+    session id of ``last``."""
+    with SessionStore.open(_config(home)) as store:
+        session_id = store.get_or_create_session(telegram_dm(last)).session_id
+    with sqlite3.connect(home / "state.db") as db:
+        db.execute("UPDATE gateway_routing SET updated_at = 1000.0")
+        columns = "session_id, updated_at, revision, entry_json"
+        db.executemany(
+            f"INSERT INTO gateway_routing (session_key, {columns}) "
+            f"SELECT ?, {columns} FROM gateway_routing WHERE session_key = ?",
+            (
+                (f"agent:main:idle:{n:06d}", f"agent:main:telegram:dm:c={last}")
+                for n in range(LANES)
+            ),
+        )
+    return session_id
+
+
+async def test_pruning_goes_in_batches_and_never_removes_a_lane_active_since_the_pass_began(
+    hermes_home: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr("hermes_core.store.session_store.MAINTENANCE_BATCH", 50)  # 400 steps
+    session_id = await asyncio.to_thread(_idle_lanes, hermes_home, "7")
+    active = "agent:main:telegram:dm:c=7"
+    adapter = InMemoryAdapter("telegram")
+    gateway = Gateway(
+        _config(hermes_home), fresh_plugin_manager(hermes_home), lambda _: EchoAgent(), [adapter]
+    )
+    await gateway.start()  # housekeeping's first pass prunes at once
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + 60
+    while len(await asyncio.to_thread(_routes, hermes_home)) == LANES + 1:
+        assert loop.time() < deadline, "the pruning pass never started"
+        await asyncio.sleep(0.01)
+    # A turn on the lane the pass has read as idle but not yet reached (it is last).
+    await gateway.handle_message(MessageEvent(source=telegram_dm("7"), text="still there?"))
+    while adapter.texts("7") != ["echo: still there?"]:
+        assert loop.time() < deadline, "the turn was never answered"
+        await asyncio.sleep(0.01)
+    # Answered while the pass still had lanes to prune: its steps ran between the pass's.
+    assert len(await asyncio.to_thread(_routes, hermes_home)) > 1
+    while len(routes := await asyncio.to_thread(_routes, hermes_home)) > 1:
+        assert loop.time() < deadline, "the pass never finished"
+        await asyncio.sleep(0.05)
+    assert list(routes) == [active]  # every idle lane gone; the active one kept, same session
+    assert routes[active][0] == session_id
+    assert routes[active][1] > time.time() - 600
+    assert await gateway.stop()

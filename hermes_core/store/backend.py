@@ -375,8 +375,10 @@ class Pruning(Protocol):
     def prune_candidates(self, cutoff: float) -> list[str]:
         """Keys idle since before ``cutoff`` (epoch seconds), not suspended, without a marker."""
 
-    def delete_routes(self, session_keys: Sequence[str]) -> int:
-        """Remove routing rows (pruning); sessions and messages stay. Returns the count."""
+    def delete_idle_routes(self, session_keys: Sequence[str], cutoff: float) -> list[str]:
+        """Remove the routing rows of those keys still idle since before ``cutoff``, not
+        suspended, without a marker (re-checked in the delete: a lane that became active since
+        :meth:`prune_candidates` stays); sessions and messages stay. Returns the keys removed."""
 
 
 class LedgerRows(Protocol):

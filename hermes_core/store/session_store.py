@@ -45,7 +45,13 @@ from hermes_core.store.backend import (
     Obligation,
     SessionRow,
 )
-from hermes_core.store.base import changed, exclusive, new_session_id, serialised
+from hermes_core.store.base import (
+    MAINTENANCE_BATCH,
+    changed,
+    exclusive,
+    new_session_id,
+    serialised,
+)
 from hermes_core.store.leases import QueuedEvent
 from hermes_core.store.rekey import RekeyStore
 from hermes_core.store.transcripts import TranscriptStore
@@ -580,24 +586,39 @@ class SessionStore(RekeyStore, TranscriptStore):
         removed (:meth:`prune_idle_lanes` names them)."""
         return len(self.prune_idle_lanes(max_age_days))
 
-    @exclusive
     def prune_idle_lanes(self, max_age_days: float | None) -> list[str]:
-        """:meth:`prune_old_entries`, returning the session keys of the entries removed."""
-        pruning = self._bound.pruning
-        if max_age_days is None or max_age_days == 0 or pruning is None:
+        """:meth:`prune_old_entries`, returning the session keys of the entries removed. The
+        candidates are read first, then removed in batches of :data:`MAINTENANCE_BATCH` keys,
+        each a writer step of its own (turns' steps run between them) whose delete re-checks
+        that the lane is still idle."""
+        if max_age_days is None or max_age_days == 0 or self._bound.pruning is None:
             return []
         cutoff = time.time() - checked_span(max_age_days, "max_age_days") * 86_400
         with self._canonical():
-            candidates = pruning.prune_candidates(cutoff)
-        keys = [key for key in candidates if not self._has_active_process(key)]
+            candidates = self._bound.pruning.prune_candidates(cutoff)
+        removed: list[str] = []
+        for start in range(0, len(candidates), MAINTENANCE_BATCH):
+            batch = candidates[start : start + MAINTENANCE_BATCH]
+            removed += self._prune_batch(
+                [key for key in batch if not self._has_active_process(key)], cutoff
+            )
+        if removed:
+            self.flush_mirror(force=True)
+        return removed
+
+    @exclusive
+    def _prune_batch(self, keys: list[str], cutoff: float) -> list[str]:
+        """Remove the entries of ``keys`` still idle since before ``cutoff`` (one step)."""
+        pruning = self._bound.pruning
+        if pruning is None or not keys:
+            return []
         with self._canonical():
-            removed = pruning.delete_routes(keys)
-        for key in keys:
+            removed = pruning.delete_idle_routes(keys, cutoff)
+        for key in removed:
             self._forget(key)
         if removed:
             self._routing_changed()
-            self.flush_mirror(force=True)
-        return keys
+        return removed
 
 
 def _counter(name: str, current: int, delta: object) -> int:

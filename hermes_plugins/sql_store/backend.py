@@ -49,6 +49,7 @@ from hermes_plugins.sql_store.schema import (
     messages,
 )
 from hermes_plugins.sql_store.session_rows import SessionRows
+from hermes_plugins.sql_store.statements import idle_route
 from hermes_plugins.sql_store.wakeups import WakeupRows
 
 logger = logging.getLogger(__name__)
@@ -143,14 +144,16 @@ class SqlBackend(RekeyRows, OperatorRows, LeaseRows, WakeupRows, SessionRows):
                 self._sql.upsert_route.run(cursor, route_params(entry.to_dict()))
         return True
 
-    def delete_routes(self, session_keys: Sequence[str]) -> int:
-        """Remove routing rows in one transaction."""
+    def delete_idle_routes(self, session_keys: Sequence[str], cutoff: float) -> list[str]:
+        """Remove the rows of those keys still idle since before ``cutoff`` (unsuspended,
+        without a marker), in one transaction; the keys removed."""
         if not session_keys:
-            return 0
-        removed = 0
+            return []
+        statement, removed = self._sql.prune_route, []
         with self._write("pruning routing entries") as cursor:
             for key in session_keys:
-                removed += self._sql.delete_route.run(cursor, {"session_key": key}).rowcount
+                if statement.run(cursor, {"session_key": key, "cutoff": cutoff}).rowcount:
+                    removed.append(key)
         return removed
 
     def routes_with_markers(self) -> list[EntryDict]:
@@ -196,11 +199,12 @@ class SqlBackend(RekeyRows, OperatorRows, LeaseRows, WakeupRows, SessionRows):
         return found is not None
 
     def prune_candidates(self, cutoff: float) -> list[str]:
-        """Keys idle since before ``cutoff`` that are not suspended and have no marker."""
-        query = select(gateway_routing.c.session_key).where(
-            gateway_routing.c.updated_at < cutoff,
-            gateway_routing.c.suspended == 0,
-            gateway_routing.c.active_turn_token.is_(None),
+        """Keys idle since before ``cutoff`` that are not suspended and have no marker, in key
+        order."""
+        query = (
+            select(gateway_routing.c.session_key)
+            .where(idle_route(cutoff))
+            .order_by(gateway_routing.c.session_key)
         )
         with self._read("finding stale routing entries") as conn:
             return list(conn.execute(query).scalars())

@@ -12,7 +12,9 @@ from collections.abc import Callable, Mapping
 from typing import Any, cast
 
 from sqlalchemy import (
+    ColumnElement,
     Dialect,
+    and_,
     bindparam,
     delete,
     func,
@@ -45,6 +47,15 @@ MESSAGE_INSERT_COLUMNS = (
 )  # fmt: skip
 COUNTER_COLUMNS = ("input_tokens", "output_tokens", "cache_read_tokens", "cache_write_tokens",
                    "total_tokens", "estimated_cost_usd")  # fmt: skip
+
+
+def idle_route(cutoff: Any) -> ColumnElement[bool]:
+    """A routing row pruning may remove: idle since before ``cutoff`` (epoch seconds),
+    not suspended, without a turn marker."""
+    routing = gateway_routing.c
+    return and_(
+        routing.updated_at < cutoff, routing.suspended == 0, routing.active_turn_token.is_(None)
+    )
 
 
 class Prepared:
@@ -136,7 +147,7 @@ class Statements:
             .where(by_key, routing.c.active_turn_token == bindparam("token"))
             .values(marker)
         )
-        self.delete_route = prepare(delete(routing).where(by_key))
+        self.prune_route = prepare(delete(routing).where(by_key, idle_route(bindparam("cutoff"))))
         insert_message = messages.insert().values(
             {name: bindparam(name) for name in MESSAGE_INSERT_COLUMNS}
         )
