@@ -225,3 +225,19 @@ def test_prune_and_its_dry_run_report_one_shape(
     done = json.loads(run(capsys, "prune", *where)[1])
     assert planned == {"lanes": [keys["alice"]], "count": 1, "dry_run": True}
     assert done == {"lanes": [keys["alice"]], "count": 1, "dry_run": False}
+
+
+def test_version_loads_no_command_and_no_heavy_dependency() -> None:
+    probe = (
+        "import sys\n"
+        "from hermes_core.cli import main\n"
+        "assert main(['--debug', '--config', 'none.yaml', '--version']) == 0\n"
+        "heavy = ('pydantic', 'sqlalchemy', 'yaml', 'pluggy', 'hermes_core.config',\n"
+        "         'hermes_core.store', 'hermes_core.operations.common')\n"
+        "print(sorted(name for name in heavy if name in sys.modules))\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, check=True, timeout=60
+    )
+    assert result.stdout.splitlines()[-1] == "[]"
+    assert result.stdout.startswith("hermes-sessions ")
