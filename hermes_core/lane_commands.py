@@ -61,9 +61,16 @@ class LaneCommands(GatewayCore):
     def _woken(self, key: str) -> None:
         """Another process queued a command for the lane: if a turn of the lane runs here,
         under this process's lease, take the command out of the queue and carry it out now
-        (``/stop`` interrupts the turn, as if it had arrived here)."""
+        (``/stop`` interrupts the turn, as if it had arrived here). Or another process gave up
+        the lane's lease with events queued (a clean stop): take the lane, to run them."""
         shared = self.shared
-        if key not in self._lanes or key in self._commands or shared is None:
+        if shared is None:
+            return
+        if key not in self._lanes and not self.store.holds(key) and not shared.recovering(key):
+            if self._stopping is None and not self._gate:
+                shared.take(key)  # refused (held elsewhere): its holder runs the queue
+            return
+        if key not in self._lanes or key in self._commands:
             return  # an idle lane runs its queued commands from the head, as usual
         if shared.recovering(key) or not self.store.holds(key):
             return

@@ -133,10 +133,8 @@ class LaneRunner(GatewayCore):
                 begun.set_result(turn)
             return turn
         while (head := self._queue.head(key)) is not None:
-            if self._command(head.event)[0] is not None:
-                return None
-            if not self._connected(head.event.source.platform):
-                return None  # waits for the platform, never dropped
+            if not self._startable(head.event):
+                return None  # a command runs apart; a message waits for its platform
             if not await self._wake_current(key, head.event):
                 logger.warning("dropped an internal wake bound to an earlier session")
                 await self.store.arun(self._take_head, key, lane=key)
@@ -156,9 +154,22 @@ class LaneRunner(GatewayCore):
                 return turn
         return None
 
+    def _startable(self, event: MessageEvent) -> bool:
+        """Whether a queued event starts a turn now: not a command, its platform connected
+        (it waits for it, never dropped)."""
+        return self._command(event)[0] is None and self._connected(event.source.platform)
+
     def _begin_head(self, key: str) -> Turn | None:
         """Take the queue head and store its turn's start (writer step: one commit, which
-        also deletes its rows); a redelivered head is dropped. None if nothing started."""
+        also deletes its rows); a redelivered head is dropped. None if nothing started. On a
+        shared store the lane's durable queue is read first: events other processes queued
+        for it since run in their durable order among this process's own (a head that is
+        then a command, or waits for its platform, is left to the lane's dispatch)."""
+        if self.shared is not None:
+            self._queue.reload(key)
+            head = self._queue.head(key)
+            if head is None or not self._startable(head.event):
+                return None
         item = self._queue.pop_head(key)
         if item is None:
             return None

@@ -449,10 +449,11 @@ class TurnQueue:
         return self._fold(self._store.queue_restore(), restored=True)
 
     def _fold(
-        self, rows: list[QueuedEvent], *, restored: bool, known: dict[int, int] | None = None
+        self, rows: list[QueuedEvent], *, restored: bool, known: dict[int, QueuedItem] | None = None
     ) -> int:
         """Append stored rows to their lanes, each follow-up folded into its item; an item
-        whose row is in ``known`` keeps that order number (see :meth:`cut`)."""
+        whose row is in ``known`` keeps that item's order number (see :meth:`cut`) and its
+        failed starts (towards its dead-lettering)."""
         now = self._clock()
         count = 0
         with self._lock:
@@ -467,8 +468,10 @@ class TurnQueue:
                     logger.warning("queued follow-up %d has lost its item; kept alone", event_id)
                     metadata = {k: v for k, v in stored.metadata.items() if k != PART_OF_KEY}
                     event = stored.replace(metadata=metadata)
-                order = (known or {}).get(event_id) or next(self._order)
+                before = (known or {}).get(event_id)
+                order = before.order if before is not None else next(self._order)
                 item = QueuedItem(event, event_id, _humans(event), now, restored, order=order)
+                item.attempts = before.attempts if before is not None else 0
                 items.append(item)
                 count += 1
         return count
@@ -483,7 +486,7 @@ class TurnQueue:
         with self._lock:
             previous = self._lanes.pop(session_key, [])
         self._store.on_rollback(lambda: self._put_lane(session_key, previous))
-        known = {item.event_id: item.order for item in previous if item.event_id is not None}
+        known = {item.event_id: item for item in previous if item.event_id is not None}
         return self._fold(rows, restored=False, known=known)
 
     def take_first(

@@ -336,7 +336,7 @@ class Gateway(LaneCommands, LaneRunner, Delivery):
         mode = "restart" if restart else "shutdown"
         self._stopping = mode
         if self.shared is not None:
-            await self.shared.stop()
+            await self.shared.quiesce()
         if self._housekeeping is not None:
             await self._housekeeping.stop()
         for handle in self._timers:  # retries of dispatches and rate-limited replies
@@ -353,6 +353,7 @@ class Gateway(LaneCommands, LaneRunner, Delivery):
         if tasks:
             await self._drain(tasks)
             pending = {task for task in tasks if not task.done()}
+        cut = {key for key, lane in self._lanes.items() if lane.task in pending}
         if pending:
             marked = await self._mark_running(mode) and marked
             for lane in list(self._lanes.values()):
@@ -361,6 +362,8 @@ class Gateway(LaneCommands, LaneRunner, Delivery):
                 task.cancel()
             await asyncio.gather(*pending, return_exceptions=True)
             crash_point("drain_timed_out")
+        if self.shared is not None:  # the other processes run what waits on these lanes now
+            await self.shared.close(keep=cut)
         await asyncio.to_thread(self.cache.close)
         return await asyncio.to_thread(self.state.stop, drained=not pending and marked)
 

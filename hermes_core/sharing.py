@@ -25,7 +25,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Collection, Coroutine
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -66,11 +66,12 @@ class SharedLanes:
         self._busy: set[str] = set()
         self._recovering: set[str] = set()
         self._tasks: set[asyncio.Task[Any]] = set()
+        self._renewal: asyncio.Task[None] | None = None
         self._unlisten: Callable[[], None] | None = None
 
     def renew(self) -> None:
-        """Start renewing the held leases (as soon as the store is open)."""
-        self._spawn(self._renew_loop())
+        """Start renewing the held leases (as soon as the store is open, until :meth:`close`)."""
+        self._renewal = asyncio.create_task(self._renew_loop())
 
     def scan(self) -> None:
         """Start looking for lanes to take over (once the gateway dispatches)."""
@@ -92,14 +93,40 @@ class SharedLanes:
         return key in self._recovering
 
     async def stop(self) -> None:
-        """Stop the loops and pending hand-offs (leases left held expire or are taken back by
+        """Stop everything, renewal included (leases left held expire or are taken back by
         this instance's next start)."""
+        await self.quiesce()
+        await self._stop_renewal()
+
+    async def quiesce(self) -> None:
+        """Stop the scan, the wake-ups and pending hand-offs (a stop begins); the held leases
+        are still renewed while the lanes drain."""
         for task in list(self._tasks):
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         unlisten, self._unlisten = self._unlisten, None
         if unlisten is not None:
             await asyncio.to_thread(unlisten)
+
+    async def _stop_renewal(self) -> None:
+        renewal, self._renewal = self._renewal, None
+        if renewal is not None:
+            renewal.cancel()
+            await asyncio.gather(renewal, return_exceptions=True)
+
+    async def close(self, keep: Collection[str] = ()) -> None:
+        """After the drain: stop renewing and give up every held lease but those of ``keep``
+        (lanes whose turn was cut short: they are taken back by this instance's next start, or
+        taken over once they expire), waking the other processes for the lanes with events
+        queued, so those run elsewhere at once instead of after the lease expires."""
+        await self._stop_renewal()
+        try:
+            given = await self.store.arun(self.store.give_up_leases, keep)
+        except Exception:
+            logger.exception("the held turn leases could not be given up; they expire")
+            return
+        if given:
+            logger.info("gave up the turn leases of %d lanes with messages waiting", len(given))
 
     def _spawn(self, work: Coroutine[Any, Any, Any]) -> None:
         task = asyncio.create_task(work)

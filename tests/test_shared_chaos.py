@@ -219,6 +219,8 @@ class Counts:
     resent_marked: int = 0
     not_resumed: int = 0
     resumed_twice: int = 0
+    reordered: int = 0
+    """Lanes whose messages first ran in another order than acknowledged."""
     slowest_resume: float = 0.0
     problems: list[str] = field(default_factory=list)
 
@@ -230,7 +232,7 @@ class Counts:
             f"crashed_turns={self.crashed_turns} resumed={self.resumed} "
             f"overtaken={self.overtaken} resent_marked={self.resent_marked} "
             f"not_resumed={self.not_resumed} resumed_twice={self.resumed_twice} "
-            f"slowest_resume={self.slowest_resume:.2f}s"
+            f"reordered={self.reordered} slowest_resume={self.slowest_resume:.2f}s"
         )
 
 
@@ -261,8 +263,26 @@ def _count(chaos: Chaos) -> Counts:
         if times > 1:
             counts.run_twice += 1
             counts.problems.append(f"queued item {ident} ran {times} times")
+    _check_order(turns, counts)
     _check_resumes(chaos, turns, counts)
     return counts
+
+
+def _check_order(turns: list[Turn], counts: Counts) -> None:
+    """A lane's messages were acknowledged in wave order (a wave is handed over once the last
+    one is acknowledged), whichever process took each: their turns first start in that order
+    (SPEC §8.4)."""
+    firsts: dict[str, list[int]] = defaultdict(list)
+    for turn in turns:  # by start time
+        if turn.resume or turn.answers is None:
+            continue
+        wave = int(str(turn.answers).rsplit("-", 1)[1])
+        if wave not in firsts[turn.key]:
+            firsts[turn.key].append(wave)
+    for key, waves in firsts.items():
+        if waves != sorted(waves):
+            counts.reordered += 1
+            counts.problems.append(f"{key}: messages ran in wave order {waves}")
 
 
 def _check_resumes(chaos: Chaos, turns: list[Turn], counts: Counts) -> None:

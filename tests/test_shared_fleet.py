@@ -4,6 +4,7 @@ messages handed to alternating processes."""
 
 from __future__ import annotations
 
+import functools
 import os
 import signal
 import time
@@ -11,6 +12,7 @@ from pathlib import Path
 
 import pytest
 from sqlalchemy import create_engine, text
+from support.gateway_driver import read_lines
 from support.shared_driver import Fleet, event
 
 pytestmark = [pytest.mark.postgres, pytest.mark.multi_process]
@@ -22,6 +24,10 @@ def _query(url: str, sql: str) -> list[tuple[object, ...]]:
         rows = [tuple(row) for row in conn.execute(text(sql))]
     engine.dispose()
     return rows
+
+
+def _acked(fleet: Fleet, count: int) -> bool:
+    return len(fleet.acked()) == count
 
 
 def _answered_at(fleet: Fleet, message_id: str) -> float | None:
@@ -74,3 +80,59 @@ def test_a_frozen_process_inside_a_transaction_stalls_only_its_own_lanes(
             os.kill(process.pid, signal.SIGKILL)
         process.join(10)
     fleet.stop_all()
+
+
+def test_one_lanes_messages_through_alternating_processes_run_in_acknowledged_order(
+    tmp_path: Path, empty_database: str
+) -> None:
+    """Each lane's messages go to ``a`` and ``b`` in turn, each handed over once the one before
+    it was acknowledged, while the lane's first turn runs in ``a``: ``a`` queues its own in
+    memory, ``b`` queues its own durably; the turns still run in the order acknowledged."""
+    fleet = Fleet(tmp_path, empty_database, lease_secs=30.0, think=(1.0, 1.0))
+    fleet.start("a")
+    fleet.start("b")
+    lanes, rounds = 5, 4
+    sent: list[dict[str, object]] = []
+    for turn in range(rounds):
+        batch = [event(f"o{lane}", f"o{lane} {turn}", f"o{lane}-{turn}") for lane in range(lanes)]
+        fleet.deliver("ab"[turn % 2], batch)
+        sent += batch
+        fleet.wait_for(functools.partial(_acked, fleet, len(sent)), f"round {turn} acknowledged")
+    fleet.wait_for(lambda: not fleet.unanswered(sent), "every message answered", 120)
+    fleet.stop_all()
+    starts = sorted((line for line in fleet.turns() if line["kind"] == "start"),
+                    key=lambda line: float(line["t"]))  # fmt: skip
+    for lane in range(lanes):
+        ran = [line["id"] for line in starts if str(line["key"]).endswith(f"=o{lane}")]
+        assert ran == [f"o{lane}-{turn}" for turn in range(rounds)], ran
+
+
+def test_a_clean_stop_gives_its_leases_up_and_the_others_serve_its_lanes_at_once(
+    tmp_path: Path, empty_database: str
+) -> None:
+    """``a`` runs a turn on each of its lanes while follow-ups for them reach ``b`` (queued
+    durably: ``a`` holds the leases); ``a`` then stops cleanly. ``b`` answers the follow-ups
+    right after ``a`` exits, not once ``a``'s leases would have expired."""
+    lease = 30.0
+    fleet = Fleet(tmp_path, empty_database, lease_secs=lease, think=(2.0, 2.0))
+    fleet.start("a")
+    fleet.start("b")
+    first = [event(f"s{n}", f"s{n} first", f"s{n}-0") for n in range(3)]
+    fleet.deliver("a", first)
+    fleet.wait_for(
+        lambda: sum(line["kind"] == "start" for line in fleet.turns()) == len(first),
+        "a's turns to start",
+    )
+    follow = [event(f"s{n}", f"s{n} second", f"s{n}-1") for n in range(3)]
+    fleet.deliver("b", follow)
+    fleet.wait_for(lambda: len(fleet.acked()) == len(first) + len(follow), "acknowledgements")
+    fleet.stop("a")  # drains its turns, then exits
+    stopped = float(read_lines(fleet.workdir / "stopped.jsonl")[-1]["t"])
+    fleet.wait_for(lambda: not fleet.unanswered(first + follow), "the follow-ups", 90)
+    fleet.stop_all()
+    assert fleet.answers(first) == {str(item["message_id"]): (1, 0) for item in first}
+    for item in follow:
+        answered = _answered_at(fleet, str(item["message_id"]))
+        assert answered is not None
+        assert answered - stopped < lease / 3, f"waited {answered - stopped:.1f} s after a stopped"
+    assert _query(empty_database, "SELECT count(*) FROM session_turn_leases") == [(0,)]

@@ -19,7 +19,7 @@ from __future__ import annotations
 import json
 import logging
 import secrets
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Collection, Iterable, Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 
 from hermes_core.errors import InvalidValueError, LeaseLostError
@@ -192,14 +192,15 @@ class LeaseStore(RoutingStore):
         return None
 
     @serialised
-    def give_up_leases(self) -> list[str]:
-        """Give up every lease this process holds, whatever waits in their lanes (a clean stop,
-        once drained: the other processes need not wait for the leases to expire), and wake the
-        other processes for the lanes with events queued; those lanes."""
+    def give_up_leases(self, keep: Collection[str] = ()) -> list[str]:
+        """Give up every lease this process holds but those of ``keep``, whatever waits in
+        their lanes (a clean stop, once drained: the other processes need not wait for the
+        leases to expire), and wake the other processes for the lanes with events queued;
+        those lanes."""
         rows = self._bound.leases
         held = self._leases
         with self._map_lock:
-            tokens = dict(held)
+            tokens = {key: token for key, token in held.items() if key not in keep}
         if rows is None or not tokens:
             return []
         with self._canonical():
