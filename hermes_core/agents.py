@@ -12,6 +12,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from hermes_core.ledger import SendResult
 from hermes_core.models import MessageEvent, SessionSource
+from hermes_core.terminal import safe_text
 
 
 @dataclass
@@ -174,7 +175,8 @@ class InMemoryAdapter:
 @dataclass
 class ConsoleAdapter:
     """An adapter that prints what the gateway sends (``→ platform:chat[/thread]: text``) on
-    standard output, after ``indent``."""
+    standard output, after ``indent``; control characters and bidi overrides as escapes
+    (:func:`~hermes_core.terminal.safe_text`, a reply's lines kept)."""
 
     platform: str
     indent: str = "  "
@@ -186,5 +188,6 @@ class ConsoleAdapter:
         self, source: SessionSource, text: str, *, reply_to: str | None = None
     ) -> SendResult:
         thread = f"/{source.thread_id}" if source.thread_id else ""
-        print(f"{self.indent}→ {source.platform}:{source.chat_id}{thread}: {text}", flush=True)
+        line = f"{self.indent}→ {source.platform}:{source.chat_id}{thread}: {text}"
+        print(safe_text(line, keep_lines=True), flush=True)
         return SendResult(ok=True)

@@ -92,3 +92,17 @@ def test_exports_write_escapes_markdown_keeps_its_lines(
     _inert(out.replace("\n", " "))
     rows = [json.loads(line)["row"] for line in out.splitlines()]
     assert HOSTILE in [row.get("content") for row in rows]
+
+
+def test_replay_and_its_replies_print_escapes(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    events = tmp_path / "events.jsonl"
+    event = {"source": {"platform": "telegram", "chat_id": "7", "user_id": "7"}, "text": HOSTILE}
+    events.write_text(json.dumps(event) + "\n", encoding="utf-8")
+    assert main(["replay", str(events), "--state-dir", str(tmp_path / "replayed")]) == 0
+    out, err = capsys.readouterr()
+    assert err == ""
+    _inert(out)
+    assert r"line 1: 7> zebra \x1b]0;pwned\x07 title" in out  # the event, on its line
+    assert r"→ telegram:7: echo: zebra \x1b]0;pwned\x07 title" in out  # the gateway's reply

@@ -25,7 +25,6 @@ from hermes_core.operations.common import (
     print_json,
     print_table,
     progress,
-    safe_text,
     say,
     short_time,
     stamp,
@@ -34,6 +33,7 @@ from hermes_core.operations.outputs import open_output
 from hermes_core.plugins import platform_registry
 from hermes_core.store import SessionStore
 from hermes_core.store.operator import OperatorBackend
+from hermes_core.terminal import safe_text
 from hermes_core.timeutil import checked_span
 
 OWED_STATES = ("pending", "attempting", "failed")

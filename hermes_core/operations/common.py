@@ -22,6 +22,7 @@ from hermes_core.plugins import HermesPluginManager, create_plugin_manager
 from hermes_core.specs import StoreSpec
 from hermes_core.store import SessionStore
 from hermes_core.store.operator import OperatorBackend
+from hermes_core.terminal import inert_json, safe_text
 
 Handler = Callable[[argparse.Namespace, GatewayConfig], int]
 Commands = "argparse._SubParsersAction[argparse.ArgumentParser]"
@@ -148,25 +149,6 @@ def find_lane(store: SessionStore, name: str) -> SessionEntry:
     return entry
 
 
-_CONTROLS = (
-    *range(0x00, 0x20), 0x7F, *range(0x80, 0xA0),  # C0 (ESC included), DEL, C1 (CSI, OSC, ...)
-    *range(0x202A, 0x202F), *range(0x2066, 0x206A),  # bidi embeddings, overrides and isolates
-)  # fmt: skip
-_TEXT_ESCAPES = {code: f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}" for code in _CONTROLS}
-_LINES_ESCAPES = {code: escape for code, escape in _TEXT_ESCAPES.items() if code not in (9, 10)}
-_JSON_ESCAPES = {code: f"\\u{code:04x}" for code in _CONTROLS if code >= 0x7F}
-"""JSON escapes C0 itself; the others are written as ``\\uXXXX``, which parses to the same text."""
-
-
-def safe_text(text: str, *, keep_lines: bool = False) -> str:
-    """``text`` with every character that steers a terminal written as a visible escape
-    (``\\x1b``, ``\\u202e``): C0 and C1 controls (ESC, so no colour, title or screen-clearing
-    sequence), DEL and the bidi overrides and isolates that reverse text. Chat text is a user's:
-    what an operator reads must show it, never run it. ``keep_lines`` keeps newlines and tabs
-    (a Markdown file), else each value stays on its line."""
-    return text.translate(_LINES_ESCAPES if keep_lines else _TEXT_ESCAPES)
-
-
 def say(line: str) -> None:
     """Print one line of a command's human-readable output, with :func:`safe_text`."""
     print(safe_text(line))
@@ -175,8 +157,7 @@ def say(line: str) -> None:
 def json_text(data: Any, *, indent: int | None = None) -> str:
     """``data`` as JSON in which C1 controls and bidi overrides are ``\\u`` escapes too (JSON
     escapes C0 itself), so no output of ours can steer a terminal; parsed, it is ``data``."""
-    text = json.dumps(data, indent=indent, ensure_ascii=False, default=str)
-    return text.translate(_JSON_ESCAPES)
+    return inert_json(json.dumps(data, indent=indent, ensure_ascii=False, default=str))
 
 
 def print_json(data: Any) -> None:

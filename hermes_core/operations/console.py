@@ -31,6 +31,7 @@ from hermes_core.models import MessageEvent, SessionSource
 from hermes_core.operations.common import CHAT_TYPES, check_chat_type
 from hermes_core.plugins import HermesPluginManager, create_plugin_manager
 from hermes_core.runtime import Gateway
+from hermes_core.terminal import safe_text
 
 PROG = "hermes-sessions"
 MAX_EVENT_LINE = 1 << 20
@@ -160,7 +161,7 @@ async def _feed(gateway: Gateway, event: MessageEvent, where: str) -> bool:
 
 
 def _error(message: str) -> None:
-    print(f"{PROG}: {' '.join(message.split())}", file=sys.stderr, flush=True)
+    print(safe_text(f"{PROG}: {' '.join(message.split())}"), file=sys.stderr, flush=True)
 
 
 def _sender(source: SessionSource) -> str:
@@ -332,7 +333,7 @@ async def _replay(gateway: Gateway, path: Path, lines: BinaryIO) -> int:
             _error(f"{where}skipped: {exc}")
             skipped += 1
             continue
-        print(f"line {number}: {_sender(event.source)}> {event.text}", flush=True)
+        print(safe_text(f"line {number}: {_sender(event.source)}> {event.text}"), flush=True)
         if await _feed(gateway, event, where):
             fed += 1
         else:
