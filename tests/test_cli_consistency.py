@@ -205,7 +205,7 @@ def test_console_commands_without_their_arguments_print_their_usage(
     err = capsys.readouterr().err
     assert code == 0
     assert err.splitlines() == [
-        f"hermes-sessions: usage: {usage} (:help says what it does); nothing changed."
+        f"hermes-sessions: error: usage: {usage} (:help says what it does); nothing changed."
         for usage in (":chat ID [TYPE]", ":as USER [NAME]", ":platform NAME")
     ]
 

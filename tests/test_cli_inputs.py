@@ -147,9 +147,9 @@ def test_replay_skips_an_unkeyable_event_and_an_overlong_line_by_number(
     assert "echo: last" in out
     skipped = err.splitlines()
     assert len(skipped) == 2
-    assert skipped[0].startswith(f"hermes-sessions: {events}:2: skipped: the session key ")
+    assert skipped[0].startswith(f"hermes-sessions: error: {events}:2: skipped: the session key ")
     assert skipped[1] == (
-        f"hermes-sessions: {events}:3: skipped: longer than {MAX_EVENT_LINE:,} bytes"
+        f"hermes-sessions: error: {events}:3: skipped: longer than {MAX_EVENT_LINE:,} bytes"
     )
 
 

@@ -97,6 +97,7 @@ def test_quit_stops_and_console_mistakes_are_reported_without_stopping(
     assert code == 0
     errors = err.splitlines()
     assert len(errors) == 3
+    assert all(line.startswith("hermes-sessions: error: ") for line in errors)  # one prefix
     assert ":chat 'banana' is not a chat type" in errors[0]
     assert ":bogus is not a console command" in errors[1]
     assert "platform 'nosuch' is not a registered platform" in errors[2]
@@ -175,11 +176,11 @@ def test_replay_feeds_good_lines_in_order_and_skips_bad_ones_by_number(
     assert code == 1
     corrupt, unknown = err.splitlines()
     assert corrupt == (
-        f"hermes-sessions: {events}:2: skipped: not JSON (Unterminated string starting at: "
+        f"hermes-sessions: error: {events}:2: skipped: not JSON (Unterminated string starting at: "
         "line 1 column 62 (char 61))"
     )
     assert unknown.startswith(
-        f"hermes-sessions: {events}:3: skipped: platform 'nosuch' is not a registered platform "
+        f"hermes-sessions: error: {events}:3: skipped: platform 'nosuch' is not a registered platform "
     )
     assert [line for line in out.splitlines() if line.startswith("line ")] == [
         "line 1: Ana> hello", "line 5: 3> in a thread", "line 6: Ana> /new",

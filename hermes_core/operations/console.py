@@ -161,7 +161,8 @@ async def _feed(gateway: Gateway, event: MessageEvent, where: str) -> bool:
 
 
 def _error(message: str) -> None:
-    print(safe_text(f"{PROG}: {' '.join(message.split())}"), file=sys.stderr, flush=True)
+    """One error line, with the prefix of every command's errors; the command goes on."""
+    print(safe_text(f"{PROG}: error: {' '.join(message.split())}"), file=sys.stderr, flush=True)
 
 
 def _sender(source: SessionSource) -> str:
