@@ -180,7 +180,8 @@ def test_replay_feeds_good_lines_in_order_and_skips_bad_ones_by_number(
         "line 1 column 62 (char 61))"
     )
     assert unknown.startswith(
-        f"hermes-sessions: error: {events}:3: skipped: platform 'nosuch' is not a registered platform "
+        f"hermes-sessions: error: {events}:3: skipped: platform 'nosuch' is not a registered "
+        "platform "
     )
     assert [line for line in out.splitlines() if line.startswith("line ")] == [
         "line 1: Ana> hello", "line 5: 3> in a thread", "line 6: Ana> /new",
