@@ -77,7 +77,7 @@ class Housekeeping:
             ("idle_sweep", self.cache.sweep_idle),
             ("pressure_sweep", self.cache.sweep_pressure),
             ("prune", self._prune),
-            ("ledger", self._ledger),
+            ("ledger", self.store.ledger_housekeeping),
             ("seen_messages", self.store.prune_seen_messages),
             ("fts_rebuild", self._rebuild),
             ("degraded_retry", self._retry_sql),
@@ -98,10 +98,6 @@ class Housekeeping:
             return None
         self._last_prune = self._clock()
         return self.store.prune_old_entries(self.config.gateway.session_store_max_age_days)
-
-    def _ledger(self) -> int | None:
-        ledger = self.store.ledger
-        return ledger.housekeeping() if ledger is not None else None
 
     def _rebuild(self) -> bool | None:
         if self.store.health()["fts"] != "stale":

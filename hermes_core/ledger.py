@@ -245,9 +245,12 @@ class DeliveryLedger:
             return None
         return RESTART_PREFIX if occasion == "boot" else RECONNECT_PREFIX
 
-    def housekeeping(self) -> int:
-        """Abandon stale rows, then apply retention and the row cap; returns rows pruned."""
+    def housekeeping(self, delete: Callable[[list[str]], int] | None = None) -> int:
+        """Abandon stale rows, then apply retention and the row cap; returns rows pruned. The
+        rows to prune are read first, then handed to ``delete`` (the store's deletes them in
+        short writer steps; by default they go in one transaction)."""
         for row in self.rows.obligations(("pending", "failed")):
             self._stale(row)
         retention = self.settings.retention_days * 86_400
-        return self.rows.prune_obligations(self._clock() - retention, self.settings.max_rows)
+        doomed = self.rows.obligations_to_prune(self._clock() - retention, self.settings.max_rows)
+        return (delete or self.rows.delete_terminal_obligations)(doomed)

@@ -156,7 +156,7 @@ def _idle_lanes(home: Path, last: str) -> str:
 async def test_pruning_goes_in_batches_and_never_removes_a_lane_active_since_the_pass_began(
     hermes_home: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr("hermes_core.store.session_store.MAINTENANCE_BATCH", 50)  # 400 steps
+    monkeypatch.setattr("hermes_core.store.session_store.MAINTENANCE_BATCH", 10)  # 2,000 steps
     session_id = await asyncio.to_thread(_idle_lanes, hermes_home, "7")
     active = "agent:main:telegram:dm:c=7"
     adapter = InMemoryAdapter("telegram")
@@ -182,4 +182,59 @@ async def test_pruning_goes_in_batches_and_never_removes_a_lane_active_since_the
     assert list(routes) == [active]  # every idle lane gone; the active one kept, same session
     assert routes[active][0] == session_id
     assert routes[active][1] > time.time() - 600
+    assert await gateway.stop()
+
+
+OBLIGATIONS = 100_000
+"""Delivery-ledger rows given up on, half past retention: what the pass prunes, down to the
+row cap (``max_rows``, 500)."""
+
+
+def _terminal_obligations(home: Path) -> int:
+    with sqlite3.connect(home / "state.db") as db:
+        query = "SELECT count(*) FROM delivery_obligations WHERE state = 'abandoned'"
+        return int(db.execute(query).fetchone()[0])
+
+
+def _fill_ledger(home: Path) -> None:
+    """Many abandoned replies, written in bulk (an outage of many lanes would leave them)."""
+    with SessionStore.open(_config(home)):
+        pass  # creates the schema
+    now = time.time()
+    with sqlite3.connect(home / "state.db") as db:
+        db.executemany(
+            "INSERT INTO delivery_obligations (obligation_id, session_key, platform, content, "
+            "origin_kind, state, created_at, updated_at) "
+            "VALUES (?, 'agent:main:telegram:dm:c=1', 'telegram', 'hi', 'turn', 'abandoned', ?, ?)",
+            ((f"o{n}", 1000.0, now - n if n % 2 else 1000.0) for n in range(OBLIGATIONS)),
+        )
+
+
+async def test_ledger_retention_goes_in_batches_with_a_turn_between(
+    hermes_home: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr("hermes_core.store.turns.MAINTENANCE_BATCH", 10)  # 9,950 steps
+    await asyncio.to_thread(_fill_ledger, hermes_home)
+    adapter = InMemoryAdapter("telegram")
+    gateway = Gateway(
+        _config(hermes_home), fresh_plugin_manager(hermes_home), lambda _: EchoAgent(), [adapter]
+    )
+    await gateway.start()  # housekeeping's first pass starts at once
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + 60
+    while await asyncio.to_thread(_terminal_obligations, hermes_home) == OBLIGATIONS:
+        assert loop.time() < deadline, "the ledger pass never started"
+        await asyncio.sleep(0.01)
+    await gateway.handle_message(MessageEvent(source=telegram_dm("7"), text="still there?"))
+    while adapter.texts("7") != ["echo: still there?"]:
+        assert loop.time() < deadline, "the turn was never answered"
+        await asyncio.sleep(0.01)
+    # Answered while the pass still had rows to prune: its steps ran between the pass's.
+    assert await asyncio.to_thread(_terminal_obligations, hermes_home) > 500
+    while await asyncio.to_thread(_terminal_obligations, hermes_home) > 500:
+        assert loop.time() < deadline, "the pass never finished"
+        await asyncio.sleep(0.05)
+    with sqlite3.connect(hermes_home / "state.db") as db:  # the newest 500 stay
+        kept = {row[0] for row in db.execute("SELECT obligation_id FROM delivery_obligations")}
+    assert kept == {f"o{n}" for n in range(1, 1000, 2)}
     assert await gateway.stop()

@@ -410,9 +410,12 @@ class LedgerRows(Protocol):
     def delete_obligation(self, obligation_id: str) -> None:
         """Remove one ledger row (a delivered reply)."""
 
-    def prune_obligations(self, terminal_before: float, max_rows: int) -> int:
-        """Drop terminal rows last updated before ``terminal_before``, then the oldest terminal
-        rows beyond ``max_rows``; returns how many went."""
+    def obligations_to_prune(self, terminal_before: float, max_rows: int) -> list[str]:
+        """Ids of the terminal (failed or abandoned) rows retention drops: those last updated
+        before ``terminal_before`` and the oldest beyond ``max_rows``; oldest first."""
+
+    def delete_terminal_obligations(self, obligation_ids: Sequence[str]) -> int:
+        """Delete those of the rows that are still terminal, in one transaction; how many."""
 
 
 class DurableQueue(Protocol):

@@ -32,7 +32,7 @@ from hermes_core.store.backend import (
     RestartCountRows,
     new_obligation,
 )
-from hermes_core.store.base import MAINTENANCE_BATCH, changed, serialised
+from hermes_core.store.base import MAINTENANCE_BATCH, changed, exclusive, serialised
 from hermes_core.store.leases import UNFENCED, LeaseStore, QueuedEvent
 from hermes_core.text import clean_text
 from hermes_core.timeutil import utc_now
@@ -209,6 +209,27 @@ class TurnRecoveryStore(LeaseStore):
             notify = self.plugins.notify if self.plugins.observing else None
             self._ledger = DeliveryLedger(rows, settings, notify)
         return self._ledger
+
+    def ledger_housekeeping(self) -> int | None:
+        """The ledger's housekeeping (None without a ledger): stale rows abandoned, then the
+        rows past retention or the row cap deleted in batches of :data:`MAINTENANCE_BATCH`,
+        each a writer step of its own, so that turns' steps run between them; the count."""
+        ledger = self.ledger
+        return None if ledger is None else ledger.housekeeping(self._prune_obligations)
+
+    def _prune_obligations(self, obligation_ids: list[str]) -> int:
+        return sum(
+            self._prune_obligation_batch(obligation_ids[start : start + MAINTENANCE_BATCH])
+            for start in range(0, len(obligation_ids), MAINTENANCE_BATCH)
+        )
+
+    @exclusive
+    def _prune_obligation_batch(self, obligation_ids: list[str]) -> int:
+        rows = self._bound.ledger
+        if rows is None:
+            return 0
+        with self._canonical():
+            return rows.delete_terminal_obligations(obligation_ids)
 
     @serialised
     def record_delivery_obligation(

@@ -21,7 +21,7 @@ from hermes_plugins.sql_store.rows import marker_params, message_row
 from hermes_plugins.sql_store.schema import (
     delivery_obligations,
 )
-from hermes_plugins.sql_store.statements import Prepared
+from hermes_plugins.sql_store.statements import TERMINAL, Prepared
 
 OBLIGATION_FIELDS = tuple(Obligation.__dataclass_fields__)
 
@@ -102,26 +102,29 @@ class LedgerRows(SqlConnection):
         with self._write("updating the delivery ledger") as cursor:
             self._sql.delete_obligation.run(cursor, {"obligation_id": obligation_id})
 
-    def prune_obligations(self, terminal_before: float, max_rows: int) -> int:
-        """Retention and row cap for terminal (failed or abandoned) rows; the oldest go first."""
+    def obligations_to_prune(self, terminal_before: float, max_rows: int) -> list[str]:
+        """Terminal (failed or abandoned) rows past retention or beyond the row cap, oldest
+        first (read on a connection of its own, never the writer's)."""
         table = delivery_obligations
-        terminal = table.c.state.in_(["failed", "abandoned"])
-        keep = (
-            select(table.c.obligation_id)
-            .where(terminal)
-            .order_by(table.c.updated_at.desc())
-            .limit(max_rows)
+        query = (
+            select(table.c.obligation_id, table.c.updated_at)
+            .where(table.c.state.in_(TERMINAL))
+            .order_by(table.c.updated_at.desc(), table.c.obligation_id.desc())
         )
         with self._read("reading the delivery ledger") as conn:
-            kept = set(conn.execute(keep).scalars())
-            doomed = [
-                row.obligation_id
-                for row in conn.execute(
-                    select(table.c.obligation_id, table.c.updated_at).where(terminal)
-                )
-                if row.updated_at < terminal_before or row.obligation_id not in kept
-            ]
+            rows = conn.execute(query).all()
+        doomed = [
+            row.obligation_id
+            for rank, row in enumerate(rows)
+            if rank >= max_rows or row.updated_at < terminal_before
+        ]
+        return doomed[::-1]
+
+    def delete_terminal_obligations(self, obligation_ids: Sequence[str]) -> int:
+        """Delete those of the rows still terminal (one transaction); how many went."""
+        removed = 0
         with self._write("pruning the delivery ledger") as cursor:
-            for obligation_id in doomed:
-                self._sql.delete_obligation.run(cursor, {"obligation_id": obligation_id})
-        return len(doomed)
+            for obligation_id in obligation_ids:
+                params = {"obligation_id": obligation_id}
+                removed += self._sql.delete_terminal_obligation.run(cursor, params).rowcount
+        return removed

@@ -40,6 +40,8 @@ from hermes_plugins.sql_store.schema import (
 
 ROUTE_COPY_COLUMNS = ("session_id", "updated_at", "suspended", "resume_pending",
                       "active_turn_token", "active_turn_started_at", "entry_json")  # fmt: skip
+TERMINAL = ("failed", "abandoned")
+"""Delivery-ledger states that retention and the row cap apply to."""
 MARKER_COLUMNS = ("active_turn_token", "active_turn_started_at", "updated_at")
 MESSAGE_INSERT_COLUMNS = (
     "session_id", "role", "content", "tool_calls", "tool_call_id", "tool_name", "timestamp",
@@ -222,9 +224,12 @@ class Statements:
             .values({column.name: bindparam(column.name) for column in delivery_obligations.c})
             .on_conflict_do_nothing(index_elements=["obligation_id"])
         )
-        self.delete_obligation = prepare(
+        by_obligation = delivery_obligations.c.obligation_id == bindparam("obligation_id")
+        self.delete_obligation = prepare(delete(delivery_obligations).where(by_obligation))
+        self.delete_terminal_obligation = prepare(
             delete(delivery_obligations).where(
-                delivery_obligations.c.obligation_id == bindparam("obligation_id")
+                by_obligation,
+                delivery_obligations.c.state.in_([literal_column(f"'{s}'") for s in TERMINAL]),
             )
         )
         self.insert_seen = prepare(
