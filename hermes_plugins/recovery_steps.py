@@ -13,6 +13,8 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Collection
+from dataclasses import replace
 
 from hermes_core import GatewayConfig, RecoveryContext, RecoveryStep, hookimpl
 from hermes_core.instance import CLEAN_SHUTDOWN_FILE
@@ -47,23 +49,36 @@ def fts_rebuild_if_stale(context: RecoveryContext) -> None:
 
 def clean_shutdown(context: RecoveryContext) -> None:
     """After a clean stop discard the turn markers (durably) and only then delete the marker
-    file, failing closed; after a crash record crash-left replies, then arm interrupted turns."""
+    file, failing closed; after a crash record crash-left replies, then arm interrupted turns.
+    On a shared store the lanes start-up found without a lease get the crash treatment either
+    way: a clean stop of this instance says nothing about the process that left their markers."""
     store, config = context.store, context.config
     marker = config.hermes_home / CLEAN_SHUTDOWN_FILE
-    if context.last_stop_clean:
-        logger.info("Previous gateway exited cleanly — skipping crash recovery")
-        try:
-            discarded = store.discard_active_turn_markers()
-            marker.unlink()
-        except Exception as exc:
-            raise RecoveryAbortedError("clean-start recovery cleanup failed") from exc
-        context.report.crash_recovery = CrashRecoveryResult(clean=True, markers_discarded=discarded)
+    if not context.last_stop_clean:
+        context.report.crash_recovery = _recover(context, None, CrashRecoveryResult(clean=False))
+        marker.unlink(missing_ok=True)  # an invalid or foreign marker proves nothing; drop it
         return
-    replies = record_crash_left_replies(store, config, context.diagnostic_muted)
-    recovered = store.recover_turn_markers(marker_max_age(config))
-    marker.unlink(missing_ok=True)  # an invalid or foreign marker proves nothing; drop it
-    context.report.crash_recovery = CrashRecoveryResult(
-        clean=False,
+    logger.info("Previous gateway exited cleanly — skipping crash recovery")
+    try:
+        discarded = store.discard_active_turn_markers()
+        marker.unlink()
+    except Exception as exc:
+        raise RecoveryAbortedError("clean-start recovery cleanup failed") from exc
+    report = CrashRecoveryResult(clean=True, markers_discarded=discarded)
+    foreign = store.found_unleased()
+    context.report.crash_recovery = _recover(context, foreign, report) if foreign else report
+
+
+def _recover(
+    context: RecoveryContext, lanes: Collection[str] | None, report: CrashRecoveryResult
+) -> CrashRecoveryResult:
+    """Crash recovery of ``lanes`` (None: every lane this instance holds): record crash-left
+    replies, then arm the interrupted turns; ``report`` with what was done."""
+    store, config = context.store, context.config
+    replies = record_crash_left_replies(store, config, context.diagnostic_muted, lanes=lanes)
+    recovered = store.recover_turn_markers(marker_max_age(config), lanes=lanes)
+    return replace(
+        report,
         crash_left_replies=replies,
         armed=tuple(recovered.armed),
         kept=tuple(recovered.kept),

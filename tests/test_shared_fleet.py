@@ -136,3 +136,34 @@ def test_a_clean_stop_gives_its_leases_up_and_the_others_serve_its_lanes_at_once
         assert answered is not None
         assert answered - stopped < lease / 3, f"waited {answered - stopped:.1f} s after a stopped"
     assert _query(empty_database, "SELECT count(*) FROM session_turn_leases") == [(0,)]
+
+
+def test_a_turn_cut_by_a_kill_resumes_at_once_in_its_restarted_process_after_a_neighbour_restart(
+    tmp_path: Path, empty_database: str
+) -> None:
+    """``b`` restarts cleanly while ``a`` has turns in flight; then ``a`` is SIGKILLed and
+    restarted at once. ``b``'s clean start leaves ``a``'s turn markers alone, and ``a``'s new
+    boot takes its previous boot's leases back at once and resumes each cut turn, long before
+    those leases would expire."""
+    lease = 30.0
+    fleet = Fleet(tmp_path, empty_database, lease_secs=lease, think=(6.0, 6.0))
+    fleet.start("a")
+    fleet.start("b")
+    mine = [event(f"k{n}", f"k{n} first", f"k{n}-0") for n in range(2)]
+    fleet.deliver("a", mine)
+    fleet.wait_for(
+        lambda: sum(line["kind"] == "start" for line in fleet.turns()) == len(mine),
+        "a's turns to start",
+    )
+    fleet.stop("b")
+    fleet.start("b")
+    fleet.kill("a")
+    fleet.start("a")
+    restarted = time.time()
+    fleet.wait_for(lambda: not fleet.unanswered(mine), "a's cut turns answered", 90)
+    fleet.stop_all()
+    resumed = [line for line in fleet.turns() if line["resume"] and line["kind"] == "start"]
+    assert sorted(line["for"] for line in resumed) == sorted(str(m["message_id"]) for m in mine)
+    assert {line["name"] for line in resumed} == {"a"}
+    slowest = max(float(line["t"]) for line in resumed) - restarted
+    assert slowest < lease / 3, f"resumed {slowest:.1f} s after a's restart"

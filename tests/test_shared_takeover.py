@@ -377,3 +377,51 @@ def test_a_scan_takeover_racing_a_message_for_the_lane_still_resumes_the_cut_tur
         return adapter.texts()
 
     assert asyncio.run(scenario()) == ["echo: first", "echo: second"]
+
+
+class Resumes(EchoAgent):
+    """Echoes, noting each internal (resumed) turn's lane."""
+
+    def __init__(self, resumed: list[str]) -> None:
+        super().__init__()
+        self.resumed = resumed
+
+    async def run_turn(self, request: TurnRequest) -> str | None:
+        if request.event.internal:
+            self.resumed.append(request.session_key)
+        return await super().run_turn(request)
+
+
+def test_a_clean_start_resumes_a_turn_another_process_left_on_a_lane_without_a_lease(
+    tmp_path: Path, empty_database: str
+) -> None:
+    """A gateway that stopped cleanly starts again and claims a lane with a turn marker and no
+    lease (here left by a single-instance gateway that died before the switch to shared
+    mode): that marker is not its own to discard; the cut turn is resumed."""
+    resumed: list[str] = []
+    gateway, _ = _gateway(tmp_path, "b", empty_database, lambda: Resumes(resumed), lease_secs=30)
+
+    async def run_once() -> None:
+        await gateway.start()
+        await gateway.idle()
+        await gateway.stop()
+
+    asyncio.run(run_once())  # its stop is clean
+    single = GatewayConfig.from_dict(
+        {"storage": {"url": empty_database}}, environ={"HERMES_HOME": str(tmp_path / "single")}
+    )
+    with SessionStore.open(single) as dead:
+        key = dead.get_or_create_session(SOURCE).session_key
+        assert dead.mark_turn_active(key)  # its turn was running when it died
+    gateway, _ = _gateway(tmp_path, "b", empty_database, lambda: Resumes(resumed), lease_secs=30)
+
+    async def start_again() -> None:
+        await gateway.start()
+        await _wait(lambda: bool(resumed), "the cut turn to resume")
+        await gateway.idle()
+        await gateway.stop()
+
+    asyncio.run(start_again())
+    assert resumed == [key]
+    assert run_sql(empty_database, "SELECT count(*) FROM gateway_routing WHERE "
+                   "active_turn_token IS NOT NULL OR resume_pending <> 0") == [(0,)]  # fmt: skip

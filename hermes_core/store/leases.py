@@ -47,6 +47,8 @@ class LeaseStore(RoutingStore):
     _owner: tuple[str, str] | None = None
     _unleased: dict[str, int] | None = None
     """The lanes the last scan left for their enqueuer (see :meth:`claim_orphaned_lanes`)."""
+    _found_free: frozenset[str] = frozenset()
+    """The lanes start-up claimed without a lease row (see :meth:`found_unleased`)."""
 
     @property
     def shared(self) -> bool:
@@ -298,7 +300,16 @@ class LeaseStore(RoutingStore):
             ]
         reclaim = not expired
         taken = [(key, self.take_lease(key, reclaim=reclaim)) for key, _ in orphaned]
+        if reclaim:
+            self._found_free = frozenset(key for key, grant in taken if grant == "free")
         return [key for key, grant in taken if grant is not None and grant != LOCKED]
+
+    def found_unleased(self) -> frozenset[str]:
+        """The lanes start-up claimed (:meth:`claim_orphaned_lanes` without ``expired``) that
+        had no lease at all: what they hold (a turn marker, above all) was left by a process
+        that may not be this instance, so a clean previous stop of this instance says nothing
+        about them (empty on a single-instance store)."""
+        return self._found_free
 
     def _fence(self, session_key: str) -> None:
         """Within a write's transaction: raise :class:`LeaseLostError` unless this process's

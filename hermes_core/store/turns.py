@@ -141,8 +141,11 @@ class TurnRecoveryStore(LeaseStore):
 
     @serialised
     def discard_active_turn_markers(self) -> int:
-        """Clear every turn marker without arming a resume (after a clean stop); the count."""
-        entries = self._entries_with_markers()
+        """Clear every turn marker of this instance's lanes without arming a resume (after its
+        clean stop); the count. On a shared store a lane that start-up found without a lease is
+        left alone (:meth:`found_unleased`: its marker may be another process's)."""
+        foreign = self.found_unleased()
+        entries = [e for e in self._entries_with_markers() if e.session_key not in foreign]
         self._write_all([changed(entry, _CLEARED_MARKER) for entry in entries])
         return len(entries)
 
