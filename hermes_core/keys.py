@@ -261,6 +261,25 @@ def source_key_problem(source: SessionSource, spec: PlatformSpec) -> str | None:
     return None
 
 
+def origin_keys_to(
+    source: SessionSource, key: str, config: GatewayConfig, plugins: HermesPluginManager | None
+) -> bool:
+    """Whether ``source`` gives ``key`` under ``config``'s platforms and profile, with either
+    per-user setting and in either schema (a key written before those settings changed still
+    matches its own chat): an entry whose origin names another chat does not."""
+    spec = platform_registry(plugins, config).get(source.platform)
+    if spec is None:
+        return False
+    try:
+        namespace = profile_namespace(config_profile(source, config))
+    except InvalidValueError:
+        return False
+    return any(
+        _components(source, spec, group, thread, namespace, schema).key == key
+        for group in (True, False) for thread in (True, False) for schema in KEY_SCHEMAS
+    )  # fmt: skip
+
+
 def build_session_key(
     source: SessionSource,
     *,

@@ -17,12 +17,12 @@ from collections.abc import Callable, Mapping
 from datetime import datetime
 from enum import Enum
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from hermes_core.errors import InvalidValueError, shown
-from hermes_core.text import clean_text, clean_value
+from hermes_core.text import clean_text, clean_value, exact_text_problem
 from hermes_core.timeutil import format_utc, parse_utc, utc_now
 
 if TYPE_CHECKING:
@@ -77,8 +77,10 @@ def validate_session_key(value: str) -> str:
 def _invalid_from_validation(model: str, exc: ValidationError) -> InvalidValueError:
     """Turn pydantic's error into our named error, naming the first offending field."""
     first = exc.errors()[0]
-    field = ".".join(str(part) for part in first["loc"]) or model
+    field = ".".join(str(part) for part in first["loc"])
     message = str(first["msg"]).removeprefix("Value error, ")
+    if not field:  # the model's own check
+        return InvalidValueError(model, f"{model} is invalid: {message}")
     return InvalidValueError(field, f"{model}.{field} is invalid: {message}")
 
 
@@ -96,7 +98,10 @@ class _Model(BaseModel):
 
 class _Untrusted(_Model):
     """A model of data from a platform: every string given is normalised first
-    (:func:`~hermes_core.text.clean_text`), nested ones too, so it can always be stored."""
+    (:func:`~hermes_core.text.clean_text`), nested ones too, so it can always be stored; the
+    ids named by ``_exact`` are refused instead when they would change."""
+
+    _exact: ClassVar[tuple[str, ...]] = ()
 
     @model_validator(mode="before")
     @classmethod
@@ -107,6 +112,14 @@ class _Untrusted(_Model):
                 texts = "".join(filter(_is_str, values))
                 if texts.isascii() and "\x00" not in texts:
                     return data  # clean_text keeps every one of these strings as it is
+            for name in cls._exact:
+                value = data.get(name)
+                problem = exact_text_problem(value) if isinstance(value, str) else None
+                if problem is not None:
+                    raise ValueError(
+                        f"{name} {shown(value)} is not a usable id: {problem}; pass the id as "
+                        "the platform sent it"
+                    )
             return {
                 name: clean_text(value) if value.__class__ is str
                 else value if value.__class__ in _SCALARS  # nothing to clean
@@ -183,6 +196,7 @@ class SessionSource(_Untrusted):
     """Immutable record of where a message came from; changes produce a copy (:meth:`replace`)."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
+    _exact = _SOURCE_ID_FIELDS
 
     platform: str
     chat_id: str
@@ -417,7 +431,8 @@ class SessionEntry(_Model):
 
     @classmethod
     def from_dict(cls, data: object, *, plugins: HermesPluginManager | None = None) -> SessionEntry:
-        """Parse stored data leniently (older writers load) but with every guard applied."""
+        """Parse stored data leniently (older writers load) but with every guard applied: texts
+        in their normal form (:func:`~hermes_core.text.clean_text`), counts below 2**63."""
         from hermes_core.plugins import platform_registry
 
         if not isinstance(data, Mapping):
@@ -436,6 +451,10 @@ class SessionEntry(_Model):
         for name in _ENTRY_INT_FIELDS:
             number = data.get(name)
             if number and isinstance(number, int) and not isinstance(number, bool):
+                if not 0 <= number < 2**63:
+                    raise InvalidValueError(
+                        name, f"{name} {shown(number)} is not a count from 0 to 2**63 - 1."
+                    )
                 values[name] = number
         cost = data.get("estimated_cost_usd")
         if isinstance(cost, (int, float)) and not isinstance(cost, bool) and math.isfinite(cost):
@@ -447,12 +466,12 @@ class SessionEntry(_Model):
             values["expiry_finalized"] = _flag(data["memory_flushed"])
         for name in (*_ENTRY_TEXT_FIELDS, "cost_status"):
             if isinstance(data.get(name), str):
-                values[name] = data[name]
+                values[name] = clean_text(data[name])
         if isinstance(data.get("chat_type"), str) and data["chat_type"]:
-            values["chat_type"] = data["chat_type"]
+            values["chat_type"] = clean_text(data["chat_type"]) or "dm"
         metadata = data.get("metadata")
         if metadata and isinstance(metadata, Mapping):
-            values["metadata"] = dict(metadata)
+            values["metadata"] = clean_value(dict(metadata), field="metadata", plain=True)
         platform = data.get("platform")
         if isinstance(platform, str) and platform in platform_registry(plugins):
             values["platform"] = platform

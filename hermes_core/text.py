@@ -34,6 +34,17 @@ def clean_text(value: str) -> str:
     return value.encode("utf-16-le", "surrogatepass").decode("utf-16-le", "replace")
 
 
+def exact_text_problem(value: str) -> str | None:
+    """Why ``value`` cannot be kept exactly as given, or None: a NUL or a UTF-16 surrogate,
+    which :func:`clean_text` would remove or replace. Ids are refused rather than cleaned, so two
+    ids differing only by such characters never become one."""
+    if "\x00" in value:
+        return "it holds a NUL character"
+    if not value.isascii() and _SURROGATE_RE.search(value) is not None:
+        return "it holds a UTF-16 surrogate (half of a character), which cannot be stored"
+    return None
+
+
 def clean_value(value: Any, *, field: str, plain: bool = False, depth: int = 0) -> Any:
     """``value`` with :func:`clean_text` applied to every string in it (mapping keys included),
     through lists, tuples and mappings; deeper nesting than :data:`MAX_NESTING` is refused.

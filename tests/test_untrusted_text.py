@@ -75,7 +75,7 @@ def test_clean_text(raw: str, clean: str) -> None:
 
 def test_models_hold_the_normal_form() -> None:
     source = SessionSource(
-        platform="telegram", chat_id="-100\x00", chat_type="group", chat_name="caf\ud83d",
+        platform="telegram", chat_id="-100", chat_type="group", chat_name="caf\ud83d\x00",
         user_name="\x00bob", chat_topic="t\udfff",
     )  # fmt: skip
     assert (source.chat_id, source.chat_name, source.user_name, source.chat_topic) == (
@@ -170,11 +170,18 @@ def test_unencodable_lookups_find_nothing(store: SessionStore) -> None:
     assert store.load_transcript("20260101_000000_abcdef12") == []
 
 
-def test_a_lone_surrogate_chat_gets_a_lane_and_keeps_it(store: SessionStore) -> None:
-    first = store.get_or_create_session(telegram_dm("\ud83d"))
-    second = store.get_or_create_session(telegram_dm("\ufffd"))
-    assert first.session_key == second.session_key == "agent:main:telegram:dm:c=\ufffd"
-    assert first.session_id == second.session_id
+@pytest.mark.parametrize("chat_id", ["\ud83d", "a\udfff", "1\x00", "\x001", "b\ud83d\ude00"])
+def test_ids_that_cleaning_would_change_are_refused_not_merged(
+    store: SessionStore, chat_id: str
+) -> None:
+    """Cleaning ``\\ud800`` and ``\\ud801`` (or ``1`` and ``1\\x00``) would give one key to two
+    chats: such ids are refused by name, and no lane is created."""
+    lane = store.get_or_create_session(telegram_dm("\ufffd"))
+    with pytest.raises(InvalidValueError, match=r"chat_id .* is not a usable id"):
+        store.get_or_create_session(telegram_dm(chat_id))
+    with pytest.raises(InvalidValueError, match="user_id"):
+        SessionSource(platform="telegram", chat_id="1", user_id=chat_id)
+    assert [entry.session_key for entry in store.list_sessions()] == [lane.session_key]
 
 
 @pytest.mark.parametrize(
@@ -279,11 +286,14 @@ def test_cli_key_and_explain_take_undecodable_arguments(capsys: pytest.CaptureFi
     from hermes_core.cli import main
 
     undecodable = b"100\xff".decode("utf-8", "surrogateescape")  # as Python reads such argv
-    assert main(["key", "--platform", "telegram", "--chat-id", undecodable]) == 0
-    assert capsys.readouterr().out.strip() == "agent:main:telegram:dm:c=100\ufffd"
+    assert main(["key", "--platform", "telegram", "--chat-id", undecodable]) == 2
+    error = capsys.readouterr().err
+    assert error.startswith("hermes-sessions: error: ")
+    assert "chat_id '100\\udcff' is not a usable id" in error
+    assert len(error.splitlines()) == 1
     argv = ["explain", "--platform", "telegram", "--chat-type", "group", "--user-id", "u"]
-    assert main([*argv, "--chat-id", undecodable, "--chat-name", "caf\ud83d"]) == 0
-    assert "key: agent:main:telegram:group:c=100\ufffd:u=u" in capsys.readouterr().out
+    assert main([*argv, "--chat-id", "100", "--chat-name", "caf\ud83d"]) == 0
+    assert "key: agent:main:telegram:group:c=100:u=u" in capsys.readouterr().out
 
 
 # -- through the Gateway ---------------------------------------------------------------------------

@@ -29,9 +29,10 @@ from hermes_core.errors import (
     SchemaVersionError,
     StoreError,
     StoreUnavailableError,
+    shown,
 )
 from hermes_core.files import ensure_private_dir
-from hermes_core.keys import KeySchema, resolve_for_config
+from hermes_core.keys import KeySchema, origin_keys_to, resolve_for_config
 from hermes_core.models import SessionEntry, SessionSource
 from hermes_core.plugins import HermesPluginManager, default_plugin_manager
 from hermes_core.recent import Recent
@@ -550,6 +551,7 @@ class StoreBase:
                 session_row_from_entry(entry, parent_session_id=entry.prev_session_id),
             )
             for entry in load_mirror(Path(path), self.plugins, strict=strict).entries.values()
+            if self._origin_matches(entry, path)
         ]
         with self._canonical():
             imported = meta.import_routes(entries, (MIRROR_IMPORTED, str(time.time())))
@@ -557,6 +559,19 @@ class StoreBase:
             self._routing_changed()
             self.flush_mirror(force=True)
         return imported
+
+    def _origin_matches(self, entry: SessionEntry, path: str | Path) -> bool:
+        """Whether an imported entry's origin is its own chat (the start-up resume and the
+        ledger send to the origin); one naming another chat is skipped with a warning."""
+        if entry.origin is None or origin_keys_to(
+            entry.origin, entry.session_key, self.config, self.plugins
+        ):
+            return True
+        logger.warning(
+            "sessions.json %s: skipping entry %s: its origin is another chat than its key names",
+            path, shown(entry.session_key),
+        )  # fmt: skip
+        return False
 
     def flush_mirror(self, *, force: bool = False) -> bool:
         """Rewrite sessions.json if routing changed (at most once per interval unless ``force``).

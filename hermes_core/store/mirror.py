@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from hermes_core.config import GatewayConfig
-from hermes_core.errors import InvalidValueError, StoreError, UnknownPlatformError
+from hermes_core.errors import InvalidValueError, StoreError, UnknownPlatformError, shown
 from hermes_core.files import atomic_write
 from hermes_core.models import SessionEntry
 from hermes_core.specs import StoreSpec
@@ -161,26 +161,27 @@ def load_mirror(
             continue
         except InvalidValueError as exc:
             logger.warning(
-                "routing mirror %s: skipping entry %r: field %s is invalid", path, key, exc.field
-            )
+                "routing mirror %s: skipping entry %s: field %s is invalid", path, shown(key),
+                shown(exc.field),
+            )  # fmt: skip
             continue
         if entry.session_key != key:
             logger.warning(
-                "routing mirror %s: skipping entry %r: it is stored under a key other than its "
+                "routing mirror %s: skipping entry %s: it is stored under a key other than its "
                 "session_key",
                 path,
-                key,
+                shown(key),
             )
             continue
         entries[key] = entry
     for platform, keys in by_platform.items():
         logger.warning(
             "routing mirror %s: skipping %d entries of platform %r, which no loaded plugin "
-            "registers (first: %r); they load again once its plugin is enabled",
+            "registers (first: %s); they load again once its plugin is enabled",
             path,
             len(keys),
-            platform,
-            keys[0],
+            shown(platform),
+            shown(keys[0]),
         )
     return MirrorContents(entries=entries, unregistered=unregistered)
 

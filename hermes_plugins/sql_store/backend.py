@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections import Counter
 from collections.abc import Iterator, Sequence
 from dataclasses import replace
 from typing import Any
@@ -19,9 +20,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.exc import SQLAlchemyError
 
-from hermes_core.errors import (
-    LeaseLostError,
-)
+from hermes_core.errors import LeaseLostError, shown
 from hermes_core.models import SessionEntry
 from hermes_core.store.backend import (
     SESSION_ENDED,
@@ -177,26 +176,47 @@ class SqlBackend(RekeyRows, OperatorRows, LeaseRows, WakeupRows, SessionRows):
         self, entries: Sequence[tuple[EntryDict, SessionRow]], marker: tuple[str, str]
     ) -> int:
         """Insert the entries whose key is missing, each with its session row unless one of
-        that id exists, and record ``marker``, in one transaction."""
+        that id exists, and record ``marker``, in one transaction. A session belongs to one
+        lane: an entry whose session (or parent) is another lane's, or whose session another
+        entry of the batch names too, is skipped with a warning (its parent dropped), so one
+        chat never reads another's history."""
+        query = select(gateway_routing.c.session_key, gateway_routing.c.session_id)
         with self._read("reading the routing index") as conn:
-            present = set(conn.execute(select(gateway_routing.c.session_key)).scalars())
-        missing = [(entry, row) for entry, row in entries if entry["session_key"] not in present]
+            routed: dict[str, str] = {key: session_id for key, session_id in conn.execute(query)}  # noqa: C416
+        named = Counter(row.id for _, row in entries)
+        missing = [(entry, row) for entry, row in entries if entry["session_key"] not in routed]
+        owners = {session_id: key for key, session_id in routed.items()}
+        imported = 0
         with self._write("importing routing entries") as cursor:
             for entry, row in missing:
-                if not self._session_exists(cursor, row.id):
+                key = entry["session_key"]
+                owner = owners.get(row.id) or self._session_owner(cursor, row.id)
+                if named[row.id] > 1 or owner not in (None, key):
+                    logger.warning(
+                        "sessions.json: skipping entry %s: its session %s belongs to %s",
+                        shown(key), shown(row.id),
+                        "several entries" if named[row.id] > 1 else f"lane {shown(owner)}",
+                    )  # fmt: skip
+                    continue
+                if owner is None:
                     parent = row.parent_session_id
-                    if parent is not None and not self._session_exists(cursor, parent):
+                    if parent is not None and self._session_owner(cursor, parent) != key:
                         parent = None
                     values = session_values(replace(row, parent_session_id=parent))
                     self._sql.insert_session.run(cursor, values)
                 self._sql.upsert_route.run(cursor, route_params(entry))
+                imported += 1
             self._set_meta(cursor, *marker)
-        return len(missing)
+        return imported
 
-    def _session_exists(self, cursor: Any, session_id: str) -> bool:
-        """Whether a session row of that id exists (read on the writer's open transaction)."""
-        found = self._sql.select_session.run(cursor, {"session_id": session_id}).fetchone()
-        return found is not None
+    def _session_owner(self, cursor: Any, session_id: str) -> str | None:
+        """The lane of the session row of that id, if one exists (read on the writer's open
+        transaction)."""
+        result = self._sql.select_session.run(cursor, {"session_id": session_id})
+        found = result.fetchone()
+        if found is None:
+            return None
+        return str(found[[column[0] for column in result.description].index("session_key")])
 
     def prune_candidates(self, cutoff: float) -> list[str]:
         """Keys idle since before ``cutoff`` that are not suspended and have no marker, in key
