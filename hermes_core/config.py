@@ -49,6 +49,7 @@ from hermes_core.config_values import (
     WholeDaysOrZero,
     Words,
     hermes_home,
+    unencodable_setting,
 )
 from hermes_core.config_yaml import read_yaml
 from hermes_core.errors import ConfigError
@@ -354,6 +355,14 @@ class GatewayConfig(SharedSection):
                 name,
                 unknown,
                 ours,
+            )
+        unencodable = unencodable_setting(data)
+        if unencodable is not None:
+            raise ConfigError(
+                unencodable,
+                f"{name}: {unencodable} holds a lone surrogate (half of a character, such as an "
+                "escaped \\ud800), which cannot be stored; write the value as plain text",
+                source=name,
             )
         home = hermes_home(env)
         try:

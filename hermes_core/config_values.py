@@ -21,8 +21,41 @@ from pydantic.fields import FieldInfo
 __all__ = [
     "SECTION_TEXT", "AnySecs", "ChatId", "Count", "CountOrZero", "Days", "DaysOrZero", "Flag",
     "OptFlag", "PathValue", "Secret", "Secs", "SecsOrZero", "Section", "SharedSection", "Url",
-    "WholeDaysOrZero", "Words", "hermes_home", "is_secret",
+    "WholeDaysOrZero", "Words", "hermes_home", "is_secret", "unencodable_setting",
 ]  # fmt: skip
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def unencodable_setting(data: object, path: str = "", depth: int = 0) -> str | None:
+    """The dotted key of the first string (or key) in a configuration's ``data`` holding a UTF-16
+    surrogate, which no file or database can store, or None. Checked before validation, so such
+    a value is refused by name at load rather than failing later when the settings are
+    serialised (values nested deeper than any setting are left to validation)."""
+    if isinstance(data, str):
+        return (path or "(top level)") if _SURROGATE.search(data) else None
+    items: Iterator[tuple[str, object]]
+    if isinstance(data, Mapping):
+        for key in data:
+            if isinstance(key, str) and _SURROGATE.search(key):
+                return path or "(top level)"
+        items = ((f"{path}.{key}" if path else str(key), value) for key, value in data.items())
+    elif isinstance(data, list | tuple):
+        items = ((f"{path}[{index}]", item) for index, item in enumerate(data))
+    else:
+        return None
+    if depth >= _SETTING_DEPTH:
+        return None
+    for name, value in items:
+        found = unencodable_setting(value, name, depth + 1)
+        if found is not None:
+            return found
+    return None
+
+
+_SETTING_DEPTH = 32
+"""How deep :func:`unencodable_setting` looks (settings nest a few levels)."""
+
 
 SECTION_TEXT = "a mapping of settings (null means defaults)"
 """What a section accepts, as error messages say it."""

@@ -530,3 +530,38 @@ def test_writer_connections_out_of_range_is_a_config_error(home: Path) -> None:
         GatewayConfig.from_dict(
             {"storage": {"writer_connections": 0}}, environ={"HERMES_HOME": str(home)}
         )
+
+
+@pytest.mark.parametrize(
+    ("yaml_text", "key"),
+    [
+        ('storage:\n  url: "sqlite:///tmp/x\\ud800.db"\n', "storage.url"),
+        ('gateway:\n  sessions_dir: "/tmp/\\udfff"\n', "gateway.sessions_dir"),
+        (
+            "platforms:\n  telegram:\n    home_channel: "
+            '{platform: telegram, chat_id: "1", name: "caf\\ud83d"}\n',
+            "platforms.telegram.home_channel.name",
+        ),
+        ('plugins:\n  disable: [slack, "x\\ud800"]\n', "plugins.disable[1]"),
+        ('"\\ud800": 1\n', "(top level)"),
+    ],
+    ids=["url", "path", "home-channel", "list", "key"],
+)
+def test_a_lone_surrogate_is_refused_at_load_naming_the_key(
+    tmp_path: Path, yaml_text: str, key: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A YAML escape such as \\ud800 gives half a character, which nothing can store: refused
+    when the file is read (not later, when the settings are serialised), by the console too."""
+    from hermes_core.cli import main
+
+    with pytest.raises(ConfigError, match="lone surrogate") as caught:
+        load_yaml(tmp_path, yaml_text, HERMES_HOME=str(tmp_path))
+    assert caught.value.key == key
+    home = tmp_path / "home"
+    home.mkdir(mode=0o700)
+    write(home, yaml_text)
+    assert main(["ls", "--state-dir", str(home)]) == 2
+    error = capsys.readouterr().err
+    assert error.startswith("hermes-sessions: error: ")
+    assert len(error.splitlines()) == 1
+    assert f"{key} holds a lone surrogate" in error

@@ -333,3 +333,29 @@ async def test_half_an_emoji_in_a_message_and_in_the_reply_is_answered_and_store
     assert stored == ["hi \ufffd", "echo: hi \ufffd \ufffd"]
     assert entry.active_turn_token is None  # the turn closed
     await gateway.stop()
+
+
+def test_a_junk_queued_row_is_logged_cut_and_escaped(
+    store: SessionStore, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A queued row whose key holds newlines and 100 KB (written by anything but a gateway) is
+    reported on one short line when the queue is read, not verbatim."""
+    from sqlalchemy import create_engine, text
+
+    junk = "agent:main:telegram:dm:c=1\nFORGED LOG LINE\n" + "x" * 100_000
+    engine = create_engine(store.config.storage_url)
+    with engine.begin() as conn:
+        conn.execute(
+            text(
+                "INSERT INTO queued_events (session_key, event_json, enqueued_at, updated_at) "
+                "VALUES (:key, :payload, 0, 0)"
+            ),
+            {"key": junk, "payload": "not json"},
+        )
+    engine.dispose()
+    with caplog.at_level("WARNING"):
+        assert store.queue_restore() == []
+    [record] = [r for r in caplog.records if "cannot be read" in r.getMessage()]
+    assert "\n" not in record.getMessage()
+    assert len(record.getMessage()) < 1000
+    assert f"({len(junk)} characters)" in record.getMessage()

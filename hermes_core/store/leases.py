@@ -22,7 +22,7 @@ import secrets
 from collections.abc import Callable, Collection, Iterable, Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 
-from hermes_core.errors import InvalidValueError, LeaseLostError
+from hermes_core.errors import InvalidValueError, LeaseLostError, shown
 from hermes_core.instance import instance_id
 from hermes_core.models import MessageEvent
 from hermes_core.store.backend import LOCKED, LeaseGrant, Locked
@@ -234,12 +234,15 @@ class LeaseStore(RoutingStore):
             except (ValueError, InvalidValueError) as exc:
                 queue = self._bound.queue
                 if not set_aside or queue is None:
-                    logger.warning("queued event %d of %s cannot be read: %s", event_id, key, exc)
+                    logger.warning(
+                        "queued event %d of %s cannot be read: %s", event_id, shown(key),
+                        shown(str(exc)),
+                    )  # fmt: skip
                     continue
                 logger.error(
                     "queued event %d of %s cannot be read (%s); set aside as a dead letter "
                     "(`hermes-sessions requeue %d` puts it back once the gateways can read it)",
-                    event_id, key, exc, event_id,
+                    event_id, shown(key), shown(str(exc)), event_id,
                 )  # fmt: skip
                 with self._canonical():
                     queue.fail_queued(event_id, f"cannot be read: {exc}", 0)  # dead at once

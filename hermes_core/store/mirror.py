@@ -176,7 +176,7 @@ def load_mirror(
         entries[key] = entry
     for platform, keys in by_platform.items():
         logger.warning(
-            "routing mirror %s: skipping %d entries of platform %r, which no loaded plugin "
+            "routing mirror %s: skipping %d entries of platform %s, which no loaded plugin "
             "registers (first: %s); they load again once its plugin is enabled",
             path,
             len(keys),
