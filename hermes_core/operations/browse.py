@@ -6,7 +6,9 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import math
 import sys
+import time
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
@@ -32,6 +34,7 @@ from hermes_core.operations.common import (
 from hermes_core.operations.outputs import open_output
 from hermes_core.plugins import platform_registry
 from hermes_core.store import SessionStore
+from hermes_core.store.leases import CLOCK_SLACK_SECS, lease_state
 from hermes_core.store.operator import OperatorBackend
 from hermes_core.terminal import safe_text
 from hermes_core.timeutil import checked_span
@@ -164,12 +167,12 @@ def ls_command(args: argparse.Namespace, config: GatewayConfig) -> int:
 
 
 def lane_details(store: SessionStore, entry: SessionEntry) -> dict[str, Any]:
-    """A lane as ``show --json`` prints it."""
+    """A lane as ``show --json`` prints it (its queue as stored, whichever process holds the
+    lane; ``lease``: its turn lease on a shared store, else None)."""
     key = entry.session_key
     queued = [
         {"event_id": event_id, "text": event.text, "internal": event.internal}
-        for event_id, lane, event in store.queue_restore()
-        if lane == key
+        for event_id, _, event in store.queue_restore(key)
     ]
     dead = [
         {"event_id": letter.event_id, "attempts": letter.attempts, "last_error": letter.last_error,
@@ -187,11 +190,31 @@ def lane_details(store: SessionStore, entry: SessionEntry) -> dict[str, Any]:
     ]  # fmt: skip
     return {
         "entry": entry.to_dict(),
+        "lease": _lease(store, key),
         "queued": queued,
         "dead_letters": dead,
         "owed_replies": owed,
         "transcript": _transcript(store, entry.session_id),
     }
+
+
+def _lease(store: SessionStore, key: str) -> dict[str, Any] | None:
+    """The lane's turn lease row (owner instance, seconds until it expires on this host's
+    clock, and ``state``: live, expired or invalid, see ``lease_state``), or None."""
+    if not store.shared:
+        return None
+    backend = open_operator(store.config, write=False, plugins=store.plugins)
+    try:
+        rows = backend.lease_rows(key)
+    finally:
+        backend.close()
+    if not rows:
+        return None
+    _, owner, expires = rows[0]
+    now, ttl = time.time(), store.config.storage.turn_lease_secs
+    left = expires - now if math.isfinite(expires) else None
+    return {"owner_instance": owner, "expires_in_secs": left,
+            "state": lease_state(expires, now, ttl, CLOCK_SLACK_SECS)}  # fmt: skip
 
 
 def _transcript(store: SessionStore, session_id: str) -> list[dict[str, Any]]:
@@ -264,6 +287,11 @@ def show_command(args: argparse.Namespace, config: GatewayConfig) -> int:
     say(f"created:  {entry['created_at']}")
     say(f"updated:  {entry['updated_at']}")
     say(f"flags:    {', '.join(flags) or 'none'}")
+    lease = details["lease"]
+    if lease is not None:
+        left = lease["expires_in_secs"]
+        when = "never" if left is None else f"in {left:.0f} s" if left >= 0 else "already"
+        say(f"lease:    {lease['owner_instance']} ({lease['state']}; expires {when})")
     say(f"queued:   {len(details['queued'])} event(s)")
     for item in details["queued"]:
         say(f"  #{item['event_id']}: {item['text']}")

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from hermes_core.config import GatewayConfig
-from hermes_core.errors import CorruptDatabaseError, GatewayLockedError, StoreError
+from hermes_core.errors import CorruptDatabaseError, GatewayLockedError, StoreError, shown
 from hermes_core.instance import (
     CLEAN_SHUTDOWN_FILE,
     RESTART_COUNTS_FILE,
@@ -33,6 +33,7 @@ from hermes_core.instance import (
 from hermes_core.operations.common import open_operator, open_store, print_json, store_spec
 from hermes_core.operations.outputs import store_files
 from hermes_core.redaction import load_hmac_key
+from hermes_core.store.leases import CLOCK_SLACK_SECS, lease_state
 from hermes_core.store.mirror import load_mirror, writes_mirror
 from hermes_core.store.operator import OperatorBackend
 
@@ -164,6 +165,28 @@ def _database_findings(backend: OperatorBackend) -> list[Finding]:
     return found
 
 
+def _lease_finding(backend: OperatorBackend, config: GatewayConfig) -> Finding:
+    """Turn leases and the durable queues of a shared store: a lease row with an expiry no
+    gateway writes (junk) is named; what waits in the queues is counted either way."""
+    leases = backend.lease_rows()
+    now, ttl = time.time(), config.storage.turn_lease_secs
+    states = [lease_state(expires, now, ttl, CLOCK_SLACK_SECS) for _, _, expires in leases]
+    invalid = [key for (key, _, _), state in zip(leases, states, strict=True) if state == "invalid"]
+    queued = backend.queued()
+    waiting = f"{len(queued)} event(s) queued on {len({key for _, key, _ in queued})} lane(s)"
+    if invalid:
+        return Finding(
+            "leases", "problem",
+            f"{len(invalid)} lease(s) with an expiry no gateway writes (NaN, infinite or more than "
+            f"storage.turn_lease_secs ahead), e.g. {shown(invalid[0])}; {waiting}",
+            "a running gateway treats such a lease as lapsed and takes the lane over at its next "
+            "scan (storage.lease_scan_secs); with every gateway stopped, `hermes-sessions show "
+            "KEY` names the lane's lease, and deleting its row frees the lane",
+        )  # fmt: skip
+    live = states.count("live")
+    return Finding("leases", "ok", f"{len(leases)} lease(s), {live} live; {waiting}")
+
+
 def _mirror_finding(config: GatewayConfig, routes: dict[str, str], running: bool) -> Finding:
     path = config.sessions_dir / "sessions.json"
     if config.sessions_dir.is_symlink():
@@ -240,6 +263,7 @@ def run_checks(config: GatewayConfig) -> tuple[list[Finding], int | None]:
         findings.append(Finding("store", "ok", f"{backend.name} reachable, schema current"))
         try:
             findings += _database_findings(backend)
+            findings.append(_lease_finding(backend, config))
         except CorruptDatabaseError:
             findings.append(Finding("integrity", "problem", "the database is corrupt", PROCEDURE))
             return findings, running

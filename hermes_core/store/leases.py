@@ -39,6 +39,21 @@ UNFENCED: AbstractContextManager[dict[str, str]] = nullcontext({})
 one dict is only ever read)."""
 
 
+CLOCK_SLACK_SECS = 60.0
+"""Clock difference allowed between an operator's host and the database server when a command
+reads lease expiries."""
+
+
+def lease_state(expires_at: float, now: float, ttl: float, slack: float = 0.0) -> str:
+    """What a lease row's expiry means, as the gateways read it: ``live``, ``expired``, or
+    ``invalid`` (NaN, infinite or further than ``ttl`` from ``now``, which no grant or renewal
+    writes: the gateways treat it as lapsed). ``slack``: seconds of clock difference allowed
+    (a reader whose clock is not the database server's)."""
+    if not expires_at <= now + ttl + slack:  # NaN compares false
+        return "invalid"
+    return "live" if expires_at >= now else "expired"
+
+
 class LeaseStore(RoutingStore):
     """Lease bookkeeping of one store: which lanes this process holds, under which token."""
 

@@ -68,6 +68,10 @@ class OperatorBackend(Protocol):
     def queued(self) -> list[tuple[int, str, str]]:
         """Queued events (id, session key, event JSON), in queue order."""
 
+    def lease_rows(self, session_key: str | None = None) -> list[tuple[str, str, float]]:
+        """Turn leases of a shared store (session key, owner instance, expiry on the database
+        server's clock), of every lane or of ``session_key``."""
+
     def remove_queued(self, event_ids: Sequence[int]) -> int:
         """Delete queued events (dead letters included); how many."""
 

@@ -358,17 +358,19 @@ class TurnRecoveryStore(LeaseStore):
             return queue.remove_queued(event_ids)
 
     def queue_restore(self, session_key: str | None = None) -> list[QueuedEvent]:
-        """Every persisted queued event (id, key, event), oldest first (on a shared store,
-        of the lanes this process holds), or those of ``session_key``; unreadable ones are
-        skipped with a warning and left in place."""
+        """Every persisted queued event (id, key, event), oldest first (on a shared store
+        open for writing, of the lanes this process holds), or those of ``session_key``;
+        unreadable ones are skipped with a warning and left in place."""
         queue = self._bound.queue
         if queue is None:
             return []
         with self._canonical():
-            if session_key is not None:
-                stored = queue.queued(session_key)
+            if session_key is not None and not self.read_only:
+                stored = queue.queued(session_key)  # the writer's connection: sees its batch
+            elif session_key is not None:
+                stored = [row for row in queue.queued() if row[1] == session_key]
             else:
-                stored = [row for row in queue.queued() if self.holds(row[1])]
+                stored = [row for row in queue.queued() if self.read_only or self.holds(row[1])]
         return self._queued_events(stored)
 
 

@@ -23,6 +23,7 @@ from hermes_plugins.sql_store.schema import (
     gateway_routing,
     metadata,
     queued_events,
+    session_turn_leases,
     sessions,
     state_meta,
 )
@@ -157,6 +158,16 @@ class OperatorRows(QueueRows):
             elif ended is not None:
                 problems.append(f"{key} points at session {session_id}, which has ended")
         return problems
+
+    def lease_rows(self, session_key: str | None = None) -> list[tuple[str, str, float]]:
+        """Turn leases (session key, owner instance, expiry), by key."""
+        table = session_turn_leases
+        query = select(table.c.session_key, table.c.owner_instance, table.c.expires_at)
+        if session_key is not None:
+            query = query.where(table.c.session_key == session_key)
+        with self._read("reading turn leases") as conn:
+            rows = conn.execute(query.order_by(table.c.session_key)).all()
+        return [(str(key), str(owner), float(expires)) for key, owner, expires in rows]
 
     def obligation_counts(self) -> dict[str, int]:
         """Ledger rows per state."""
