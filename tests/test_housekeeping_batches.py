@@ -8,9 +8,11 @@ import sqlite3
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from conftest import POSTGRES_SKIP_REASON, POSTGRES_URL
 from hermes_core import GatewayConfig
 from hermes_core.agents import EchoAgent, InMemoryAdapter
 from hermes_core.models import MessageEvent
@@ -238,3 +240,74 @@ async def test_ledger_retention_goes_in_batches_with_a_turn_between(
         kept = {row[0] for row in db.execute("SELECT obligation_id FROM delivery_obligations")}
     assert kept == {f"o{n}" for n in range(1, 1000, 2)}
     assert await gateway.stop()
+
+
+def _pg(url: str) -> Any:
+    import psycopg
+
+    return psycopg.connect(url.replace("postgresql+psycopg://", "postgresql://"), autocommit=True)
+
+
+_LEFTOVER = "CREATE INDEX ix_messages_search_ccnew ON messages USING gin (search_tsv)"
+
+
+def _reindex_waiting(url: str) -> bool:
+    with _pg(url) as conn:
+        query = (
+            "SELECT count(*) FROM pg_stat_activity WHERE query ILIKE 'REINDEX%' "
+            "AND wait_event_type = 'Lock' AND pid <> pg_backend_pid()"
+        )
+        return bool(conn.execute(query).fetchone()[0])
+
+
+@pytest.mark.skipif(not POSTGRES_URL, reason=POSTGRES_SKIP_REASON)
+def test_a_turn_is_not_blocked_by_rebuilding_the_postgresql_search_index(
+    hermes_home: Path, empty_database: str
+) -> None:
+    config = GatewayConfig.from_dict(
+        {"storage": {"url": empty_database}}, environ={"HERMES_HOME": str(hermes_home)}
+    )
+    with SessionStore.open(config) as store:
+        session_id = store.get_or_create_session(telegram_dm("1")).session_id
+        store.append_to_transcript(session_id, {"role": "user", "content": "about kiwis"})
+    blocker = _pg(empty_database)  # a reader in a long transaction, using the search index
+    blocker.execute("INSERT INTO state_meta (key, value) VALUES ('fts_stale', '1')")
+    blocker.autocommit = False
+    blocker.execute("SELECT id FROM messages WHERE search_tsv @@ plainto_tsquery('kiwis')")
+    store = SessionStore.open(config, plugins=fresh_plugin_manager(hermes_home))
+    try:
+        assert store.health()["fts"] == "stale"
+        with ThreadPoolExecutor(2) as pool:
+            rebuilding = pool.submit(store.rebuild_search_index)  # as housekeeping calls it
+            try:
+                deadline = time.monotonic() + 20  # within its lock wait (lock_timeout: 30 s)
+                while not _reindex_waiting(empty_database):
+                    assert time.monotonic() < deadline, "the rebuild never waited for the reader"
+                    time.sleep(0.05)
+
+                def turn() -> str:  # a turn's writer steps
+                    other = store.get_or_create_session(telegram_dm("2"))
+                    store.append_to_transcript(
+                        other.session_id, {"role": "user", "content": "hello kiwis"}
+                    )
+                    return other.session_id
+
+                other_id = pool.submit(turn).result(timeout=10)
+                assert _reindex_waiting(empty_database)  # the rebuild was still under way
+            finally:
+                blocker.rollback()  # the reader ends; the rebuild finishes
+                blocker.close()
+            assert rebuilding.result(timeout=60)
+        assert store.health()["fts"] == "ok"
+        with _pg(empty_database) as conn:  # what an interrupted concurrent rebuild leaves
+            conn.execute(_LEFTOVER)
+            conn.execute(
+                "UPDATE pg_index SET indisvalid = false "
+                "WHERE indexrelid = 'ix_messages_search_ccnew'::regclass"
+            )
+            assert store.rebuild_search_index()  # drops it first
+            query = "SELECT relname FROM pg_class WHERE relname LIKE 'ix_messages_search%'"
+            assert [row[0] for row in conn.execute(query)] == ["ix_messages_search"]
+        assert {hit.session_id for hit in store.search("kiwis")} == {session_id, other_id}
+    finally:
+        store.close()

@@ -350,6 +350,10 @@ class SearchCapable(Protocol):
     def rebuild_fts(self) -> bool:
         """Rebuild the derived full-text index; False when full-text search is unavailable."""
 
+    def reindex_fts(self) -> None:
+        """Rebuild what of the index is rebuilt in one piece, without holding the writer's
+        connection or blocking writes (before :meth:`start_fts_rebuild`; may be a no-op)."""
+
     def start_fts_rebuild(self) -> bool:
         """Start rebuilding the index (short); what it leaves unindexed, search still finds
         and :meth:`index_backlog` indexes. False when full-text search is unavailable."""

@@ -130,9 +130,14 @@ class TranscriptStore(StoreBase):
             )
 
     def rebuild_search_index(self) -> bool:
-        """Rebuild the derived full-text index (step ``fts_rebuild_if_stale``): started in one
+        """Rebuild the derived full-text index (step ``fts_rebuild_if_stale``): what is rebuilt
+        in one piece off the writer (PostgreSQL's concurrent reindex), then started in one
         writer step, then the messages indexed in bounded batches, each a writer step of its
         own, so that turns' steps run between them (search stays exact meanwhile)."""
+        search = self._bound.search
+        if search is not None:
+            with self._canonical():
+                search.reindex_fts()
         started = self._start_search_rebuild()
         while started and self._index_search_backlog():
             pass

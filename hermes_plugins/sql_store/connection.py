@@ -94,6 +94,13 @@ SESSION_TIMEOUTS = {
 a connection (and the rows it locked) for ever."""
 
 
+_FAILED_REINDEX = (
+    "SELECT c.relname FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid "
+    "WHERE NOT i.indisvalid AND c.relname LIKE 'ix\\_messages\\_search\\_ccnew%%'"
+)
+"""The invalid copies an interrupted ``REINDEX ... CONCURRENTLY`` of the search index left."""
+
+
 def shared_writer_timeouts(turn_lease_secs: float) -> dict[str, str]:
     """A shared store's writer sessions (set when each connects): a lock wait, and a transaction
     left open by a process that froze, end after a quarter of a lease (at least a second), so
@@ -671,18 +678,39 @@ class SqlConnection:
             )  # fmt: skip
 
     def rebuild_fts(self) -> bool:
-        """Rebuild the derived index and clear ``fts_stale`` (:meth:`start_fts_rebuild`, then
-        the whole backlog indexed); False when FTS5 is unavailable."""
+        """Rebuild the derived index and clear ``fts_stale`` (:meth:`reindex_fts`,
+        :meth:`start_fts_rebuild`, then the whole backlog indexed); False when FTS5 is
+        unavailable."""
+        self.reindex_fts()
         started = self.start_fts_rebuild()
         while started and self.index_backlog():
             pass
         return started
 
+    def reindex_fts(self) -> None:
+        """PostgreSQL: rebuild the GIN index with ``REINDEX INDEX CONCURRENTLY`` on a
+        connection of its own (no writer's), which blocks neither message writes nor searches;
+        an invalid copy a failed run left behind is dropped first. It runs without a statement
+        timeout (a large index may take minutes) and waits for the transactions that use the
+        old index. SQLite: nothing (:meth:`start_fts_rebuild` and the writer's batches)."""
+        if self.name != "postgresql":
+            return
+        with self._read("rebuilding the full-text index") as conn:
+            conn.execution_options(isolation_level="AUTOCOMMIT")
+            conn.exec_driver_sql("SET statement_timeout = 0")
+            try:
+                for name in conn.exec_driver_sql(_FAILED_REINDEX).scalars().all():
+                    conn.exec_driver_sql(f'DROP INDEX CONCURRENTLY IF EXISTS "{name}"')
+                conn.exec_driver_sql("REINDEX INDEX CONCURRENTLY ix_messages_search")
+            finally:
+                conn.exec_driver_sql("RESET statement_timeout")
+
     def start_fts_rebuild(self) -> bool:
         """Start a rebuild of the derived index and clear ``fts_stale``; False when FTS5 is
         unavailable. On SQLite the index is emptied behind a watermark of 0, so that every
         message is indexed later in batches (:meth:`index_backlog`, or after the next commits)
-        while search stays exact (see ``fts.py``); PostgreSQL reindexes at once."""
+        while search stays exact (see ``fts.py``); PostgreSQL's is rebuilt beforehand, off the
+        writer (:meth:`reindex_fts`), and this step only clears the record."""
         if self._fts == "unavailable":
             return False
         newest = 0
@@ -695,8 +723,6 @@ class SqlConnection:
                 self._set_meta(cursor, FTS_WATERMARK, "0")
                 for statement in SQLITE_FTS_TRIGGERS:
                     cursor.execute(statement)
-            else:
-                cursor.execute("REINDEX INDEX ix_messages_search")
             self._sql.delete_meta.run(cursor, {"key": "fts_stale"})
         self._engine.dispose()  # pooled readers may still hold the broken index's connection
         self._fts = "ok"
