@@ -143,4 +143,4 @@ class Delivery(GatewayCore):
             logger.exception("owed replies could not be read (%s)", occasion)
             return
         for row, prefix in due:
-            await self._deliver(row, prefix=prefix, close=occasion == "boot")
+            await self._deliver(row, prefix=prefix, close=occasion in ("boot", "takeover"))

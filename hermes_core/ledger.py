@@ -32,6 +32,10 @@ logger = logging.getLogger(__name__)
 RESTART_PREFIX = (
     "♻️ Recovered reply — the gateway restarted during delivery, so this may be a duplicate:"
 )
+TAKEOVER_PREFIX = (
+    "♻️ Recovered reply — the gateway process answering this chat stopped responding during "
+    "delivery and another one took over, so this may be a duplicate:"
+)
 RECONNECT_PREFIX = (
     "♻️ Recovered reply — the messaging platform reconnected after the original delivery failed, "
     "so this may be a duplicate:"
@@ -87,7 +91,7 @@ class SendResult:
     error: str | None = None
 
 
-Occasion = Literal["boot", "reconnect", "rate_limit"]
+Occasion = Literal["boot", "takeover", "reconnect", "rate_limit"]
 """When owed replies are sent outside their turn (see :meth:`DeliveryLedger.due`)."""
 
 
@@ -209,6 +213,8 @@ class DeliveryLedger:
 
         - ``boot``: what the previous process left; ``attempting`` and ``failed`` rows and
           crash-recorded replies carry the restart prefix, ``pending`` rows go plainly;
+        - ``takeover``: the same for a lane taken over from another process of a shared store
+          that let its lease expire, with the takeover prefix (nothing here restarted);
         - ``reconnect``: a platform (re)connected: ``pending`` rows go plainly, ``attempting``
           and ``failed`` ones (not rate-limited) with the reconnect prefix;
         - ``rate_limit``: rate-limited rows, with the rate-limit prefix.
@@ -243,7 +249,9 @@ class DeliveryLedger:
             return RATE_LIMIT_PREFIX
         if row.state == "pending" and row.origin_kind != "crash":
             return None
-        return RESTART_PREFIX if occasion == "boot" else RECONNECT_PREFIX
+        if occasion == "boot":
+            return RESTART_PREFIX
+        return TAKEOVER_PREFIX if occasion == "takeover" else RECONNECT_PREFIX
 
     def housekeeping(self, delete: Callable[[list[str]], int] | None = None) -> int:
         """Abandon stale rows, then apply retention and the row cap; returns rows pruned. The

@@ -169,7 +169,7 @@ class Gateway(LaneCommands, LaneRunner, Delivery):
             return
         await asyncio.to_thread(shared.recover, key)
         connected = [name for name, adapter in self.adapters.items() if adapter.is_connected()]
-        await self._send_due("boot", connected, key.__eq__)
+        await self._send_due("takeover", connected, key.__eq__)
         entry = await asyncio.to_thread(self.store.lookup_by_session_key, key)
         origin = entry.origin if entry is not None else None
         if (

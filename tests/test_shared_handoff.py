@@ -623,3 +623,22 @@ def test_a_grant_that_waited_for_another_insert_still_runs_its_full_lease(
                    "clock_timestamp()) FROM session_turn_leases")  # fmt: skip
     assert [row[0] for row in rows] == [holder.owner[0]]
     assert rows[0][1] > lease - 0.5  # a full lease from the grant, not from before the wait
+
+
+def test_a_settle_after_a_takeover_leaves_the_reply_s_ledger_row_to_the_new_holder(
+    stores: Callable[..., SessionStore], empty_database: str
+) -> None:
+    """The holder's lease expired and another process took the lane over while the reply was
+    being sent: the settle's ledger-row delete checks the token, so the row stays for the new
+    holder (which re-sends it marked) instead of vanishing under it."""
+    holder, taker = stores("holder"), stores("taker")
+    key = holder.session_key_for(SOURCE)
+    assert holder.take_lease(key) == "free"
+    row = _turn_with_reply(holder, "hi", "m1")
+    grant = _first(lambda: taker.take_lease(key), "the holder's lease to expire")
+    assert grant == "unreleased"
+    settle = functools.partial(holder.settle_delivery, row, SendResult(ok=True), (key, None),
+                               kept=lambda events: None)  # fmt: skip
+    holder.run(settle, lane=key)
+    assert _scalar(empty_database, "SELECT count(*) FROM delivery_obligations") == 1
+    assert taker.holds(key)

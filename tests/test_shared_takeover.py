@@ -19,6 +19,7 @@ from support.shared_driver import configure
 from hermes_core import MessageEvent, SessionSource
 from hermes_core.agents import EchoAgent, InMemoryAdapter, TurnRequest
 from hermes_core.config import GatewayConfig
+from hermes_core.ledger import TAKEOVER_PREFIX
 from hermes_core.models import SessionEntry
 from hermes_core.queue import TurnQueue
 from hermes_core.runtime import Gateway
@@ -425,3 +426,28 @@ def test_a_clean_start_resumes_a_turn_another_process_left_on_a_lane_without_a_l
     assert resumed == [key]
     assert run_sql(empty_database, "SELECT count(*) FROM gateway_routing WHERE "
                    "active_turn_token IS NOT NULL OR resume_pending <> 0") == [(0,)]  # fmt: skip
+
+
+def test_a_reply_re_sent_after_a_takeover_says_another_gateway_took_over(
+    tmp_path: Path, empty_database: str, stores: Callable[..., SessionStore]
+) -> None:
+    """The holder was sending a reply when it stopped responding (its lease expired): the
+    taker re-sends it marked, saying what happened; nothing restarted."""
+    holder = stores("holder")
+    entry = holder.get_or_create_session(SOURCE)
+    key = entry.session_key
+    assert holder.take_lease(key)
+    holder.record_delivery_obligation(
+        key, entry.session_id, "telegram", "c1", None, "being sent right now", "m1",
+        claimed=True,
+    )  # fmt: skip
+
+    async def scenario() -> list[str]:
+        gateway, adapter = _gateway(tmp_path, "taker", empty_database, EchoAgent, scan_secs=0.2)
+        await gateway.start()
+        await _wait(lambda: bool(adapter.sent), "the re-sent reply")
+        await gateway.idle()
+        await gateway.stop()
+        return adapter.texts()
+
+    assert asyncio.run(scenario()) == [f"{TAKEOVER_PREFIX}\n\nbeing sent right now"]

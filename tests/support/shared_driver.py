@@ -33,7 +33,7 @@ from hermes_core import GatewayConfig, MessageEvent, SessionEntry, SessionSource
 from hermes_core.agents import EchoAgent, TurnRequest
 from hermes_core.errors import MessageNotStoredError
 from hermes_core.instance import instance_id
-from hermes_core.ledger import RESTART_PREFIX, SendResult
+from hermes_core.ledger import RESTART_PREFIX, TAKEOVER_PREFIX, SendResult
 from hermes_core.runtime import Gateway
 from support.gateway_driver import FORKS, append_line, read_lines
 
@@ -368,13 +368,14 @@ class Fleet:
         """Per message id of ``events``: how often it was answered plainly and how often marked
         as a possible duplicate. A resumed turn answers the interrupted message without
         replying to it (``reply_to`` empty; the echo names the message)."""
-        marker = f"{RESTART_PREFIX}\n\n"
+        markers = (f"{RESTART_PREFIX}\n\n", f"{TAKEOVER_PREFIX}\n\n")
         counts: dict[str, list[int]] = {str(item["message_id"]): [0, 0] for item in events}
         texts = {(str(item["source"]["chat_id"]), f"echo: {item['text']}"): str(item["message_id"])
                  for item in events}  # fmt: skip
         for line in self.sent():
             body = str(line["text"])
-            marked = body.startswith(marker)
+            marker = next((marker for marker in markers if body.startswith(marker)), "")
+            marked = bool(marker)
             reply_to = line["reply_to"] or texts.get((str(line["chat"]), body.removeprefix(marker)))
             if reply_to in counts:
                 counts[reply_to][marked] += 1
