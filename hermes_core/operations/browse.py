@@ -6,9 +6,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import math
 import sys
-import time
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
@@ -22,6 +20,7 @@ from hermes_core.operations.common import (
     iso,
     iso_times,
     json_text,
+    lease_details,
     open_operator,
     open_store,
     print_json,
@@ -34,7 +33,6 @@ from hermes_core.operations.common import (
 from hermes_core.operations.outputs import open_output
 from hermes_core.plugins import platform_registry
 from hermes_core.store import SessionStore
-from hermes_core.store.leases import CLOCK_SLACK_SECS, lease_state
 from hermes_core.store.operator import OperatorBackend
 from hermes_core.terminal import safe_text
 from hermes_core.timeutil import checked_span
@@ -190,31 +188,12 @@ def lane_details(store: SessionStore, entry: SessionEntry) -> dict[str, Any]:
     ]  # fmt: skip
     return {
         "entry": entry.to_dict(),
-        "lease": _lease(store, key),
+        "lease": lease_details(store, key),
         "queued": queued,
         "dead_letters": dead,
         "owed_replies": owed,
         "transcript": _transcript(store, entry.session_id),
     }
-
-
-def _lease(store: SessionStore, key: str) -> dict[str, Any] | None:
-    """The lane's turn lease row (owner instance, seconds until it expires on this host's
-    clock, and ``state``: live, expired or invalid, see ``lease_state``), or None."""
-    if not store.shared:
-        return None
-    backend = open_operator(store.config, write=False, plugins=store.plugins)
-    try:
-        rows = backend.lease_rows(key)
-    finally:
-        backend.close()
-    if not rows:
-        return None
-    _, owner, expires = rows[0]
-    now, ttl = time.time(), store.config.storage.turn_lease_secs
-    left = expires - now if math.isfinite(expires) else None
-    return {"owner_instance": owner, "expires_in_secs": left,
-            "state": lease_state(expires, now, ttl, CLOCK_SLACK_SECS)}  # fmt: skip
 
 
 def _transcript(store: SessionStore, session_id: str) -> list[dict[str, Any]]:

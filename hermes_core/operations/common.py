@@ -7,8 +7,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
+import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from datetime import datetime, timezone
@@ -21,6 +23,7 @@ from hermes_core.models import SessionEntry
 from hermes_core.plugins import HermesPluginManager, create_plugin_manager
 from hermes_core.specs import StoreSpec
 from hermes_core.store import SessionStore
+from hermes_core.store.leases import CLOCK_SLACK_SECS, lease_state
 from hermes_core.store.operator import OperatorBackend
 from hermes_core.terminal import inert_json, safe_text
 
@@ -241,3 +244,23 @@ def progress(label: str, total: int) -> Iterator[Progress]:
         yield bar
     finally:
         bar.close()
+
+
+def lease_details(store: SessionStore, key: str) -> dict[str, Any] | None:
+    """The lane's turn lease on a shared store, as ``show`` prints it (owner instance, seconds
+    until it expires on this host's clock, and ``state``: live, expired or invalid, see
+    ``lease_state``), or None."""
+    if not store.shared:
+        return None
+    backend = open_operator(store.config, write=False, plugins=store.plugins)
+    try:
+        rows = backend.lease_rows(key)
+    finally:
+        backend.close()
+    if not rows:
+        return None
+    _, owner, expires = rows[0]
+    now, ttl = time.time(), store.config.storage.turn_lease_secs
+    left = expires - now if math.isfinite(expires) else None
+    return {"owner_instance": owner, "expires_in_secs": left,
+            "state": lease_state(expires, now, ttl, CLOCK_SLACK_SECS)}  # fmt: skip
