@@ -465,7 +465,10 @@ class TurnQueue:
                     continue
                 event = stored
                 if part_of is not None:
-                    logger.warning("queued follow-up %d has lost its item; kept alone", event_id)
+                    # Its item may stand before another process's event that came between them
+                    # (a shared store): kept apart so the lane's order holds, as expected.
+                    if not any(item.event_id == part_of for item in items):
+                        logger.warning("queued follow-up %d lost its item; kept alone", event_id)
                     metadata = {k: v for k, v in stored.metadata.items() if k != PART_OF_KEY}
                     event = stored.replace(metadata=metadata)
                 before = (known or {}).get(event_id)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import logging
 import threading
 import time
 import zlib
@@ -30,8 +31,10 @@ from test_shared_takeover import (
 
 from hermes_core import MessageEvent, SessionSource
 from hermes_core.agents import EchoAgent, InMemoryAdapter
+from hermes_core.config import GatewayConfig
 from hermes_core.errors import LeaseLostError
 from hermes_core.ledger import SendResult
+from hermes_core.queue import TurnQueue
 from hermes_core.runtime import Gateway
 from hermes_core.store import SessionStore
 from hermes_core.store.backend import LOCKED, LeaseGrant, Locked, Obligation
@@ -642,3 +645,25 @@ def test_a_settle_after_a_takeover_leaves_the_reply_s_ledger_row_to_the_new_hold
     holder.run(settle, lane=key)
     assert _scalar(empty_database, "SELECT count(*) FROM delivery_obligations") == 1
     assert taker.holds(key)
+
+
+def test_a_burst_split_by_another_processs_event_runs_in_acknowledged_order(
+    stores: Callable[..., SessionStore], caplog: pytest.LogCaptureFixture, tmp_path: Path
+) -> None:
+    """The holder merges a follow-up into its queued message, while another process queued an
+    event between the two: reloaded, the lane runs the three in the order they were stored,
+    the follow-up on its own, and nothing is reported lost."""
+    holder, other = stores("holder", lease_secs=LONG), stores("other", lease_secs=LONG)
+    key = holder.get_or_create_session(SOURCE).session_key
+    assert holder.take_lease(key) == "free"
+    bursts = {"gateway": {"busy_queue": {"burst_window_secs": 60}}}
+    queue = TurnQueue(
+        holder, GatewayConfig.from_dict(bursts, environ={"HERMES_HOME": str(tmp_path)})
+    )
+    assert queue.enqueue(key, _message("first", "m1")).accepted
+    assert other.queue_add(key, _message("between", "m2"))  # under a refused grant elsewhere
+    assert queue.enqueue(key, _message("follow-up", "m3")).merged
+    with caplog.at_level(logging.WARNING):
+        assert holder.run(queue.reload, key, lane=key) == 3
+    assert [item.event.text for item in queue.items(key)] == ["first", "between", "follow-up"]
+    assert not [record for record in caplog.records if "lost its item" in record.message]
