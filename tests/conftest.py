@@ -213,3 +213,12 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
         terminalreporter.write_line(
             f"{point:{width}} {restarts:8d} {acked:6d} {lost:5d} {duplicates:10d}"
         )
+
+
+@pytest.fixture
+def state(tmp_path: Path) -> tuple[Path, dict[str, str]]:
+    """A populated state directory (``support.populate``) and its lanes' keys by name."""
+    from support.populate import populate
+
+    home = tmp_path / "state"
+    return home, populate(home)

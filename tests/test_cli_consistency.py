@@ -12,25 +12,11 @@ from datetime import datetime
 from pathlib import Path
 
 import pytest
-from support.populate import config_for, populate
+from support.populate import State, config_for, run
 
 from conftest import builtins_only
 from hermes_core.cli import main
 from hermes_core.store import SessionStore
-
-State = tuple[Path, dict[str, str]]
-
-
-@pytest.fixture
-def state(tmp_path: Path) -> State:
-    home = tmp_path / "state"
-    return home, populate(home)
-
-
-def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
-    code = main(list(argv))
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 def _script(*argv: str) -> subprocess.CompletedProcess[str]:

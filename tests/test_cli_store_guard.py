@@ -17,9 +17,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from support.populate import config_for, populate
+from support.populate import config_for, populate, run
 
-from hermes_core.cli import main
 from hermes_core.errors import InvalidValueError
 from hermes_core.store import SessionStore
 
@@ -29,12 +28,6 @@ STORE_FILES = (
 )  # fmt: skip
 SQLITE_ONLY = ("state.db", "state.db-wal", "state.db-shm", "state.db.lock")
 BAD_NUMBERS = ("nan", "inf", "-inf", "1e308", "9" * 400)
-
-
-def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
-    code = main(list(argv))
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])

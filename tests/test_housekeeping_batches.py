@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import sqlite3
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -53,31 +54,39 @@ def _fill(home: Path) -> None:
         )
 
 
+async def _answered_mid_pass(
+    home: Path, left: Callable[[], int], untouched: int, done: int
+) -> Gateway:
+    """Start a gateway (housekeeping's first pass starts at once), wait until the pass has
+    begun (``left()`` drops below ``untouched``), then check that a turn of lane 7 is answered
+    while the pass still has rows left (``left() > done``) and that the pass ends (``done``).
+    Returns the running gateway for the caller's last checks."""
+    adapter = InMemoryAdapter("telegram")
+    gateway = Gateway(_config(home), fresh_plugin_manager(home), lambda _: EchoAgent(), [adapter])
+    await gateway.start()
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + 60
+    while await asyncio.to_thread(left) >= untouched:
+        assert loop.time() < deadline, "the housekeeping pass never started"
+        await asyncio.sleep(0.01)
+    await gateway.handle_message(MessageEvent(source=telegram_dm("7"), text="still there?"))
+    while adapter.texts("7") != ["echo: still there?"]:
+        assert loop.time() < deadline, "the turn was never answered"
+        await asyncio.sleep(0.01)
+    # Answered while the pass still had rows left: its steps ran between the pass's.
+    assert await asyncio.to_thread(left) > done
+    while await asyncio.to_thread(left) > done:
+        assert loop.time() < deadline, "the pass never finished"
+        await asyncio.sleep(0.05)
+    return gateway
+
+
 async def test_a_turn_is_answered_between_the_batches_of_a_long_housekeeping_pass(
     hermes_home: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr("hermes_core.store.turns.MAINTENANCE_BATCH", 100)  # a pass of 2,000 steps
     await asyncio.to_thread(_fill, hermes_home)
-    adapter = InMemoryAdapter("telegram")
-    gateway = Gateway(
-        _config(hermes_home), fresh_plugin_manager(hermes_home), lambda _: EchoAgent(), [adapter]
-    )
-    await gateway.start()  # housekeeping's first pass starts at once
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + 60
-    while (left := await asyncio.to_thread(_expired_ids, hermes_home)) == SEEN_ROWS:
-        assert loop.time() < deadline, "the housekeeping pass never started"
-        await asyncio.sleep(0.01)
-    assert left > 0, "the pass forgot every row in one step"
-    await gateway.handle_message(MessageEvent(source=telegram_dm("7"), text="still there?"))
-    while adapter.texts("7") != ["echo: still there?"]:
-        assert loop.time() < deadline, "the turn was never answered"
-        await asyncio.sleep(0.01)
-    # Answered while the pass still had rows to forget: its steps ran between the pass's.
-    assert await asyncio.to_thread(_expired_ids, hermes_home) > 0
-    while await asyncio.to_thread(_expired_ids, hermes_home) > 0:
-        assert loop.time() < deadline, "the pass never finished"
-        await asyncio.sleep(0.05)
+    gateway = await _answered_mid_pass(hermes_home, lambda: _expired_ids(hermes_home), SEEN_ROWS, 0)
     assert await gateway.stop()
 
 
@@ -161,26 +170,9 @@ async def test_pruning_goes_in_batches_and_never_removes_a_lane_active_since_the
     monkeypatch.setattr("hermes_core.store.session_store.MAINTENANCE_BATCH", 10)  # 2,000 steps
     session_id = await asyncio.to_thread(_idle_lanes, hermes_home, "7")
     active = "agent:main:telegram:dm:c=7"
-    adapter = InMemoryAdapter("telegram")
-    gateway = Gateway(
-        _config(hermes_home), fresh_plugin_manager(hermes_home), lambda _: EchoAgent(), [adapter]
-    )
-    await gateway.start()  # housekeeping's first pass prunes at once
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + 60
-    while len(await asyncio.to_thread(_routes, hermes_home)) == LANES + 1:
-        assert loop.time() < deadline, "the pruning pass never started"
-        await asyncio.sleep(0.01)
-    # A turn on the lane the pass has read as idle but not yet reached (it is last).
-    await gateway.handle_message(MessageEvent(source=telegram_dm("7"), text="still there?"))
-    while adapter.texts("7") != ["echo: still there?"]:
-        assert loop.time() < deadline, "the turn was never answered"
-        await asyncio.sleep(0.01)
-    # Answered while the pass still had lanes to prune: its steps ran between the pass's.
-    assert len(await asyncio.to_thread(_routes, hermes_home)) > 1
-    while len(routes := await asyncio.to_thread(_routes, hermes_home)) > 1:
-        assert loop.time() < deadline, "the pass never finished"
-        await asyncio.sleep(0.05)
+    # The turn runs on the lane the pass has read as idle but not yet reached (it is last).
+    gateway = await _answered_mid_pass(hermes_home, lambda: len(_routes(hermes_home)), LANES + 1, 1)
+    routes = _routes(hermes_home)
     assert list(routes) == [active]  # every idle lane gone; the active one kept, same session
     assert routes[active][0] == session_id
     assert routes[active][1] > time.time() - 600
@@ -217,25 +209,9 @@ async def test_ledger_retention_goes_in_batches_with_a_turn_between(
 ) -> None:
     monkeypatch.setattr("hermes_core.store.turns.MAINTENANCE_BATCH", 10)  # 9,950 steps
     await asyncio.to_thread(_fill_ledger, hermes_home)
-    adapter = InMemoryAdapter("telegram")
-    gateway = Gateway(
-        _config(hermes_home), fresh_plugin_manager(hermes_home), lambda _: EchoAgent(), [adapter]
+    gateway = await _answered_mid_pass(
+        hermes_home, lambda: _terminal_obligations(hermes_home), OBLIGATIONS, 500
     )
-    await gateway.start()  # housekeeping's first pass starts at once
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + 60
-    while await asyncio.to_thread(_terminal_obligations, hermes_home) == OBLIGATIONS:
-        assert loop.time() < deadline, "the ledger pass never started"
-        await asyncio.sleep(0.01)
-    await gateway.handle_message(MessageEvent(source=telegram_dm("7"), text="still there?"))
-    while adapter.texts("7") != ["echo: still there?"]:
-        assert loop.time() < deadline, "the turn was never answered"
-        await asyncio.sleep(0.01)
-    # Answered while the pass still had rows to prune: its steps ran between the pass's.
-    assert await asyncio.to_thread(_terminal_obligations, hermes_home) > 500
-    while await asyncio.to_thread(_terminal_obligations, hermes_home) > 500:
-        assert loop.time() < deadline, "the pass never finished"
-        await asyncio.sleep(0.05)
     with sqlite3.connect(hermes_home / "state.db") as db:  # the newest 500 stay
         kept = {row[0] for row in db.execute("SELECT obligation_id FROM delivery_obligations")}
     assert kept == {f"o{n}" for n in range(1, 1000, 2)}

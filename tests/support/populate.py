@@ -5,6 +5,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
+from hermes_core.cli import main
 from hermes_core.config import GatewayConfig
 from hermes_core.models import MessageEvent, SessionSource
 from hermes_core.store import SessionStore
@@ -45,3 +48,14 @@ def populate(home: Path, url: str | None = None) -> dict[str, str]:
             keys["alice"], alice.session_id, "telegram", "1001", None, "a reply owed", "ref-1"
         )
     return keys
+
+
+State = tuple[Path, dict[str, str]]
+"""A populated state directory and its lanes' keys by name (the ``state`` fixture)."""
+
+
+def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    """Run ``hermes-sessions *argv`` in process: its exit code, standard output and error."""
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
