@@ -59,21 +59,6 @@ def test_usage_errors_end_in_the_one_error_line(
     assert err.splitlines()[-1].startswith("hermes-sessions: error: ")
 
 
-def test_a_held_writer_lock_is_answered_with_command_line_advice(
-    state: State, capsys: pytest.CaptureFixture[str]
-) -> None:
-    home, keys = state
-    with SessionStore.open(config_for(home)):  # a gateway's writable store
-        code, _, err = run(capsys, "suspend", keys["alice"], "--state-dir", str(home))
-    assert code == 2
-    assert err.count("\n") == 1
-    assert err.startswith("hermes-sessions: error: another writer (pid ")
-    assert "read_only" not in err
-    assert "SessionStore" not in err
-    assert "`hermes-sessions suspend` writes to it" in err
-    assert "stop that process first, or use a command that only reads (ls, show" in err
-
-
 def _is_iso(value: object) -> bool:
     return isinstance(value, str) and datetime.fromisoformat(value).utcoffset() is not None
 

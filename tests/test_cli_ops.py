@@ -148,7 +148,10 @@ def test_writing_commands_refuse_a_held_store_and_reading_ones_work(
         code, _, err = run(capsys, "suspend", keys["alice"], "--state-dir", str(home))
         assert code == 2
         assert err.count("\n") == 1
+        assert err.startswith("hermes-sessions: error: another writer (pid ")
         assert "holds the store" in err
+        assert "SessionStore" not in err  # advice for the command line, not for the library
+        assert "read_only" not in err
         code, out, _ = run(capsys, "ls", "--state-dir", str(home), "--json")
         assert code == 0
         assert len(json.loads(out)) == 3
