@@ -27,7 +27,7 @@ from hermes_core.ledger import SendResult
 from hermes_core.models import MessageEvent, SessionContext, SessionEntry, SessionSource
 from hermes_core.pipeline import Turn, TurnPipeline
 from hermes_core.plugins import HermesPluginManager, default_plugin_manager
-from hermes_core.queue import EnqueueResult, QueuedItem, SeenMessages, TurnQueue
+from hermes_core.queue import EnqueueResult, SeenMessages, TurnQueue
 from hermes_core.recent import Recent
 from hermes_core.recovery import GatewayState
 from hermes_core.sharing import SharedLanes
@@ -168,6 +168,13 @@ class GatewayCore(abc.ABC):
             raise HermesError("the gateway is not started; await gateway.start() first")
         return self.queue
 
+    def _reread(self, key: str) -> None:
+        """On a shared store, read the lane's durable queue again (writer step), so that the
+        events other processes queued for it stand in their durable order among this
+        process's own."""
+        if self.shared is not None:
+            self._queue.reload(key)
+
     def _connected(self, platform: str) -> bool:
         adapter = self.adapters.get(platform)
         return adapter is not None and adapter.is_connected()
@@ -255,10 +262,6 @@ class GatewayCore(abc.ABC):
     @abc.abstractmethod
     def _dispatch_next(self, key: str) -> None:
         """Start the lane's next queued item, if any (``lanes``)."""
-
-    @abc.abstractmethod
-    def _take_head(self, key: str) -> QueuedItem | None:
-        """Remove and return the lane's queue head (``lanes``)."""
 
     @abc.abstractmethod
     async def _close(self, turn: Turn, *, success: bool) -> None:

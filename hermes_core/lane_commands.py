@@ -20,7 +20,7 @@ from hermes_core.gateway_texts import (
     TURN_FAILED,
 )
 from hermes_core.models import MessageEvent, SessionSource
-from hermes_core.queue import EnqueueResult
+from hermes_core.queue import EnqueueResult, QueuedItem
 
 logger = logging.getLogger(__name__)
 
@@ -41,7 +41,7 @@ class LaneCommands(GatewayCore):
             direct=source.chat_type == "dm",
         )  # fmt: skip
 
-    async def _run_command(self, key: str, event: MessageEvent, cut: int | None = None) -> None:
+    async def _run_command(self, key: str, event: MessageEvent, cut: float | None = None) -> None:
         """Carry out a command (``cut``: see :meth:`_carry_out`); a failure is logged and
         answered, never raised to the host."""
         shared = self.shared
@@ -77,16 +77,20 @@ class LaneCommands(GatewayCore):
         take = functools.partial(self._take_first_command, key)
         self._commands[key] = asyncio.create_task(self._command_task(key, take, self._carry_out))
 
-    def _take_first_command(self, key: str) -> tuple[MessageEvent, int] | None:
-        """The first command queued for the lane, wherever it stands, taken out (writer step)."""
-        item = self._queue.take_first(key, self._is_command)
-        return None if item is None else (item.event, item.order)
+    def _take_first_command(self, key: str) -> tuple[MessageEvent, float] | None:
+        """The first command to carry out queued for the lane, wherever it stands, taken (see
+        :meth:`_take`) after the lane's durable queue is read again (writer step)."""
+        self._reread(key)
+        for item in self._queue.items(key):
+            if self._is_command(item.event) and (taken := self._take(key, item)) is not None:
+                return taken
+        return None
 
     async def _command_task(
         self,
         key: str,
-        take: Callable[[], tuple[MessageEvent, int] | None],
-        run: Callable[[str, MessageEvent, int], Awaitable[None]],
+        take: Callable[[], tuple[MessageEvent, float] | None],
+        run: Callable[[str, MessageEvent, float], Awaitable[None]],
     ) -> None:
         """The task of a command taken out of the lane's queue (``take``, a writer step, gives
         it with its place in the queue): carry it out with ``run`` (only what was queued before
@@ -101,7 +105,7 @@ class LaneCommands(GatewayCore):
             self._commands.pop(key, None)
         self._dispatch_next(key)
 
-    async def _carry_out(self, key: str, event: MessageEvent, cut: int | None = None) -> None:
+    async def _carry_out(self, key: str, event: MessageEvent, cut: float | None = None) -> None:
         """Carry out a command. ``cut`` orders it among the lane's queued items (a command
         taken from the queue: its own place); None for one that arrives now, after every item
         queued so far. A reset or ``/stop`` discards only items queued before it: what arrives
@@ -112,7 +116,7 @@ class LaneCommands(GatewayCore):
                 await self._reset(key, event, rest, cut)
                 return
             if cut is None:
-                cut = await self.store.arun(self._queue.cut, key, lane=key)
+                cut = await self.store.arun(self._cut, key, lane=key)
             if command == "/stop":
                 await self._stop_lane(key, event, cut)
             elif command == "/queue":
@@ -145,39 +149,44 @@ class LaneCommands(GatewayCore):
             logger.exception("interrupting background work failed")
             return False
 
-    async def _cut_reset(self, key: str, event: MessageEvent, rest: str) -> int:
+    def _cut(self, key: str) -> int:
+        """A command arrives (writer step): its cut of the lane's queue (see
+        ``TurnQueue.cut``), after the lane's durable queue is read again, so that what other
+        processes queued before it counts as before it."""
+        self._reread(key)
+        return self._queue.cut(key)
+
+    async def _cut_reset(self, key: str, event: MessageEvent, rest: str) -> float:
         """A reset arrives: its cut of the lane's queue and, when text follows the trigger,
         that text queued right behind the cut in the same writer step, ahead of anything sent
         after the reset: the new session's first message."""
         if not rest.strip():
-            return await self.store.arun(self._queue.cut, key, lane=key)
+            return await self.store.arun(self._cut, key, lane=key)
         first = _first_message(event, rest)
 
         def cut_and_queue() -> tuple[int, EnqueueResult]:
-            return self._queue.cut(key), self._queue.enqueue(key, first)
+            return self._cut(key), self._queue.enqueue(key, first)
 
         cut, result = await self.store.arun(cut_and_queue, lane=key)
         await self._enqueued(key, first, result)
         return cut
 
-    async def _reset(self, key: str, event: MessageEvent, rest: str, cut: int | None) -> None:
-        """Interrupt, discard the human items queued before it (``cut``; None: it arrives now,
-        see :meth:`_cut_reset`), clean up the agent, new session, reply, then the lane's queue
-        (``rest``, the text after the trigger, queued at the end when it is not queued yet).
+    async def _reset(self, key: str, event: MessageEvent, rest: str, cut: float | None) -> None:
+        """Interrupt, discard the human items queued before it (``cut``: its place when it was
+        queued, where :meth:`_take` left the text after the trigger; None: it arrives now, see
+        :meth:`_cut_reset`), clean up the agent, new session, reply, then the lane's queue.
         Until then the lane counts as busy: what arrives meanwhile is queued for the new
         session."""
         self._resetting.add(key)
         try:
             if cut is None:
-                cut, rest = await self._cut_reset(key, event, rest), ""
+                cut = await self._cut_reset(key, event, rest)
             await self._halt(key, "user")
             await self._interrupt_background(key)
             await self.store.arun(self._queue.discard_humans, key, cut, lane=key)
             await asyncio.to_thread(self.cache.discard, key)  # full cleanup runs off the loop
             await self.store.arun(self._new_session, key, event.source, lane=key)
             await self._reply(event.source, NEW_SESSION)
-            if rest.strip():
-                await self._enqueue(key, event.replace(text=rest))
         finally:
             self._resetting.discard(key)
             self._dispatch_next(key)
@@ -189,7 +198,7 @@ class LaneCommands(GatewayCore):
             store.get_or_create_session(source, True)
         store.counts.remove(key)
 
-    async def _stop_lane(self, key: str, event: MessageEvent, cut: int) -> None:
+    async def _stop_lane(self, key: str, event: MessageEvent, cut: float) -> None:
         """``/stop``: interrupt the turn and background work, drop the slot's human follow-up
         if it was queued before it (``cut``), keep the overflow (``/queue`` items and internal
         wakes), say what happened."""
@@ -227,25 +236,28 @@ class LaneCommands(GatewayCore):
         take it out of the queue and carry it out."""
         await self._command_task(key, functools.partial(self._take_command, key), self._run_command)
 
-    def _take_command(self, key: str) -> tuple[MessageEvent, int] | None:
-        """Take the command at the head of the lane's queue out (writer step), with its place.
-        A ``/queue <prompt>`` stays at the head as its prompt's own turn, which runs next (its
-        row is deleted when that turn starts), so the items queued after it stay after it; so
-        does the text after a reset trigger, behind the reset (the new session's first
-        message)."""
+    def _take_command(self, key: str) -> tuple[MessageEvent, float] | None:
+        """Take the command at the head of the lane's queue (see :meth:`_take`), after the
+        lane's durable queue is read again (writer step)."""
+        self._reread(key)
         head = self._queue.head(key)
-        if head is None:
-            return None
-        event = head.event
+        return None if head is None else self._take(key, head)
+
+    def _take(self, key: str, item: QueuedItem) -> tuple[MessageEvent, float] | None:
+        """Take a queued command out to carry it out, with its place (writer step). A ``/queue
+        <prompt>`` stays in its place as its prompt's own turn (its row is deleted when that
+        turn starts): nothing to carry out. A reset's text after the trigger stays in the
+        reset's place, so it runs first in the new session, before what was queued after it."""
+        event = item.event
         command, rest = self._command(event)
         if command == "/queue" and (rest.strip() or event.media_urls):
-            head.rewrite(event.replace(text=rest, queued_via_command=True))
+            item.rewrite(event.replace(text=rest, queued_via_command=True))
             return None
         if command in self.triggers and rest.strip():
-            head.rewrite(_first_message(event, rest))
-            return event.replace(text=command), head.order
-        item = self._take_head(key)
-        return None if item is None else (item.event, item.order)
+            item.rewrite(_first_message(event, rest))
+            return event.replace(text=command), item.order
+        self._queue.take(key, item)
+        return event, item.order
 
 
 def _first_message(reset: MessageEvent, rest: str) -> MessageEvent:

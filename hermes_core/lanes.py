@@ -133,6 +133,8 @@ class LaneRunner(GatewayCore):
                 begun.set_result(turn)
             return turn
         while (head := self._queue.head(key)) is not None:
+            if key in self._commands or key in self._resetting:
+                return None  # nothing starts while a command is carried out on the lane
             if not self._startable(head.event):
                 return None  # a command runs apart; a message waits for its platform
             if not await self._wake_current(key, head.event):
@@ -166,7 +168,7 @@ class LaneRunner(GatewayCore):
         for it since run in their durable order among this process's own (a head that is
         then a command, or waits for its platform, is left to the lane's dispatch)."""
         if self.shared is not None:
-            self._queue.reload(key)
+            self._reread(key)
             head = self._queue.head(key)
             if head is None or not self._startable(head.event):
                 return None

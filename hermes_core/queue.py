@@ -80,8 +80,9 @@ class QueuedItem:
     """Restored after a restart: never merges with events that arrive after it."""
     sealed: bool = False
     """A command arrived after it (see :meth:`TurnQueue.cut`): it takes no more follow-ups."""
-    order: int = field(default=0, compare=False)
-    """Queue-wide arrival number, set by the queue (orders :meth:`TurnQueue.lanes`)."""
+    order: float = field(default=0, compare=False)
+    """Queue-wide arrival number, set by the queue (orders :meth:`TurnQueue.lanes`); it grows
+    along a lane's list (see :meth:`TurnQueue.reload`)."""
     attempts: int = 0
     """Failed starts of its turn so far (see ``gateway.max_dispatch_attempts``)."""
     follow_ups: list[tuple[int | None, MessageEvent]] = field(default_factory=list)
@@ -143,7 +144,8 @@ class QueuedItem:
 
     def rewrite(self, event: MessageEvent) -> None:
         """Run ``event`` instead of the item's command (a ``/queue`` or a reset with text after
-        it, at the head of the queue); its row keeps the command, so a restart reads it again."""
+        it), in the item's place; its row keeps the command, so a restart reads it again (a
+        :meth:`TurnQueue.reload` keeps the rewrite)."""
         self.first = event
         self.size = _size(event)
         self._version += 1
@@ -391,11 +393,11 @@ class TurnQueue:
                 items[-1].sealed = True
             return next(self._order)
 
-    def _discard(self, session_key: str, slot_only: bool, before: int | None) -> int:
+    def _discard(self, session_key: str, slot_only: bool, before: float | None) -> int:
         return self._store.run(self._discard_now, session_key, slot_only, before,
                                lane=session_key)  # fmt: skip
 
-    def _discard_now(self, session_key: str, slot_only: bool, before: int | None) -> int:
+    def _discard_now(self, session_key: str, slot_only: bool, before: float | None) -> int:
         with self._lock:
             items = list(self._lanes.get(session_key, ()))
         earlier = [item for item in items if before is None or item.order < before]
@@ -426,14 +428,14 @@ class TurnQueue:
         with self._lock:
             self._lanes[session_key] = list(items)
 
-    def discard_slot(self, session_key: str, before: int | None = None) -> int:
+    def discard_slot(self, session_key: str, before: float | None = None) -> int:
         """``/stop``: drop the slot if it holds a human non-``/queue`` item queued before the
         command (``before``, from :meth:`cut`; None: any); the human messages it held. Overflow
         items all stay, in order. Raises ``StoreError`` (nothing discarded) when the removal
         cannot be committed."""
         return self._discard(session_key, True, before)
 
-    def discard_humans(self, session_key: str, before: int | None = None) -> int:
+    def discard_humans(self, session_key: str, before: float | None = None) -> int:
         """``/new``, ``/reset``: drop every human item (``/queue`` ones too) queued before the
         command (``before``, as for :meth:`discard_slot`), keep internal wakes and every later
         item in order; the human messages dropped. Raises ``StoreError`` like
@@ -452,13 +454,16 @@ class TurnQueue:
         self, rows: list[QueuedEvent], *, restored: bool, known: dict[int, QueuedItem] | None = None
     ) -> int:
         """Append stored rows to their lanes, each follow-up folded into its item; an item
-        whose row is in ``known`` keeps that item's order number (see :meth:`cut`) and its
-        failed starts (towards its dead-lettering)."""
+        whose row is in ``known`` keeps that item's order number (see :meth:`cut`), its failed
+        starts (towards its dead-lettering), its rewrite and its seal; the others are numbered
+        in their place (see :meth:`_number`)."""
         now = self._clock()
         count = 0
+        fresh: set[int] = set()
+        filled: dict[str, list[QueuedItem]] = {}
         with self._lock:
             for event_id, session_key, stored in rows:
-                items = self._lanes.setdefault(session_key, [])
+                items = filled[session_key] = self._lanes.setdefault(session_key, [])
                 part_of = stored.metadata.get(PART_OF_KEY)
                 if part_of is not None and items and items[-1].event_id == part_of:
                     items[-1].add(event_id, stored, now)
@@ -472,12 +477,40 @@ class TurnQueue:
                     metadata = {k: v for k, v in stored.metadata.items() if k != PART_OF_KEY}
                     event = stored.replace(metadata=metadata)
                 before = (known or {}).get(event_id)
-                order = before.order if before is not None else next(self._order)
-                item = QueuedItem(event, event_id, _humans(event), now, restored, order=order)
-                item.attempts = before.attempts if before is not None else 0
+                if before is None:
+                    item = QueuedItem(event, event_id, _humans(event), now, restored)
+                    fresh.add(id(item))
+                else:
+                    item = QueuedItem(before.first, event_id, _humans(event), now,
+                                      restored or before.restored, before.sealed,
+                                      order=before.order, attempts=before.attempts)  # fmt: skip
                 items.append(item)
                 count += 1
+            for items in filled.values():
+                self._number(items, fresh)
         return count
+
+    def _number(self, items: list[QueuedItem], fresh: set[int]) -> None:
+        """Number a lane's ``fresh`` items (by ``id()``) so that the numbers grow along its list:
+        one after the last known item draws the next arrival number, one before a known item
+        a number between its neighbours'. An event another process stored before this one's
+        own then counts as before them, and a command's number (its :meth:`cut`) splits the
+        lane where the command stands."""
+        following: list[float | None] = []
+        upper: float | None = None
+        for item in reversed(items):
+            following.append(upper)
+            if id(item) not in fresh:
+                upper = item.order
+        previous: float | None = None
+        for item, upper in zip(items, reversed(following), strict=True):
+            if id(item) in fresh:
+                if upper is None:
+                    item.order = next(self._order)
+                else:
+                    lower = previous if previous is not None else upper - 1
+                    item.order = (lower + upper) / 2
+            previous = item.order
 
     def reload(self, session_key: str, rows: list[QueuedEvent] | None = None) -> int:
         """Replace the lane's items with its durable queue, read here or given as ``rows``
@@ -492,22 +525,14 @@ class TurnQueue:
         known = {item.event_id: item for item in previous if item.event_id is not None}
         return self._fold(rows, restored=False, known=known)
 
-    def take_first(
-        self, session_key: str, wanted: Callable[[MessageEvent], bool]
-    ) -> QueuedItem | None:
-        """Reload the lane's durable queue, then take out (memory and rows) its first item
-        whose event is ``wanted``, wherever it stands: a command another process queued for a
-        lane running here (writer thread)."""
-        self.reload(session_key)
+    def take(self, session_key: str, item: QueuedItem) -> None:
+        """Take ``item`` out of the lane's queue (memory and rows), wherever it stands: a
+        command carried out from its place (writer thread)."""
         with self._lock:
             items = list(self._lanes.get(session_key, ()))
-        item = next((item for item in items if wanted(item.event)), None)
-        if item is None:
-            return None
         self._store.queue_remove(item.row_ids)
         self._store.on_rollback(functools.partial(self._put_back, session_key, items))
         self._unqueue(session_key, item)
-        return item
 
     def forget(self, session_key: str) -> None:
         """Drop the lane's items from memory only (another process holds the lane and runs

@@ -7,16 +7,18 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 from sqlalchemy import create_engine, text
 from support.database import run_sql
-from test_shared_takeover import _gateway, _wait
+from test_shared_takeover import Held, _gateway, _wait
 
 from hermes_core import MessageEvent, SessionSource
 from hermes_core.agents import EchoAgent, TurnRequest
 from hermes_core.gateway_texts import NEW_SESSION, STOPPED
+from hermes_core.store import SessionStore
 
 pytestmark = [pytest.mark.postgres, pytest.mark.multi_process]
 
@@ -135,3 +137,40 @@ def test_the_holder_listens_again_after_its_listening_connection_was_cut(
 
     assert asyncio.run(scenario()) == [STOPPED]
     assert any("listening for lane wake-ups failed" in r.getMessage() for r in caplog.records)
+
+
+def test_a_reset_another_process_queued_is_carried_out_once_in_its_durable_place(
+    tmp_path: Path, empty_database: str, stores: Callable[..., SessionStore]
+) -> None:
+    """Another process stored a message and ``/new hello there`` for a lane whose turn runs in
+    the holder, before the holder's own ``/queue later please`` and plain message; no wake-up
+    reaches the holder: it meets them when it reads the lane's durable queue after its turn.
+    Everything runs in stored order: the earlier message, the reset (once), its own text first
+    in the new session, then the holder's later messages (kept, not discarded by the reset)."""
+
+    async def scenario() -> tuple[list[str], int]:
+        release, started = asyncio.Event(), asyncio.Event()
+        holder, held = _gateway(tmp_path, "holder", empty_database,
+                                lambda: Held(release, started), 60)  # fmt: skip
+        await holder.start()
+        key = holder.store.session_key_for(SOURCE)
+        await holder.handle_message(MessageEvent(text="think", source=SOURCE, message_id="m1"))
+        await started.wait()
+        other = stores("other", 60)
+        for words, message_id in [("earlier", "m2"), ("/new hello there", "m3")]:
+            message = MessageEvent(text=words, source=SOURCE, message_id=message_id)
+            assert other.queue_add(key, message)
+        for words, message_id in [("/queue later please", "m4"), ("plain", "m5")]:
+            message = MessageEvent(text=words, source=SOURCE, message_id=message_id)
+            await holder.handle_message(message)
+        release.set()
+        await _wait(lambda: len(held.texts()) >= 7, "the replies")
+        await asyncio.sleep(0.5)  # nothing else is sent: a repeated reset would show
+        await holder.idle()
+        await holder.stop()
+        return held.texts(), _queued(empty_database)
+
+    texts, queued = asyncio.run(scenario())
+    assert texts[1:] == ["echo: think", "echo: earlier", NEW_SESSION, "echo: hello there",
+                         "echo: later please", "echo: plain"]  # fmt: skip
+    assert queued == 0

@@ -15,6 +15,8 @@ from sqlalchemy import create_engine, text
 from support.gateway_driver import read_lines
 from support.shared_driver import Fleet, event
 
+from hermes_core.gateway_texts import NEW_SESSION, QUEUED_COMMAND
+
 pytestmark = [pytest.mark.postgres, pytest.mark.multi_process]
 
 
@@ -167,3 +169,43 @@ def test_a_turn_cut_by_a_kill_resumes_at_once_in_its_restarted_process_after_a_n
     assert {line["name"] for line in resumed} == {"a"}
     slowest = max(float(line["t"]) for line in resumed) - restarted
     assert slowest < lease / 3, f"resumed {slowest:.1f} s after a's restart"
+
+
+def test_a_reset_queued_through_another_process_keeps_what_follows_it_in_order(
+    tmp_path: Path, empty_database: str
+) -> None:
+    """One lane's messages go to ``a`` and ``b``, each once the one before it was
+    acknowledged: a message whose turn runs in ``a``, one more and ``/new hello there`` through
+    ``b`` (queued durably; ``a`` is woken and takes the reset from the middle of the lane's
+    queue), ``/queue later please`` through ``a``, a plain message through ``b``. ``a``'s turn
+    ends its step before it stops (a stubborn agent), so all of them are acknowledged while the
+    reset waits for it. The reset discards only the message stored before it; its own text
+    runs first in the new session; what was sent after the reset is kept, run in acknowledged
+    order and answered once."""
+    fleet = Fleet(tmp_path, empty_database, lease_secs=30.0, think=(3.0, 3.0), stubborn=True)
+    fleet.start("a")
+    fleet.start("b")
+    busy = event("r", "busy", "r-0")
+    fleet.deliver("a", [busy])
+    fleet.wait_for(lambda: any(line["kind"] == "start" for line in fleet.turns()), "a's turn")
+    after = [
+        ("b", event("r", "earlier", "r-1")),
+        ("b", event("r", "/new hello there", "r-2")),
+        ("a", event("r", "/queue later please", "r-3")),
+        ("b", event("r", "plain", "r-4")),
+    ]
+    for count, (name, item) in enumerate(after, start=2):
+        fleet.deliver(name, [item])
+        fleet.wait_for(functools.partial(_acked, fleet, count), f"{item['text']} acknowledged")
+    started = time.time()
+    fleet.wait_for(lambda: len(fleet.sent()) >= 5, "the replies", 90)
+    assert started - float(fleet.turns()[0]["t"]) < 3.0  # acknowledged while a's turn ran
+    time.sleep(1.0)  # nothing else is sent: a late duplicate would show
+    fleet.stop_all()
+    acknowledged, *texts = [line["text"] for line in fleet.sent()]
+    assert acknowledged.startswith(QUEUED_COMMAND)
+    assert texts == [NEW_SESSION, "echo: hello there", "echo: later please", "echo: plain"]
+    starts = [line for line in fleet.turns() if line["kind"] == "start"]
+    assert [line["id"] for line in starts] == ["r-0", "r-2", "r-3", "r-4"]
+    assert len({line["session"] for line in starts[1:]} - {starts[0]["session"]}) == 1
+    assert _query(empty_database, "SELECT count(*) FROM queued_events") == [(0,)]

@@ -141,13 +141,18 @@ class TurnLog(EchoAgent):
     """Echo after a random think time, logging each turn's start and end (event id, whether it
     is an internal resume, session, process, wall clock; ``for``: the message the turn answers,
     for a resume the last human message of the history; at the end the reply) in
-    ``turns-<name>.jsonl``."""
+    ``turns-<name>.jsonl``. A ``stubborn`` agent ends the step it is in before it honours an
+    interruption (as one waiting for a tool call in a thread would): the turn stops only once
+    its think time is over."""
 
-    def __init__(self, log: Path, think: tuple[float, float], rng: random.Random) -> None:
+    def __init__(
+        self, log: Path, think: tuple[float, float], rng: random.Random, stubborn: bool = False
+    ) -> None:
         super().__init__()
         self.log = log
         self.think = think
         self.rng = rng
+        self.stubborn = stubborn
 
     async def run_turn(self, request: TurnRequest) -> str | None:
         answers = request.event.message_id
@@ -160,7 +165,12 @@ class TurnLog(EchoAgent):
                   "pid": os.getpid()}  # fmt: skip
         append_line(self.log, {**record, "kind": "start", "t": time.time()})
         self.delay = self.rng.uniform(*self.think)
-        reply = await super().run_turn(request)
+        work = asyncio.ensure_future(super().run_turn(request))
+        try:
+            reply = await (asyncio.shield(work) if self.stubborn else work)
+        except asyncio.CancelledError:
+            await work
+            raise
         append_line(self.log, {**record, "kind": "end", "t": time.time(), "reply": reply})
         return reply
 
@@ -197,7 +207,7 @@ class Inbox:
 
 
 async def _serve_inbox(
-    home: Path, workdir: Path, name: str, think: tuple[float, float], seed: int
+    home: Path, workdir: Path, name: str, think: tuple[float, float], seed: int, stubborn: bool
 ) -> None:
     config = GatewayConfig.from_dict(
         json.loads((home / "config.yaml").read_text()), environ={"HERMES_HOME": str(home)}
@@ -206,7 +216,7 @@ async def _serve_inbox(
     log = workdir / f"turns-{name}.jsonl"
 
     def agents(entry: SessionEntry) -> TurnLog:
-        return TurnLog(log, think, rng)
+        return TurnLog(log, think, rng, stubborn)
 
     gateway = Gateway(config, None, agents, [OutboxAdapter(workdir / f"outbox-{name}.jsonl")])
     await gateway.start()
@@ -244,14 +254,15 @@ def _freeze(gateway: Gateway, workdir: Path, name: str) -> None:
 
 
 def inbox_child(
-    home: str, workdir: str, name: str, think: tuple[float, float], seed: int, log: str
-) -> None:
+    home: str, workdir: str, name: str, think: tuple[float, float], seed: int, log: str,
+    stubborn: bool,
+) -> None:  # fmt: skip
     """A fleet child's body: serve ``inbox-<name>.jsonl`` until ``stop-<name>`` exists."""
     output = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
     os.dup2(output, 1)
     os.dup2(output, 2)
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr, force=True)
-    asyncio.run(_serve_inbox(Path(home), Path(workdir), name, think, seed))
+    asyncio.run(_serve_inbox(Path(home), Path(workdir), name, think, seed, stubborn))
 
 
 class Fleet:
@@ -260,13 +271,15 @@ class Fleet:
 
     def __init__(
         self, root: Path, url: str, *, lease_secs: float = 4.0, scan_secs: float = 0.5,
-        think: tuple[float, float] = (0.05, 0.2),
+        think: tuple[float, float] = (0.05, 0.2), stubborn: bool = False,
     ) -> None:  # fmt: skip
         self.root = root
         self.url = url
         self.lease_secs = lease_secs
         self.scan_secs = scan_secs
         self.think = think
+        self.stubborn = stubborn
+        """Turns end their step before they honour an interruption (see :class:`TurnLog`)."""
         self.workdir = root / "work"
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.children: dict[str, multiprocessing.process.BaseProcess] = {}
@@ -290,7 +303,15 @@ class Fleet:
         log = self.workdir / f"child-{name}-{self.runs:03d}.log"
         process = FORKS.Process(
             target=inbox_child,
-            args=(str(home), str(self.workdir), name, self.think, self.runs, str(log)),
+            args=(
+                str(home),
+                str(self.workdir),
+                name,
+                self.think,
+                self.runs,
+                str(log),
+                self.stubborn,
+            ),
         )
         process.start()
         self.children[name] = process
