@@ -84,6 +84,55 @@ def test_a_frozen_process_inside_a_transaction_stalls_only_its_own_lanes(
     fleet.stop_all()
 
 
+def test_a_process_frozen_right_after_queueing_for_a_held_lane_stalls_none_of_the_holders_lanes(
+    tmp_path: Path, empty_database: str
+) -> None:
+    """``a`` queues a message for a lane ``b`` holds (its refused grant marks the lane's lease
+    row, locked until its transaction ends) and stops (SIGSTOP) inside that open transaction,
+    while ``b``'s turn on the lane runs. ``b`` finishes that turn (its fenced write does not
+    wait for ``a``'s lock) and answers its other lanes at once; once the database has ended
+    ``a``'s transaction and ``a`` goes on, the message it had queued is answered once."""
+    lease = 40.0
+    fleet = Fleet(tmp_path, empty_database, lease_secs=lease, think=(2.0, 2.0))
+    fleet.start("a")
+    fleet.start("b")
+    held = event("x", "x first", "x-0")
+    fleet.deliver("b", [held])
+    fleet.wait_for(lambda: any(line["kind"] == "start" for line in fleet.turns()), "b's turn")
+    touched = event("x", "x second", "x-1")
+    frozen = fleet.freeze_queueing("a", touched)
+    frozen_sessions = (  # application_name starts with the instance id (see storage.md)
+        "SELECT 1 FROM pg_stat_activity WHERE state = 'idle in transaction' "
+        f"AND application_name LIKE 'hermes {fleet.instance('a')} %'"
+    )
+    thawed = False
+    try:
+        assert frozen["queued"]  # b holds the lane: a queued the message, marking the row
+        own = [event(f"b{n}", f"b{n}", f"b{n}-0") for n in range(3)]
+        sent = time.time()
+        fleet.deliver("b", own)
+        fleet.wait_for(lambda: not fleet.unanswered([held, *own]), "b's lanes", 60)
+        slowest = max(_answered_at(fleet, str(item["message_id"])) or 0.0 for item in own)
+        # a turn thinks 2 s; b's writer waited for a's row lock until the database ended a's
+        # transaction, a quarter lease (10 s) after the freeze
+        assert slowest - sent < lease / 8, f"b's other lanes waited {slowest - sent:.1f} s"
+        assert _query(empty_database, frozen_sessions)  # a's transaction stays open
+        fleet.wait_for(
+            lambda: not _query(empty_database, frozen_sessions),
+            "the database to end a's frozen transaction", 60,
+        )  # fmt: skip
+        fleet.thaw("a")
+        thawed = True
+        fleet.wait_for(lambda: not fleet.unanswered([touched]), "the message a queued", 60)
+    finally:
+        if not thawed:
+            fleet.thaw("a")
+        fleet.stop_all()
+    assert fleet.answers([held, touched, *own]) == {
+        str(item["message_id"]): (1, 0) for item in (held, touched, *own)
+    }
+
+
 def test_one_lanes_messages_through_alternating_processes_run_in_acknowledged_order(
     tmp_path: Path, empty_database: str
 ) -> None:

@@ -6,10 +6,11 @@ A grant succeeds when the lane has no lease, its lease expired, or this boot hol
 says whether it replaced a row (a lease never released: the takeover of a dead or hung holder's
 lane); the conflicting row is locked by the grant either way (and marked ``waiting`` when the
 grant is refused), so a grant and a release of one lane serialise on that row. A turn's writes
-are fenced: the lease row is locked (shared) in the write's own transaction, by
+are fenced: the lease row is locked (``FOR KEY SHARE``) in the write's own transaction, by
 :meth:`LeaseRows.check_lease` or by the turn's start and finish statements themselves (see
-``postgres``), and the write goes ahead only if the token still holds it. Renewals commit on a
-pooled connection and skip the rows locked at that moment.
+``postgres``), and the write goes ahead only if the token still holds it; that lock conflicts
+with a grant that would change the owner, never with the mark of a refused one. Renewals commit
+on a pooled connection and skip the rows locked at that moment.
 """
 
 from __future__ import annotations
@@ -29,11 +30,10 @@ _LAPSED = f"(l.expires_at < {_NOW} OR l.expires_at > {_NOW} + %(ttl)s)"
 number), a junk row that would otherwise keep its lane from running for ever."""
 
 _GRANTABLE = (
-    f"({_LAPSED} OR l.owner_boot = EXCLUDED.owner_boot"
-    " OR (%(reclaim)s AND l.owner_instance = EXCLUDED.owner_instance))"
+    f"({_LAPSED} OR l.owner_boot = %(boot)s OR (%(reclaim)s AND l.owner_instance = %(owner)s))"
 )
 _GRANTED = ", ".join(
-    f"{column} = CASE WHEN {_GRANTABLE} THEN {value} ELSE l.{column} END"
+    f"{column} = CASE WHEN EXISTS (SELECT 1 FROM exclusive) THEN {value} ELSE l.{column} END"
     for column, value in (
         ("owner_instance", "EXCLUDED.owner_instance"),
         ("owner_boot", "EXCLUDED.owner_boot"),
@@ -47,16 +47,24 @@ _TAKE = f"""
 WITH present AS (
     SELECT 1 FROM session_turn_leases WHERE session_key = %(key)s
 ), free AS (
-    SELECT 1 FROM session_turn_leases WHERE session_key = %(key)s FOR NO KEY UPDATE SKIP LOCKED
+    SELECT expires_at, owner_instance, owner_boot FROM session_turn_leases
+    WHERE session_key = %(key)s FOR NO KEY UPDATE SKIP LOCKED
+), grantable AS (
+    SELECT 1 FROM free AS l WHERE {_GRANTABLE}
+), exclusive AS (
+    SELECT 1 FROM session_turn_leases
+    WHERE session_key = %(key)s AND EXISTS (SELECT 1 FROM grantable) FOR UPDATE SKIP LOCKED
 ), open AS (
-    SELECT NOT EXISTS (SELECT 1 FROM present) OR EXISTS (SELECT 1 FROM free) AS open
+    SELECT NOT EXISTS (SELECT 1 FROM present) OR (EXISTS (SELECT 1 FROM free)
+        AND (NOT EXISTS (SELECT 1 FROM grantable) OR EXISTS (SELECT 1 FROM exclusive))) AS open
 ), taken AS (
     INSERT INTO session_turn_leases AS l
         (session_key, owner_instance, owner_boot, token, acquired_at, expires_at)
     SELECT %(key)s, %(owner)s, %(boot)s, %(token)s, {_NOW}, {_NOW} + %(ttl)s
     FROM open WHERE open.open
     ON CONFLICT (session_key) DO UPDATE SET
-        {_GRANTED}, waiting = CASE WHEN {_GRANTABLE} THEN 0 ELSE 1 END
+        {_GRANTED}, waiting = CASE WHEN EXISTS (SELECT 1 FROM exclusive) THEN 0 ELSE 1 END
+        WHERE EXISTS (SELECT 1 FROM present)
     RETURNING l.token = %(token)s AS granted, l.xmax <> 0 AS replaced
 ), route AS (
     SELECT r.revision, r.entry_json, r.updated_at, r.active_turn_token,
@@ -72,33 +80,42 @@ SELECT open.open, taken.granted, taken.replaced,
     route.updated_at, route.active_turn_token, route.active_turn_started_at, route.ended
 FROM open LEFT JOIN taken ON true LEFT JOIN route ON taken.granted
 """
-# A lease row that another transaction has locked (a grant or release in progress elsewhere, a
-# fence of the holder's write, or any of these in a process frozen with its transaction open)
-# is not waited for: nothing is inserted or marked (``open`` false) and the caller tries again
-# shortly, so one lane's locked row never holds up the writer's other lanes. Only a row that
-# appeared after the statement's snapshot (another grant's insert) can still make it wait,
-# bounded by the writer session's ``lock_timeout``. A grant's times are taken when the row is
-# written (after any such wait), so a grant always runs its full ``ttl``. ``reclaim``: an
-# earlier boot of this instance counts as gone (start-up, under the state directory's lock).
+# Lock modes: a holder's fence of its writes locks the row ``FOR KEY SHARE``; a grant locks it
+# ``FOR NO KEY UPDATE`` (``free``), and only a grant that would change its owner (``grantable``,
+# as the locked row is now) locks it ``FOR UPDATE`` as well (``exclusive``), the one mode that
+# conflicts with a fence. So a refused grant, which only marks the row ``waiting`` (an enqueuer
+# elsewhere, possibly one that froze with its transaction open), never holds up the holder's
+# fenced writes, only its release (see ``_RELEASE``), while no lease changes hands during a
+# fenced write. A lock the statement needs and another transaction holds (a grant or release
+# in progress elsewhere, a fence of the holder's write against a change of owner, or any of
+# these in a process frozen with its transaction open) is not waited for: nothing is inserted,
+# granted or marked (``open`` false) and the caller tries again shortly, so one lane's locked
+# row never holds up the writer's other lanes. Only a row that appeared after the statement's
+# snapshot (another grant's insert) still makes it wait, bounded by the writer session's
+# ``lock_timeout``; such a row is left as it is (``open`` true, nothing ``taken``: the
+# statement's reads cannot see it) and the statement runs once more, with a snapshot that
+# does. A grant's times are taken when the row is written (after any such wait), so a grant
+# always runs its full ``ttl``. ``reclaim``: an earlier boot of this instance counts as gone
+# (start-up, under the state directory's lock).
 # An inserted row has no xmax; a row the conflict clause updated carries the updater's. The
-# conflict clause always updates the row as it is now (whatever the statement's snapshot): a
+# conflict clause updates the row as the locks found it (whatever the statement's snapshot): a
 # grant replaces the owner and clears the mark; a refused one (the lease is another boot's,
 # unexpired) only marks the row ``waiting``, since the caller queues an event in this
 # transaction, and the holder's release, which deletes the row only while it is not marked,
-# waits for this transaction and then sees the mark (see ``_RELEASE``). Every part of the
-# statement reads with one snapshot, taken when it began. The queue: an event committed after it
-# was queued by a process whose own grant then fails on this row (or that holds the row
-# locked), so the release of this lease sees it. The lane's routing row (none: no
-# row), with its session's end, is returned only when that snapshot has no lease row for the
-# lane: a statement that waited for a transaction holding the row (a holder's fenced write, its
-# release) began before that transaction committed, and its snapshot misses the routing writes
+# cannot lock it until this transaction ends and then sees the mark (see ``_RELEASE``). Every
+# part of the statement reads with one snapshot, taken when it began. The queue: an event
+# committed after it was queued by a process whose own grant then fails on this row (or that
+# holds the row locked), so the release of this lease sees it. The lane's routing row (none:
+# no row), with its session's end, is returned only when that snapshot has no lease row for the
+# lane: a statement that waited for a transaction holding the row (another grant's insert)
+# began before that transaction committed, and its snapshot misses the routing writes
 # committed with it (then nothing: the entry is read afresh; so always for a lease replaced). A
 # write committed after the snapshot without the lease row counts as one made after the entry
 # was read (the next checked write of the entry sees it). The entry itself comes only when its
 # revision is not the one the caller has cached.
 
 _FENCE = """
-SELECT 1 FROM session_turn_leases WHERE session_key = %(key)s AND token = %(token)s FOR SHARE
+SELECT 1 FROM session_turn_leases WHERE session_key = %(key)s AND token = %(token)s FOR KEY SHARE
 """
 
 _RENEW = f"""
@@ -235,8 +252,10 @@ class LeaseRows(SqlConnection):
         }  # fmt: skip
         with self._write("taking a turn lease") as cursor:
             row = cursor.execute(_TAKE, params).fetchone()
+            if row[0] and row[1] is None:  # a row inserted after its snapshot: now in view
+                row = cursor.execute(_TAKE, params).fetchone()
         opened, granted, replaced, waiting, revision, entry_json, *route = row
-        if not opened:
+        if not opened or granted is None:
             return LOCKED
         if not granted:
             return None
@@ -249,8 +268,9 @@ class LeaseRows(SqlConnection):
         )
 
     def check_lease(self, session_key: str, token: str) -> bool:
-        """Whether ``token`` still holds the lane's lease; the row stays locked (shared) until
-        the transaction ends, so no grant can overtake the write it fences."""
+        """Whether ``token`` still holds the lane's lease; the row stays locked (``FOR KEY
+        SHARE``) until the transaction ends, so no grant can overtake the write it fences (a
+        refused grant's mark, which changes no owner, does not wait for it)."""
         with self._write("checking a turn lease") as cursor:
             row = cursor.execute(_FENCE, {"key": session_key, "token": token}).fetchone()
             return row is not None

@@ -6,8 +6,9 @@ turn (redelivery row, marker, dequeue, user message) and its finish (reply, ledg
 cleared) each travel as one statement, and so do a new session (routing row, predecessor's
 end, session row) and a queued event (the event, its message seen). On a shared store a
 turn's start and finish are fenced within their statement: given the turn's lease token
-(``lease``), each locks the lane's lease row (shared, until the transaction ends) and writes
-nothing unless the token still holds it, which it returns. Parameters carry explicit casts: a
+(``lease``), each locks the lane's lease row (``FOR KEY SHARE``, until the transaction ends:
+no grant changes its owner meanwhile, while another process's refused grant may mark it) and
+writes nothing unless the token still holds it, which it returns. Parameters carry explicit casts: a
 NULL parameter has no type PostgreSQL could infer.
 """
 
@@ -31,11 +32,12 @@ _MESSAGE_VALUES = ", ".join(
 
 
 def _fenced(key: str) -> str:
-    """The CTEs ``lease`` (the lane's lease row under the token, locked shared) and ``fenced``
-    (one row when the write may go ahead: no token given, or the token holds the lease)."""
+    """The CTEs ``lease`` (the lane's lease row under the token, locked ``FOR KEY SHARE``) and
+    ``fenced`` (one row when the write may go ahead: no token given, or the token holds the
+    lease)."""
     return f"""lease AS (
     SELECT 1 FROM session_turn_leases
-    WHERE session_key = {key} AND token = %(lease)s::text FOR SHARE
+    WHERE session_key = {key} AND token = %(lease)s::text FOR KEY SHARE
 ), fenced AS (
     SELECT 1 WHERE %(lease)s::text IS NULL OR EXISTS (SELECT 1 FROM lease)
 )"""

@@ -34,6 +34,7 @@ from hermes_core.agents import EchoAgent, TurnRequest
 from hermes_core.errors import MessageNotStoredError
 from hermes_core.instance import instance_id
 from hermes_core.ledger import RESTART_PREFIX, TAKEOVER_PREFIX, SendResult
+from hermes_core.queue import EnqueueResult
 from hermes_core.runtime import Gateway
 from support.gateway_driver import FORKS, append_line, read_lines
 
@@ -223,15 +224,26 @@ async def _serve_inbox(
     append_line(workdir / "started.jsonl", {"name": name, "pid": os.getpid(), "t": time.time()})
     inbox = Inbox(workdir, name)
     stop, freeze = workdir / f"stop-{name}", workdir / f"freeze-{name}"
+    queueing = workdir / f"freeze-queueing-{name}"
     while not stop.exists():
         if freeze.exists():
             freeze.unlink()
             held = gateway.store.held_lanes()
             await gateway.store.arun(_freeze, gateway, workdir, name, lane=held[0] if held else "")
-        for item in inbox.poll():
+        items = inbox.poll()
+        target = queueing.read_text() if queueing.exists() else None  # read after the poll
+        for item in items:
             try:
-                await gateway.handle_message(item)
-            except MessageNotStoredError:
+                if str(item.message_id) == target:
+                    queueing.unlink()
+                    key = gateway.store.session_key_for(item.source)
+                    runs: list[bool] = []
+                    await gateway.store.arun(
+                        _queue_frozen, gateway, workdir, name, key, item, runs, lane=key
+                    )
+                else:
+                    await gateway.handle_message(item)
+            except (MessageNotStoredError, FrozenStepLost):
                 continue  # not acknowledged: handed over again at the next poll
             inbox.ack(item)
         await asyncio.sleep(0.02)
@@ -251,6 +263,34 @@ def _freeze(gateway: Gateway, workdir: Path, name: str) -> None:
     append_line(workdir / "frozen.jsonl", {"name": name, "pid": os.getpid(), "lanes": held,
                                            "t": time.time()})  # fmt: skip
     time.sleep(60)  # Fleet.freeze stops the process here
+
+
+class FrozenStepLost(Exception):
+    """The frozen step's transaction was ended while the process was stopped."""
+
+
+def _queue_frozen(
+    gateway: Gateway, workdir: Path, name: str, key: str, item: MessageEvent, runs: list[bool]
+) -> None:
+    """Writer step: what ``handle_message`` does with a message for a lane another process
+    holds (``SharedLanes``' open step: the refused grant marks the lane's lease row, locked
+    until the transaction ends, and the message is queued durably), then say so in
+    ``frozen.jsonl`` and wait with that transaction open, stopped by the harness (SIGSTOP),
+    until ``thaw-<name>`` exists. Run again because the batch was rolled back (the database
+    ended the frozen transaction), it raises: the message is handed over again."""
+    if runs:
+        raise FrozenStepLost(f"the frozen transaction that queued {item.message_id} was ended")
+    runs.append(True)
+    assert gateway.shared is not None
+    assert gateway.pipeline is not None
+    queued, _ = gateway.shared._open_step(key, item, gateway.pipeline.begin)
+    append_line(workdir / "frozen.jsonl", {"name": name, "pid": os.getpid(), "lanes": [key],
+                                           "queued": isinstance(queued, EnqueueResult),
+                                           "t": time.time()})  # fmt: skip
+    thaw = workdir / f"thaw-{name}"
+    while not thaw.exists():  # Fleet.freeze_queueing stops the process here
+        time.sleep(0.05)
+    thaw.unlink()
 
 
 def inbox_child(
@@ -334,13 +374,34 @@ class Fleet:
     def freeze(self, name: str) -> list[str]:
         """Make the child stop itself (SIGSTOP) inside an open writer transaction that holds
         the lease rows of the lanes it holds locked; those lanes."""
+        return list(self._frozen(name, (self.workdir / f"freeze-{name}").touch)["lanes"])
+
+    def freeze_queueing(self, name: str, item: dict[str, Any]) -> dict[str, Any]:
+        """Hand ``item`` to the child, which queues it (see ``_queue_frozen``) and stops
+        (SIGSTOP) right after, inside the open writer transaction; its ``frozen.jsonl`` line
+        (``queued``: the message was queued, not begun). :meth:`thaw` lets it go on."""
+
+        def ask() -> None:
+            (self.workdir / f"freeze-queueing-{name}").write_text(str(item["message_id"]))
+            self.deliver(name, [item])
+
+        return self._frozen(name, ask)
+
+    def _frozen(self, name: str, ask: Callable[[], None]) -> dict[str, Any]:
         before = len(read_lines(self.workdir / "frozen.jsonl"))
-        (self.workdir / f"freeze-{name}").touch()
+        ask()
         self.wait_for(lambda: len(read_lines(self.workdir / "frozen.jsonl")) > before, "a freeze")
         pid = self.children[name].pid
         assert pid is not None
         os.kill(pid, signal.SIGSTOP)
-        return list(read_lines(self.workdir / "frozen.jsonl")[-1]["lanes"])
+        return dict(read_lines(self.workdir / "frozen.jsonl")[-1])
+
+    def thaw(self, name: str) -> None:
+        """Let a child frozen by :meth:`freeze_queueing` go on (SIGCONT)."""
+        (self.workdir / f"thaw-{name}").touch()
+        pid = self.children[name].pid
+        assert pid is not None
+        os.kill(pid, signal.SIGCONT)
 
     def stop(self, name: str, timeout: float = 60) -> None:
         """A clean stop (the gateway drains and stops), then wait for the exit."""
