@@ -222,3 +222,13 @@ def state(tmp_path: Path) -> tuple[Path, dict[str, str]]:
 
     home = tmp_path / "state"
     return home, populate(home)
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def settings(request: pytest.FixtureRequest) -> dict[str, Any]:
+    """The storage settings of each backend: ``{}`` for the state directory's SQLite database,
+    or the PostgreSQL test database, emptied (skipped without ``HERMES_TEST_POSTGRES_URL``)."""
+    if request.param == "postgresql":
+        request.getfixturevalue("empty_database")
+        return {"storage": {"url": POSTGRES_URL}}
+    return {}

@@ -13,7 +13,6 @@ from typing import Any
 
 import pytest
 
-from conftest import POSTGRES_URL
 from hermes_core import EchoAgent, Gateway, GatewayConfig, InMemoryAdapter, SessionStore
 from hermes_core.cli import main
 from hermes_core.testing import fresh_plugin_manager, telegram_dm
@@ -59,15 +58,6 @@ SKIPPED: list[tuple[str, dict[str, Any]]] = [
     ("negative-tokens", {"output_tokens": -1}),
     ("nested-metadata", {"metadata": {"deep": _nested(200)}}),
 ]
-
-
-@pytest.fixture(params=["sqlite", "postgresql"])
-def settings(request: pytest.FixtureRequest) -> dict[str, Any]:
-    """The store settings of a backend (PostgreSQL: the test database, emptied)."""
-    if request.param == "postgresql":
-        request.getfixturevalue("empty_database")
-        return {"storage": {"url": POSTGRES_URL}}
-    return {}
 
 
 def _config(home: Path, settings: dict[str, Any]) -> GatewayConfig:

@@ -12,7 +12,6 @@ import pytest
 import yaml
 from sqlalchemy import create_engine, text
 
-from conftest import POSTGRES_URL
 from hermes_core import GatewayConfig, MessageEvent, SessionSource, build_session_key
 from hermes_core.agents import EchoAgent, InMemoryAdapter
 from hermes_core.cli import main
@@ -38,15 +37,6 @@ def v1(source: SessionSource) -> str:
 
 def v2(source: SessionSource) -> str:
     return build_session_key(source)
-
-
-@pytest.fixture(params=["sqlite", "postgresql"])
-def settings(request: pytest.FixtureRequest) -> dict[str, Any]:
-    """Configuration shared by every opening (the storage URL; keys.schema is added per use)."""
-    if request.param == "postgresql":
-        request.getfixturevalue("empty_database")
-        return {"storage": {"url": POSTGRES_URL}}
-    return {}
 
 
 def configure(home: Path, settings: dict[str, Any], schema: str | None) -> GatewayConfig:

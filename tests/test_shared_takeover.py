@@ -312,10 +312,8 @@ def test_a_message_for_a_hung_holders_lane_first_resumes_the_cut_turn(
     assert len(failures) == (first_takeover == "fails")
 
 
-def test_a_starting_gateway_leaves_the_owed_replies_of_lanes_held_elsewhere_alone(
-    tmp_path: Path, empty_database: str, stores: Callable[..., SessionStore]
-) -> None:
-    holder = stores("holder", lease_secs=60)  # alive, sending the reply
+def _sending(holder: SessionStore) -> None:
+    """``holder`` takes the lease of SOURCE's lane and has claimed a reply it is sending."""
     entry = holder.get_or_create_session(SOURCE)
     key = entry.session_key
     assert holder.take_lease(key)
@@ -323,6 +321,12 @@ def test_a_starting_gateway_leaves_the_owed_replies_of_lanes_held_elsewhere_alon
         key, entry.session_id, "telegram", "c1", None, "being sent right now", "m1",
         claimed=True,
     )  # fmt: skip
+
+
+def test_a_starting_gateway_leaves_the_owed_replies_of_lanes_held_elsewhere_alone(
+    tmp_path: Path, empty_database: str, stores: Callable[..., SessionStore]
+) -> None:
+    _sending(stores("holder", lease_secs=60))  # alive, sending the reply
 
     async def scenario() -> list[str]:
         gateway, adapter = _gateway(tmp_path, "other", empty_database, EchoAgent)
@@ -433,14 +437,7 @@ def test_a_reply_re_sent_after_a_takeover_says_another_gateway_took_over(
 ) -> None:
     """The holder was sending a reply when it stopped responding (its lease expired): the
     taker re-sends it marked, saying what happened; nothing restarted."""
-    holder = stores("holder")
-    entry = holder.get_or_create_session(SOURCE)
-    key = entry.session_key
-    assert holder.take_lease(key)
-    holder.record_delivery_obligation(
-        key, entry.session_id, "telegram", "c1", None, "being sent right now", "m1",
-        claimed=True,
-    )  # fmt: skip
+    _sending(stores("holder"))
 
     async def scenario() -> list[str]:
         gateway, adapter = _gateway(tmp_path, "taker", empty_database, EchoAgent, scan_secs=0.2)
