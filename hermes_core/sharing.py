@@ -39,9 +39,14 @@ from hermes_core.store.backend import LOCKED, LeaseGrant, Locked
 
 logger = logging.getLogger(__name__)
 
+LOCKED_FIRST_RETRY_SECS = 0.005
 LOCKED_RETRY_SECS = 0.25
 """Wait before a grant or release that found the lane's lease row locked by another
-transaction is tried again (nothing waits for the lock meanwhile: see ``LOCKED``)."""
+transaction is tried again (nothing waits for the lock meanwhile: see ``LOCKED``): the first
+retry comes after :data:`LOCKED_FIRST_RETRY_SECS`, each further one after twice the last, up to
+this. A row is mostly locked by the holder's release or settle, whose commit is milliseconds
+away, so a hand-off waits about that long; a row held longer (a frozen transaction) costs a
+retry every quarter second."""
 
 
 class SharedLanes:
@@ -64,6 +69,7 @@ class SharedLanes:
         self._take_over = take_over
         self._muted = diagnostic_muted
         self._busy: set[str] = set()
+        self._locked: dict[str, int] = {}  # retries in a row of a lane whose row was locked
         self._recovering: set[str] = set()
         self._tasks: set[asyncio.Task[Any]] = set()
         self._renewal: asyncio.Task[None] | None = None
@@ -151,16 +157,22 @@ class SharedLanes:
             self._busy.discard(key)
         if grant == LOCKED:
             self._later(key, self.take)
-        elif grant == "unreleased":  # its holder died or hung: take it over, as the scan would
+            return
+        self._locked.pop(key, None)
+        if grant == "unreleased":  # its holder died or hung: take it over, as the scan would
             await self._recover_lanes([key])
         elif grant is not None:
             self._dispatch(key)
 
     def _later(self, key: str, action: Callable[[str], None]) -> None:
-        """Call ``action(key)`` after :data:`LOCKED_RETRY_SECS` (unless the gateway stops)."""
+        """Call ``action(key)`` after the next wait of :data:`LOCKED_RETRY_SECS`'s backoff
+        (unless the gateway stops)."""
+        tries = self._locked.get(key, 0)
+        self._locked[key] = tries + 1
+        delay = min(LOCKED_RETRY_SECS, LOCKED_FIRST_RETRY_SECS * 2 ** min(tries, 16))
 
         async def later() -> None:
-            await asyncio.sleep(LOCKED_RETRY_SECS)
+            await asyncio.sleep(delay)
             action(key)
 
         self._spawn(later())
@@ -194,6 +206,8 @@ class SharedLanes:
             self._spawn(self._recover_lanes([key]))
         elif then == LOCKED:
             self._later(key, self.take)
+        else:
+            self._locked.pop(key, None)
         return opened
 
     def _open_step(
@@ -241,7 +255,9 @@ class SharedLanes:
             self._busy.discard(key)
         if kept == LOCKED:
             self._later(key, self._dispatch)  # the lane may have something to run by then
-        elif kept:
+            return
+        self._locked.pop(key, None)
+        if kept:
             self._dispatch(key)
 
     def _release_step(self, key: str) -> bool | Locked:
