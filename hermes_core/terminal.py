@@ -11,7 +11,8 @@ _CONTROLS = (
 _TEXT_ESCAPES = {code: f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}" for code in _CONTROLS}
 _LINES_ESCAPES = {code: escape for code, escape in _TEXT_ESCAPES.items() if code not in (9, 10)}
 _JSON_ESCAPES = {code: f"\\u{code:04x}" for code in _CONTROLS if code >= 0x7F}
-"""JSON escapes C0 itself; the others are written as ``\\uXXXX``, which parses to the same text."""
+"""JSON escapes C0 itself; the others are written as ``\\u`` and four hex digits, which parses to
+the same text."""
 
 
 def safe_text(text: str, *, keep_lines: bool = False) -> str:
