@@ -19,9 +19,9 @@ from collections.abc import Sequence
 
 import psutil
 
-from hermes_core.cache import AgentCache
-from hermes_core.config import AgentCacheConfig
-from hermes_core.memory import MIB, memory_signal
+from hermes_core.config.schema import AgentCacheConfig
+from hermes_core.gateway.cache import AgentCache
+from hermes_core.gateway.memory import MIB, memory_signal
 
 
 class Agent:

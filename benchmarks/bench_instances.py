@@ -1,6 +1,6 @@
 """Several gateway processes on one PostgreSQL database (``storage.instances: shared``).
 
-Each run starts ``N`` real ``hermes_core.runtime.Gateway`` processes (``multiprocessing``,
+Each run starts ``N`` real ``hermes_core.gateway.runtime.Gateway`` processes (``multiprocessing``,
 spawn; their side is ``benchmarks.instance_process``), each with its own ``$HERMES_HOME`` (so its
 own instance id), on the database named by
 ``--url``, whose ``public`` schema is dropped and created once before the first run. The driver

@@ -22,7 +22,7 @@ from hermes_core import (
     build_session_key,
     create_plugin_manager,
 )
-from hermes_core.keys import KEY_SCHEMAS, KeySchema
+from hermes_core.domain.keys import KEY_SCHEMAS, KeySchema
 
 ROWS: list[dict[str, Any]] = [
     {"platform": "telegram", "chat_id": "99"},

@@ -1,4 +1,4 @@
-"""Turns through the real ``hermes_core.runtime.Gateway``, beside a raw ``sqlite3`` floor.
+"""Turns through the real ``hermes_core.gateway.runtime.Gateway``, beside a raw ``sqlite3`` floor.
 
 Every figure drives ``Gateway.handle_message`` with ``EchoAgent`` (no delay) and counts a turn
 when its reply reached the adapter (an adapter whose ``send`` resolves the chat's future); the
@@ -77,10 +77,10 @@ from sqlalchemy import create_engine, make_url
 
 from benchmarks.bench_store import _source, lane_key, populate, populated_session_id
 from hermes_core import GatewayConfig, MessageEvent, SessionSource
-from hermes_core.agents import EchoAgent
-from hermes_core.ledger import SendResult
-from hermes_core.plugins import create_plugin_manager
-from hermes_core.runtime import Gateway
+from hermes_core.gateway.agents import EchoAgent
+from hermes_core.gateway.runtime import Gateway
+from hermes_core.plugins.manager import create_plugin_manager
+from hermes_core.turns.ledger import SendResult
 
 LANES = 200
 IN_FLIGHT = 200
@@ -566,7 +566,7 @@ async def run_all(url: str | None, turns: int, scale_sessions: int, frames: bool
         scaled: tuple[Figure, ...] = ()
         if not postgres:
             scaled = await scale(home / "big", home / "small", turns, scale_sessions)
-    print(f"hermes_core.runtime.Gateway + EchoAgent, {where}, store backend {backend!r}; "
+    print(f"hermes_core.gateway.runtime.Gateway + EchoAgent, {where}, store backend {backend!r}; "
           f"{turns:,} turns per measurement in {ROUNDS} alternating rounds")  # fmt: skip
     print(f"{'measurement':52} {'turns/s':>8} {'us/turn':>8} {'cpu us':>8}"
           + "".join(f" {name:>7}" for name in ("commits", "rtrips", "batches", "steps"))

@@ -25,7 +25,7 @@ from pathlib import Path
 import psutil
 
 from hermes_core import GatewayConfig, SessionEntry, SessionSource, SessionStore
-from hermes_core.keys import build_session_key
+from hermes_core.domain.keys import build_session_key
 from hermes_core.testing import fresh_plugin_manager
 
 USER = {"role": "user", "content": "What is the weather like in Kuala Lumpur this afternoon?"}

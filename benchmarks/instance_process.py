@@ -1,8 +1,8 @@
 """The gateway side of ``benchmarks.bench_instances``: the body of each spawned gateway process.
 
-A process runs a real ``hermes_core.runtime.Gateway`` on the run's database, takes the driver's
-commands from a pipe (``message``, ``idle``, ``stop``) and reports each reply its adapter sent
-(chat, text, when), the stats once idle, and at the end when each turn began and each message
+A process runs a real ``hermes_core.gateway.runtime.Gateway`` on the run's database, takes the
+driver's commands from a pipe (``message``, ``idle``, ``stop``) and reports each reply its adapter
+sent (chat, text, when), the stats once idle, and at the end when each turn began and each message
 arrived (``CLOCK_MONOTONIC``: the driver is on the same host).
 """
 
@@ -18,10 +18,10 @@ from pathlib import Path
 from typing import Any
 
 from hermes_core import GatewayConfig, MessageEvent, SessionEntry, SessionSource
-from hermes_core.agents import EchoAgent, TurnRequest
-from hermes_core.ledger import SendResult
-from hermes_core.plugins import create_plugin_manager
-from hermes_core.runtime import Gateway
+from hermes_core.gateway.agents import EchoAgent, TurnRequest
+from hermes_core.gateway.runtime import Gateway
+from hermes_core.plugins.manager import create_plugin_manager
+from hermes_core.turns.ledger import SendResult
 
 IDLE_SECS = 60.0
 """How long an ``idle`` command waits for the turns to close and the leases to go."""

@@ -13,21 +13,8 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     __version__: str | None
-    from hermes_core.agents import (
-        Adapter,
-        Agent,
-        EchoAgent,
-        HostCallbacks,
-        InMemoryAdapter,
-        TurnRequest,
-    )
-    from hermes_core.config import GatewayConfig
-    from hermes_core.context import (
-        build_session_context,
-        build_session_context_prompt,
-        prefix_sender,
-    )
-    from hermes_core.errors import (
+    from hermes_core.config.schema import GatewayConfig
+    from hermes_core.domain.errors import (
         ConfigError,
         GatewayLockedError,
         HermesError,
@@ -41,8 +28,7 @@ if TYPE_CHECKING:
         StoreError,
         UnknownPlatformError,
     )
-    from hermes_core.events import read_event
-    from hermes_core.keys import (
+    from hermes_core.domain.keys import (
         KeyResolution,
         SessionKeyParts,
         build_session_key,
@@ -50,8 +36,7 @@ if TYPE_CHECKING:
         parse_session_key,
         resolve_session_key,
     )
-    from hermes_core.ledger import SendResult
-    from hermes_core.models import (
+    from hermes_core.domain.models import (
         HomeChannel,
         MessageEvent,
         MessageType,
@@ -59,16 +44,7 @@ if TYPE_CHECKING:
         SessionEntry,
         SessionSource,
     )
-    from hermes_core.plugins import (
-        HermesPluginManager,
-        PlatformRegistry,
-        PluginInfo,
-        create_plugin_manager,
-        default_plugin_manager,
-        hookimpl,
-    )
-    from hermes_core.runtime import Gateway
-    from hermes_core.specs import (
+    from hermes_core.domain.specs import (
         EvictionCandidate,
         EvictionPolicy,
         LifecycleEvent,
@@ -79,61 +55,85 @@ if TYPE_CHECKING:
         RecoveryStep,
         StoreSpec,
     )
+    from hermes_core.gateway.agents import (
+        Adapter,
+        Agent,
+        EchoAgent,
+        HostCallbacks,
+        InMemoryAdapter,
+        TurnRequest,
+    )
+    from hermes_core.gateway.context import (
+        build_session_context,
+        build_session_context_prompt,
+        prefix_sender,
+    )
+    from hermes_core.gateway.runtime import Gateway
+    from hermes_core.plugins.events import read_event
+    from hermes_core.plugins.manager import (
+        HermesPluginManager,
+        PlatformRegistry,
+        PluginInfo,
+        create_plugin_manager,
+        default_plugin_manager,
+        hookimpl,
+    )
     from hermes_core.store import SearchHit, SessionStore
+    from hermes_core.turns.ledger import SendResult
 
 _LAZY = {
-    "GatewayConfig": "hermes_core.config",
-    "build_session_context": "hermes_core.context",
-    "build_session_context_prompt": "hermes_core.context",
-    "prefix_sender": "hermes_core.context",
-    "ConfigError": "hermes_core.errors",
-    "GatewayLockedError": "hermes_core.errors",
-    "HermesError": "hermes_core.errors",
-    "InvalidValueError": "hermes_core.errors",
-    "MalformedEventError": "hermes_core.errors",
-    "MessageNotStoredError": "hermes_core.errors",
-    "PlatformConflictError": "hermes_core.errors",
-    "PluginConflictError": "hermes_core.errors",
-    "PluginError": "hermes_core.errors",
-    "RedactionError": "hermes_core.errors",
-    "StoreError": "hermes_core.errors",
-    "UnknownPlatformError": "hermes_core.errors",
-    "read_event": "hermes_core.events",
-    "KeyResolution": "hermes_core.keys",
-    "SessionKeyParts": "hermes_core.keys",
-    "build_session_key": "hermes_core.keys",
-    "is_shared_multi_user_session": "hermes_core.keys",
-    "parse_session_key": "hermes_core.keys",
-    "resolve_session_key": "hermes_core.keys",
-    "HomeChannel": "hermes_core.models",
-    "MessageEvent": "hermes_core.models",
-    "MessageType": "hermes_core.models",
-    "SessionContext": "hermes_core.models",
-    "SessionEntry": "hermes_core.models",
-    "SessionSource": "hermes_core.models",
-    "HermesPluginManager": "hermes_core.plugins",
-    "PlatformRegistry": "hermes_core.plugins",
-    "PluginInfo": "hermes_core.plugins",
-    "create_plugin_manager": "hermes_core.plugins",
-    "default_plugin_manager": "hermes_core.plugins",
-    "hookimpl": "hermes_core.plugins",
-    "EvictionCandidate": "hermes_core.specs",
-    "EvictionPolicy": "hermes_core.specs",
-    "LifecycleEvent": "hermes_core.specs",
-    "PlatformSpec": "hermes_core.specs",
-    "ReadContext": "hermes_core.specs",
-    "RecoveryContext": "hermes_core.specs",
-    "RecoveryReport": "hermes_core.specs",
-    "RecoveryStep": "hermes_core.specs",
-    "StoreSpec": "hermes_core.specs",
-    "Adapter": "hermes_core.agents",
-    "Agent": "hermes_core.agents",
-    "EchoAgent": "hermes_core.agents",
-    "InMemoryAdapter": "hermes_core.agents",
-    "TurnRequest": "hermes_core.agents",
-    "HostCallbacks": "hermes_core.agents",
-    "SendResult": "hermes_core.ledger",
-    "Gateway": "hermes_core.runtime",
+    "GatewayConfig": "hermes_core.config.schema",
+    "build_session_context": "hermes_core.gateway.context",
+    "build_session_context_prompt": "hermes_core.gateway.context",
+    "prefix_sender": "hermes_core.gateway.context",
+    "ConfigError": "hermes_core.domain.errors",
+    "GatewayLockedError": "hermes_core.domain.errors",
+    "HermesError": "hermes_core.domain.errors",
+    "InvalidValueError": "hermes_core.domain.errors",
+    "MalformedEventError": "hermes_core.domain.errors",
+    "MessageNotStoredError": "hermes_core.domain.errors",
+    "PlatformConflictError": "hermes_core.domain.errors",
+    "PluginConflictError": "hermes_core.domain.errors",
+    "PluginError": "hermes_core.domain.errors",
+    "RedactionError": "hermes_core.domain.errors",
+    "StoreError": "hermes_core.domain.errors",
+    "UnknownPlatformError": "hermes_core.domain.errors",
+    "read_event": "hermes_core.plugins.events",
+    "KeyResolution": "hermes_core.domain.keys",
+    "SessionKeyParts": "hermes_core.domain.keys",
+    "build_session_key": "hermes_core.domain.keys",
+    "is_shared_multi_user_session": "hermes_core.domain.keys",
+    "parse_session_key": "hermes_core.domain.keys",
+    "resolve_session_key": "hermes_core.domain.keys",
+    "HomeChannel": "hermes_core.domain.models",
+    "MessageEvent": "hermes_core.domain.models",
+    "MessageType": "hermes_core.domain.models",
+    "SessionContext": "hermes_core.domain.models",
+    "SessionEntry": "hermes_core.domain.models",
+    "SessionSource": "hermes_core.domain.models",
+    "HermesPluginManager": "hermes_core.plugins.manager",
+    "PlatformRegistry": "hermes_core.plugins.manager",
+    "PluginInfo": "hermes_core.plugins.manager",
+    "create_plugin_manager": "hermes_core.plugins.manager",
+    "default_plugin_manager": "hermes_core.plugins.manager",
+    "hookimpl": "hermes_core.plugins.manager",
+    "EvictionCandidate": "hermes_core.domain.specs",
+    "EvictionPolicy": "hermes_core.domain.specs",
+    "LifecycleEvent": "hermes_core.domain.specs",
+    "PlatformSpec": "hermes_core.domain.specs",
+    "ReadContext": "hermes_core.domain.specs",
+    "RecoveryContext": "hermes_core.domain.specs",
+    "RecoveryReport": "hermes_core.domain.specs",
+    "RecoveryStep": "hermes_core.domain.specs",
+    "StoreSpec": "hermes_core.domain.specs",
+    "Adapter": "hermes_core.gateway.agents",
+    "Agent": "hermes_core.gateway.agents",
+    "EchoAgent": "hermes_core.gateway.agents",
+    "InMemoryAdapter": "hermes_core.gateway.agents",
+    "TurnRequest": "hermes_core.gateway.agents",
+    "HostCallbacks": "hermes_core.gateway.agents",
+    "SendResult": "hermes_core.turns.ledger",
+    "Gateway": "hermes_core.gateway.runtime",
     "SearchHit": "hermes_core.store",
     "SessionStore": "hermes_core.store",
 }

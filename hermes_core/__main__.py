@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 
-from hermes_core.cli import main
+from hermes_core.cli.main import main
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -6,7 +6,7 @@ A plugin offering its own policy through ``hermes_eviction_policy`` replaces thi
 from __future__ import annotations
 
 from hermes_core import EvictionPolicy, GatewayConfig, hookimpl
-from hermes_core.eviction import LRU_POLICY
+from hermes_core.gateway.eviction import LRU_POLICY
 
 
 @hookimpl

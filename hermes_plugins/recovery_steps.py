@@ -17,14 +17,14 @@ from collections.abc import Collection
 from dataclasses import replace
 
 from hermes_core import GatewayConfig, RecoveryContext, RecoveryStep, hookimpl
-from hermes_core.instance import CLEAN_SHUTDOWN_FILE
-from hermes_core.recovery import (
+from hermes_core.domain.specs import BacklogReplayResult, CrashRecoveryResult, StuckLoopResult
+from hermes_core.state.instance import CLEAN_SHUTDOWN_FILE
+from hermes_core.turns.recovery import (
     STUCK_LOOP_THRESHOLD,
     RecoveryAbortedError,
     marker_max_age,
     record_crash_left_replies,
 )
-from hermes_core.specs import BacklogReplayResult, CrashRecoveryResult, StuckLoopResult
 
 logger = logging.getLogger(__name__)
 

@@ -7,8 +7,8 @@ from typing import TYPE_CHECKING
 from hermes_hookspecs import hookspec
 
 if TYPE_CHECKING:
-    from hermes_core.config import GatewayConfig
-    from hermes_core.specs import EvictionPolicy
+    from hermes_core.config.schema import GatewayConfig
+    from hermes_core.domain.specs import EvictionPolicy
 
 
 @hookspec

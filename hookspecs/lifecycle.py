@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 from hermes_hookspecs import hookspec
 
 if TYPE_CHECKING:
-    from hermes_core.specs import LifecycleEvent
+    from hermes_core.domain.specs import LifecycleEvent
 
 
 @hookspec

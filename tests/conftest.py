@@ -61,7 +61,7 @@ def pytest_configure(config: pytest.Config) -> None:
     those of :data:`VISIBLE_DISTRIBUTIONS`. Child processes do not inherit this: a test that
     starts one says what it loads (``HERMES_PLUGINS_AUTOLOAD=0``, or the
     :func:`installed_plugins` disabled)."""
-    from hermes_core import plugins
+    from hermes_core.plugins import manager as plugins
 
     plugins.entry_points = _visible_entry_points  # type: ignore[attr-defined,assignment]
 
@@ -93,7 +93,7 @@ def home(tmp_path: Path) -> Path:
 @pytest.fixture
 def fresh_config_warnings() -> Iterator[None]:
     """The config's once-per-process warnings count as not yet logged, before and after."""
-    from hermes_core import config
+    from hermes_core.config import schema as config
 
     config._reset_warnings()
     yield

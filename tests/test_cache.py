@@ -11,8 +11,8 @@ import pytest
 from support.cache import Agent, Clock, Host, add, make_cache, never_build
 
 from hermes_core import LifecycleEvent
-from hermes_core.cache import AgentBusyError, AgentCache
-from hermes_core.config import AgentCacheConfig
+from hermes_core.config.schema import AgentCacheConfig
+from hermes_core.gateway.cache import AgentBusyError, AgentCache
 
 # -- LRU and capacity -----------------------------------------------------------------------------
 
@@ -62,7 +62,7 @@ def test_capacity_stays_over_the_cap_with_a_warning_when_all_are_in_flight(
     cache = make_cache(host, max_size=1)
     [a] = add(cache, "a")
     cache.begin_turn("a", a)
-    with caplog.at_level(logging.WARNING, logger="hermes_core.cache"):
+    with caplog.at_level(logging.WARNING, logger="hermes_core.gateway.cache"):
         add(cache, "b")
     assert host.soft == []
     assert cache.keys() == ["a", "b"]
@@ -211,7 +211,7 @@ def test_failing_releases_and_observers_are_logged_and_do_not_stop_the_rest(
         notify=observer,
     )  # fmt: skip
     add(cache, "a", "b")
-    with caplog.at_level(logging.ERROR, logger="hermes_core.cache"):
+    with caplog.at_level(logging.ERROR, logger="hermes_core.gateway.cache"):
         assert cache.close() == 2
     assert released == ["a", "b"]
     assert "agent_cleaned_up of a cached agent (shutdown) failed" in caplog.text

@@ -10,10 +10,10 @@ import pytest
 from support.cache import MIB, Agent, Clock, Host, add, make_cache, never_build
 
 from hermes_core import EvictionCandidate, EvictionPolicy
-from hermes_core.cache import AgentCache
-from hermes_core.config import GatewayConfig
-from hermes_core.eviction import plan_evictions
-from hermes_core.specs import EvictionReason
+from hermes_core.config.schema import GatewayConfig
+from hermes_core.domain.specs import EvictionReason
+from hermes_core.gateway.cache import AgentCache
+from hermes_core.gateway.eviction import plan_evictions
 
 # -- memory pressure ------------------------------------------------------------------------------
 
@@ -41,7 +41,7 @@ def test_pressure_is_a_no_op_at_or_below_budget_disabled_empty_or_unreadable(
     add(cache, "a", "b")
     assert cache.sweep_pressure() == 0  # signal == budget
     signal.used = None
-    with caplog.at_level(logging.WARNING, logger="hermes_core.cache"):
+    with caplog.at_level(logging.WARNING, logger="hermes_core.gateway.cache"):
         assert cache.sweep_pressure() == 0
     assert "memory signal unreadable" in caplog.text
     disabled = make_cache(host, signal=Signal(10**12), budget=None, protect_recent=0)
@@ -57,7 +57,7 @@ def test_pressure_releases_lru_first_and_trims(monkeypatch: pytest.MonkeyPatch) 
         trims.append(1)
         return True
 
-    monkeypatch.setattr("hermes_core.cache.malloc_trim", fake_trim)
+    monkeypatch.setattr("hermes_core.gateway.cache.malloc_trim", fake_trim)
     host = Host()
     cache = make_cache(host, signal=Signal(101 * MIB), budget=100 * MIB, protect_recent=0)
     add(cache, "a", "b", "c")
@@ -120,7 +120,7 @@ def test_pressure_warns_what_blocked_it_when_nothing_is_evictable(
     if blocker == "unknown":
         cache.report_persistence("a", a, persisted=None, in_memory=5)
     add(cache, "b")  # protected: the most recent of two
-    with caplog.at_level(logging.WARNING, logger="hermes_core.cache"):
+    with caplog.at_level(logging.WARNING, logger="hermes_core.gateway.cache"):
         assert cache.sweep_pressure() == 0
     assert "over its memory budget and released 0" in caplog.text
     assert message in caplog.text
@@ -193,7 +193,7 @@ def test_policy_protected_and_unknown_keys_are_ignored_with_a_warning(
         protect_recent=1, max_evictions_per_pass=3,
     )  # fmt: skip
     add(cache, "a", "b", "c", "d", "e")
-    with caplog.at_level(logging.WARNING, logger="hermes_core.eviction"):
+    with caplog.at_level(logging.WARNING, logger="hermes_core.gateway.eviction"):
         assert cache.sweep_pressure() == 2
     assert host.soft == ["b", "a"]
     assert (
@@ -208,7 +208,7 @@ def test_plan_longer_than_the_limit_is_cut(caplog: pytest.LogCaptureFixture) -> 
         for key in "abc"
     ]
     everything = policy("everything", lambda found, reason, limit: [c.session_key for c in found])
-    with caplog.at_level(logging.WARNING, logger="hermes_core.eviction"):
+    with caplog.at_level(logging.WARNING, logger="hermes_core.gateway.eviction"):
         assert plan_evictions(everything, candidates, "idle", 2) == ["a", "b"]
     assert "'everything' planned 3 entries for a limit of 2; the plan was cut" in caplog.text
 
@@ -223,7 +223,7 @@ def test_a_policy_that_raises_falls_back_to_the_builtin_planner(
 
     host = Host()
     cache = make_cache(host, policy=policy("broken", broken), max_size=2)
-    with caplog.at_level(logging.ERROR, logger="hermes_core.eviction"):
+    with caplog.at_level(logging.ERROR, logger="hermes_core.gateway.eviction"):
         add(cache, "a", "b", "c")
     assert host.soft == ["a"]
     assert "eviction policy 'broken' failed on a capacity pass" in caplog.text

@@ -13,11 +13,11 @@ import pytest
 
 import hermes_core
 from conftest import builtins_only
-from hermes_core.cli import main
-from hermes_core.config import GatewayConfig
-from hermes_core.explain import explain_session_key
-from hermes_core.models import SessionSource
-from hermes_core.plugins import create_plugin_manager
+from hermes_core.cli.explain import explain_session_key
+from hermes_core.cli.main import main
+from hermes_core.config.schema import GatewayConfig
+from hermes_core.domain.models import SessionSource
+from hermes_core.plugins.manager import create_plugin_manager
 
 BUILTINS = ["platforms", "telegram", "discord", "slack", "whatsapp"]
 GROUP = "-1002285219667"

@@ -15,7 +15,7 @@ import pytest
 from support.populate import State, config_for, run
 
 from conftest import builtins_only
-from hermes_core.cli import main
+from hermes_core.cli.main import main
 from hermes_core.store import SessionStore
 
 
@@ -201,10 +201,10 @@ def test_prune_and_its_dry_run_report_one_shape(
 def test_version_loads_no_command_and_no_heavy_dependency() -> None:
     probe = (
         "import sys\n"
-        "from hermes_core.cli import main\n"
+        "from hermes_core.cli.main import main\n"
         "assert main(['--debug', '--config', 'none.yaml', '--version']) == 0\n"
-        "heavy = ('pydantic', 'sqlalchemy', 'yaml', 'pluggy', 'hermes_core.config',\n"
-        "         'hermes_core.store', 'hermes_core.operations.common')\n"
+        "heavy = ('pydantic', 'sqlalchemy', 'yaml', 'pluggy', 'hermes_core.config.schema',\n"
+        "         'hermes_core.store', 'hermes_core.cli.common')\n"
         "print(sorted(name for name in heavy if name in sys.modules))\n"
     )
     result = subprocess.run(

@@ -17,10 +17,10 @@ import pytest
 from support.populate import populate
 
 from conftest import FakeDistribution
-from hermes_core.cli import main
-from hermes_core.config_yaml import MAX_CONFIG_BYTES
-from hermes_core.operations.console import MAX_EVENT_LINE
-from hermes_core.operations.keying import MAX_JSON_BYTES
+from hermes_core.cli.console import MAX_EVENT_LINE
+from hermes_core.cli.keying import MAX_JSON_BYTES
+from hermes_core.cli.main import main
+from hermes_core.config.loading import MAX_CONFIG_BYTES
 
 KEY = ["key", "--platform", "telegram", "--chat-id", "9"]
 

@@ -13,7 +13,7 @@ import pytest
 from support.populate import State, config_for, run
 
 from conftest import builtins_only
-from hermes_core.cli import main
+from hermes_core.cli.main import main
 from hermes_core.store import SessionStore
 
 

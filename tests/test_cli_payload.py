@@ -14,7 +14,7 @@ import test_readers_slack as slack
 import test_readers_telegram as telegram
 import test_readers_whatsapp as whatsapp
 
-from hermes_core.cli import main
+from hermes_core.cli.main import main
 
 TOPIC_KEY = f"agent:main:telegram:group:c={telegram.GROUP}:t=17585"
 

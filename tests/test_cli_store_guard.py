@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 from support.populate import config_for, populate, run
 
-from hermes_core.errors import InvalidValueError
+from hermes_core.domain.errors import InvalidValueError
 from hermes_core.store import SessionStore
 
 STORE_FILES = (

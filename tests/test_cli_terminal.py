@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 from support.populate import ALICE, config_for, populate
 
-from hermes_core.cli import main
-from hermes_core.models import MessageEvent
+from hermes_core.cli.main import main
+from hermes_core.domain.models import MessageEvent
 from hermes_core.store import SessionStore
 
 HOSTILE = (

@@ -13,8 +13,8 @@ import pydantic
 import pytest
 from support.config_files import APPENDIX_A2_DEFAULTS, LOGGER, attr, load_yaml, warnings_of, write
 
-from hermes_core.config import GatewayConfig
-from hermes_core.errors import ConfigError, HermesError
+from hermes_core.config.schema import GatewayConfig
+from hermes_core.domain.errors import ConfigError, HermesError
 
 pytestmark = pytest.mark.usefixtures("fresh_config_warnings")
 
@@ -552,7 +552,7 @@ def test_a_lone_surrogate_is_refused_at_load_naming_the_key(
 ) -> None:
     """A YAML escape such as \\ud800 gives half a character, which nothing can store: refused
     when the file is read (not later, when the settings are serialised), by the console too."""
-    from hermes_core.cli import main
+    from hermes_core.cli.main import main
 
     with pytest.raises(ConfigError, match="lone surrogate") as caught:
         load_yaml(tmp_path, yaml_text, HERMES_HOME=str(tmp_path))

@@ -26,8 +26,8 @@ from support.config_files import (
     write,
 )
 
-from hermes_core.config import LEGACY_RESET_WARNING, GatewayConfig
-from hermes_core.errors import ConfigError
+from hermes_core.config.schema import LEGACY_RESET_WARNING, GatewayConfig
+from hermes_core.domain.errors import ConfigError
 
 pytestmark = pytest.mark.usefixtures("fresh_config_warnings")
 

@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 from support.config_files import attr, load_yaml, write
 
-from hermes_core.config import GatewayConfig
-from hermes_core.errors import ConfigError
+from hermes_core.config.schema import GatewayConfig
+from hermes_core.domain.errors import ConfigError
 from hermes_core.store import SessionStore
 from hermes_core.testing import fresh_plugin_manager, telegram_dm
 

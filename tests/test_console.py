@@ -18,8 +18,8 @@ from support.populate import config_for
 
 from conftest import builtins_only
 from hermes_core import EchoAgent, Gateway, InMemoryAdapter, SessionStore, create_plugin_manager
-from hermes_core.cli import main
-from hermes_core.gateway_texts import NEW_SESSION
+from hermes_core.cli.main import main
+from hermes_core.gateway.texts import NEW_SESSION
 
 TURN = re.compile(r"^  key (\S+)  session (\S+)$", re.MULTILINE)
 GROUP = ["--platform", "telegram", "--chat-id", "-100", "--chat-type", "group"]

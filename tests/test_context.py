@@ -30,8 +30,8 @@ from hermes_core import (
     hookimpl,
     prefix_sender,
 )
-from hermes_core.keys import resolve_for_config
-from hermes_core.plugins import HermesPluginManager
+from hermes_core.domain.keys import resolve_for_config
+from hermes_core.plugins.manager import HermesPluginManager
 
 HEAD = (
     "## Current Session Context\n"

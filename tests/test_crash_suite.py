@@ -26,8 +26,8 @@ from support.gateway_driver import (
 
 from conftest import CRASH_TABLE
 from hermes_core import MessageEvent
-from hermes_core.crashpoints import CRASH_POINTS
-from hermes_core.resume import resume_note
+from hermes_core.turns.crashpoints import CRASH_POINTS
+from hermes_core.turns.resume import resume_note
 
 KILLED = -signal.SIGKILL
 STUCK_KEY = "agent:main:telegram:dm:c=1"

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from hermes_core.cli import main
-from hermes_core.gateway_texts import NEW_SESSION
-from hermes_core.ledger import RESTART_PREFIX
+from hermes_core.cli.main import main
+from hermes_core.gateway.texts import NEW_SESSION
+from hermes_core.turns.ledger import RESTART_PREFIX
 
 
 def test_demo_crashes_and_recovers_the_reply_once(

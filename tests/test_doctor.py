@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from support.populate import config_for, populate
 
-from hermes_core.cli import main
+from hermes_core.cli.main import main
 from hermes_core.store import SessionStore
 from hermes_core.store.replay import encode_message_line
 

@@ -8,13 +8,13 @@ from typing import Any
 
 import pytest
 
-from hermes_core.config import GatewayConfig
-from hermes_core.context import session_type_line
-from hermes_core.errors import UnknownPlatformError
-from hermes_core.explain import explain_session_key, format_explanation
-from hermes_core.keys import build_session_key
-from hermes_core.models import SessionSource
-from hermes_core.plugins import create_plugin_manager
+from hermes_core.cli.explain import explain_session_key, format_explanation
+from hermes_core.config.schema import GatewayConfig
+from hermes_core.domain.errors import UnknownPlatformError
+from hermes_core.domain.keys import build_session_key
+from hermes_core.domain.models import SessionSource
+from hermes_core.gateway.context import session_type_line
+from hermes_core.plugins.manager import create_plugin_manager
 
 THREAD_LINE = (
     "**Session type:** Multi-user thread — messages are prefixed with [sender name]. "

@@ -15,9 +15,9 @@ import pytest
 
 from conftest import POSTGRES_SKIP_REASON, POSTGRES_URL
 from hermes_core import GatewayConfig
-from hermes_core.agents import EchoAgent, InMemoryAdapter
-from hermes_core.models import MessageEvent
-from hermes_core.runtime import Gateway
+from hermes_core.domain.models import MessageEvent
+from hermes_core.gateway.agents import EchoAgent, InMemoryAdapter
+from hermes_core.gateway.runtime import Gateway
 from hermes_core.store import SessionStore
 from hermes_core.testing import fresh_plugin_manager, telegram_dm
 from hermes_plugins.sql_store import fts

@@ -12,14 +12,14 @@ from typing import Any
 
 import pytest
 
-from hermes_core.errors import (
+from hermes_core.domain.errors import (
     DuplicateSessionIdError,
     InvalidValueError,
     StoreError,
     TranscriptReadError,
     TranscriptWriteError,
 )
-from hermes_core.models import SessionEntry, SessionSource
+from hermes_core.domain.models import SessionEntry, SessionSource
 from hermes_core.store.backend import CounterDelta, SessionRow, StoreBackend
 from hermes_core.store.capabilities import PROTOCOLS, protocol_methods
 from hermes_core.store.jsonl import JsonlBackend

@@ -20,7 +20,7 @@ from hermes_core import (
     is_shared_multi_user_session,
     resolve_session_key,
 )
-from hermes_core.keys import (
+from hermes_core.domain.keys import (
     KEY_SCHEMAS,
     KeySchema,
     parse_session_key,

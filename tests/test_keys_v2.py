@@ -16,7 +16,7 @@ from hermes_core import (
     is_shared_multi_user_session,
     parse_session_key,
 )
-from hermes_core.keys import profile_namespace
+from hermes_core.domain.keys import profile_namespace
 from hermes_plugins.whatsapp import canonical_whatsapp_identifier
 
 G = "-1002285219667"

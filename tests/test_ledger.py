@@ -14,16 +14,16 @@ from typing import Any
 import pytest
 
 from hermes_core import GatewayConfig
-from hermes_core.ledger import (
+from hermes_core.store import SessionStore
+from hermes_core.testing import fresh_plugin_manager, telegram_dm
+from hermes_core.turns.ledger import (
     RATE_LIMIT_PREFIX,
     RECONNECT_PREFIX,
     RESTART_PREFIX,
     SendResult,
     is_silent_reply,
 )
-from hermes_core.resume import freshness_epoch, is_fresh, resume_candidates, resume_note
-from hermes_core.store import SessionStore
-from hermes_core.testing import fresh_plugin_manager, telegram_dm
+from hermes_core.turns.resume import freshness_epoch, is_fresh, resume_candidates, resume_note
 
 
 @pytest.fixture

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from hermes_core.memory import (
+from hermes_core.gateway.memory import (
     MIB,
     CgroupLimit,
     MemoryPaths,
@@ -125,7 +125,7 @@ def test_unreadable_setting_means_auto_never_off(
     tmp_path: Path, setting: object, caplog: pytest.LogCaptureFixture
 ) -> None:
     paths = fake_tree(tmp_path, {"memory.max": str(4 * GIB)})
-    with caplog.at_level(logging.WARNING, logger="hermes_core.memory"):
+    with caplog.at_level(logging.WARNING, logger="hermes_core.gateway.memory"):
         assert resolve_memory_budget(setting, paths=paths) == 2662 * MIB
     assert "could not be read; using auto" in caplog.text
 

@@ -15,7 +15,7 @@ import pytest
 from support.populate import config_for, populate
 
 from conftest import builtins_only
-from hermes_core.cli import main
+from hermes_core.cli.main import main
 from hermes_core.store import SessionStore
 
 

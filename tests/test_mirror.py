@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 
-from hermes_core.errors import StoreError
-from hermes_core.models import SessionEntry, SessionSource
+from hermes_core.domain.errors import StoreError
+from hermes_core.domain.models import SessionEntry, SessionSource
 from hermes_core.store.mirror import (
     MIRROR_README,
     MirrorWriter,

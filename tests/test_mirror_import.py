@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from hermes_core import EchoAgent, Gateway, GatewayConfig, InMemoryAdapter, SessionStore
-from hermes_core.cli import main
+from hermes_core.cli.main import main
 from hermes_core.testing import fresh_plugin_manager, telegram_dm
 
 STAMP = "2026-01-01T00:00:00.000000+00:00"

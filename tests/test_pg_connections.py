@@ -13,7 +13,7 @@ from sqlalchemy import create_engine, text
 
 from conftest import POSTGRES_SKIP_REASON, POSTGRES_URL
 from hermes_core import GatewayConfig
-from hermes_core.errors import ConfigError
+from hermes_core.domain.errors import ConfigError
 from hermes_core.store import SessionStore
 from hermes_core.testing import fresh_plugin_manager
 from hermes_plugins.sql_store.exclusive import check_connections

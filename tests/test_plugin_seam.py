@@ -28,8 +28,8 @@ from hermes_core import (
     create_plugin_manager,
     hookimpl,
 )
-from hermes_core.cli import main
-from hermes_core.plugins import default_plugin_manager
+from hermes_core.cli.main import main
+from hermes_core.plugins.manager import default_plugin_manager
 from hermes_core.testing import LifecycleRecorder
 
 CORE = Path(__file__).resolve().parents[1] / "hermes_core"

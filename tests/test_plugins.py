@@ -149,7 +149,7 @@ def test_broken_plugin_is_skipped_with_a_warning_naming_it(
         "hermes-broken", entry_points={"broken": "broken_plugin"},
         modules={"broken_plugin": "raise ImportError('missing dependency frobnicate')\n"},
     )  # fmt: skip
-    with caplog.at_level(logging.WARNING, logger="hermes_core.plugins"):
+    with caplog.at_level(logging.WARNING, logger="hermes_core.plugins.manager"):
         manager = create_plugin_manager(_config(hermes_home))
     assert "telegram" in manager.platforms()
     message = caplog.text
@@ -211,7 +211,7 @@ def test_bad_third_party_plugin_policy(
         "hermes-bad", entry_points={"bad": "bad_plugin"},
         modules={"bad_plugin": "from hermes_core import hookimpl\n" + source},
     )  # fmt: skip
-    with caplog.at_level(logging.WARNING, logger="hermes_core.plugins"):
+    with caplog.at_level(logging.WARNING, logger="hermes_core.plugins.manager"):
         manager = create_plugin_manager(_config(hermes_home))
     assert problem in caplog.text
     assert "'bad' (hermes-bad)" in caplog.text
@@ -234,7 +234,7 @@ def test_failing_observer_is_logged_and_others_still_run(
     manager.register(first, name="first")
     manager.register(_FailingObserver(), name="failing")
     manager.register(second, name="second")
-    with caplog.at_level(logging.ERROR, logger="hermes_core.plugins"):
+    with caplog.at_level(logging.ERROR, logger="hermes_core.plugins.manager"):
         manager.notify(LifecycleEvent(kind="session_created", session_key="k", session_id="s"))
     assert first.kinds == second.kinds == ["session_created"]
     assert "'failing'" in caplog.text

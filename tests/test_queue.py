@@ -12,12 +12,12 @@ from typing import Any
 import pytest
 
 from hermes_core import GatewayConfig
-from hermes_core.errors import StoreError
-from hermes_core.models import MessageEvent, MessageType
-from hermes_core.queue import MERGED_KEY, QueuedItem, SeenMessages, TurnQueue
-from hermes_core.specs import LifecycleEvent
+from hermes_core.domain.errors import StoreError
+from hermes_core.domain.models import MessageEvent, MessageType
+from hermes_core.domain.specs import LifecycleEvent
 from hermes_core.store import SessionStore
 from hermes_core.testing import fresh_plugin_manager, telegram_dm
+from hermes_core.turns.queue import MERGED_KEY, QueuedItem, SeenMessages, TurnQueue
 
 LANE = "agent:main:telegram:dm:99"
 OTHER = "agent:main:telegram:dm:42"

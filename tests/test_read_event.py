@@ -34,8 +34,8 @@ from hermes_core import (
     hookimpl,
     read_event,
 )
-from hermes_core.keys import KEY_SCHEMAS
-from hermes_core.plugins import HermesPluginManager
+from hermes_core.domain.keys import KEY_SCHEMAS
+from hermes_core.plugins.manager import HermesPluginManager
 from hermes_core.testing import fresh_plugin_manager
 
 FIELD_NAMES = [

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from hermes_core.recent import Recent
+from hermes_core.domain.recent import Recent
 
 
 def test_put_drops_the_least_recently_used_keys_beyond_the_size() -> None:

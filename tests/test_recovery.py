@@ -14,13 +14,13 @@ from typing import Any
 import pytest
 
 from hermes_core import GatewayConfig, RecoveryContext, RecoveryStep
-from hermes_core.errors import GatewayLockedError
-from hermes_core.instance import InstanceLock, RestartCounts
-from hermes_core.ledger import RESTART_PREFIX, SILENCE_NOTICE
-from hermes_core.recovery import GatewayState, RecoveryAbortedError, record_crash_left_replies
-from hermes_core.specs import CrashRecoveryResult, StuckLoopResult
+from hermes_core.domain.errors import GatewayLockedError
+from hermes_core.domain.specs import CrashRecoveryResult, StuckLoopResult
+from hermes_core.state.instance import InstanceLock, RestartCounts
 from hermes_core.store import SessionStore
 from hermes_core.testing import RecoveryStepsPlugin, fresh_plugin_manager, telegram_dm
+from hermes_core.turns.ledger import RESTART_PREFIX, SILENCE_NOTICE
+from hermes_core.turns.recovery import GatewayState, RecoveryAbortedError, record_crash_left_replies
 
 
 def _config(home: Path, **settings: Any) -> GatewayConfig:

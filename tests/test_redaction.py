@@ -20,10 +20,10 @@ from hermes_core import (
     build_session_context,
     build_session_context_prompt,
     prefix_sender,
-    redaction,
 )
-from hermes_core.plugins import platform_registry
-from hermes_core.redaction import (
+from hermes_core.domain.text import clean_text
+from hermes_core.gateway import redaction
+from hermes_core.gateway.redaction import (
     MAX_VALUE_CHARS,
     RedactionMode,
     Redactor,
@@ -33,7 +33,7 @@ from hermes_core.redaction import (
     quote_untrusted,
     sha256_digest,
 )
-from hermes_core.text import clean_text
+from hermes_core.plugins.manager import platform_registry
 
 KEY_A = "000102030405060708090a0b0c0d0e0f101112131415161718191a1b1c1d1e1f"
 KEY_B = "ff" * 32
@@ -372,7 +372,7 @@ def test_unusable_key_gives_placeholders(
         privacy={"redact_pii": True},
     )
     source = SessionSource(platform="telegram", chat_id="telegram:99", user_id="4242")
-    with caplog.at_level(logging.ERROR, logger="hermes_core.redaction"):
+    with caplog.at_level(logging.ERROR, logger="hermes_core.gateway.redaction"):
         prompt = build_session_context_prompt(build_session_context(source, config))
     assert '**Source:** Telegram ("DM with user_redacted")' in prompt
     assert '**User ID:** "user_redacted"' in prompt
@@ -403,7 +403,7 @@ def test_unreadable_key_gives_placeholders(
         return real_open(path, flags, *args, **kwargs)
 
     monkeypatch.setattr(os, "open", deny)
-    with caplog.at_level(logging.ERROR, logger="hermes_core.redaction"):
+    with caplog.at_level(logging.ERROR, logger="hermes_core.gateway.redaction"):
         assert load_hmac_key(key_file) is None
     assert "Permission denied" in caplog.text
 

@@ -13,10 +13,10 @@ import yaml
 from sqlalchemy import create_engine, text
 
 from hermes_core import GatewayConfig, MessageEvent, SessionSource, build_session_key
-from hermes_core.agents import EchoAgent, InMemoryAdapter
-from hermes_core.cli import main
-from hermes_core.errors import KeySchemaError, MessageRedeliveredError
-from hermes_core.runtime import Gateway
+from hermes_core.cli.main import main
+from hermes_core.domain.errors import KeySchemaError, MessageRedeliveredError
+from hermes_core.gateway.agents import EchoAgent, InMemoryAdapter
+from hermes_core.gateway.runtime import Gateway
 from hermes_core.store import SessionStore
 from hermes_core.testing import fresh_plugin_manager, telegram_dm
 

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from hermes_core.models import SessionEntry, SessionSource
+from hermes_core.domain.models import SessionEntry, SessionSource
 from hermes_core.store.backend import BacklogTarget, EntryDict, Message, SessionRow
 from hermes_core.store.jsonl import JsonlBackend
 from hermes_core.store.mirror import render_mirror

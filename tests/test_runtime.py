@@ -10,8 +10,10 @@ from typing import Any
 import pytest
 
 from hermes_core import GatewayConfig, LifecycleEvent, MessageEvent, SessionEntry, hookimpl
-from hermes_core.agents import EchoAgent, HostCallbacks, InMemoryAdapter, TurnRequest
-from hermes_core.gateway_texts import (
+from hermes_core.domain.models import MessageType, SessionSource
+from hermes_core.gateway.agents import EchoAgent, HostCallbacks, InMemoryAdapter, TurnRequest
+from hermes_core.gateway.runtime import Gateway
+from hermes_core.gateway.texts import (
     ACK_INTERRUPT,
     ACK_QUEUED,
     NEW_SESSION,
@@ -19,8 +21,6 @@ from hermes_core.gateway_texts import (
     QUEUE_USAGE,
     REFUSED_CAP,
 )
-from hermes_core.models import MessageType, SessionSource
-from hermes_core.runtime import Gateway
 from hermes_core.testing import LifecycleRecorder, fresh_plugin_manager, telegram_dm
 
 pytestmark = pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
@@ -92,7 +92,7 @@ async def test_a_message_runs_one_turn(make_gateway: Any, synchronous: str) -> N
 async def test_the_prompt_cache_keeps_the_most_recently_used_sessions(
     make_gateway: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr("hermes_core.gateway_core.PROMPT_CACHE_SIZE", 2)
+    monkeypatch.setattr("hermes_core.gateway.core.PROMPT_CACHE_SIZE", 2)
     gateway, adapter, _ = make_gateway()
     await gateway.start()
     for chat in ("1", "2", "1", "3"):  # chat 2 is the least recently used when 3 arrives
@@ -526,7 +526,7 @@ async def test_housekeeping_pass_is_isolated(make_gateway: Any, monkeypatch: Any
     await gateway.handle_message(_event("hi"))
     await gateway.idle()
     await asyncio.sleep(0.05)
-    from hermes_core.housekeeping import Housekeeping
+    from hermes_core.gateway.housekeeping import Housekeeping
 
     housekeeping = Housekeeping(gateway.config, gateway.store, gateway.cache)
 
@@ -573,7 +573,7 @@ async def test_stop_during_delivery_lets_the_reply_finish(hermes_home: Path) -> 
 
 
 async def test_disconnected_platform_waits_and_reconnect_catches_up(make_gateway: Any) -> None:
-    from hermes_core.ledger import RECONNECT_PREFIX, SendResult
+    from hermes_core.turns.ledger import RECONNECT_PREFIX, SendResult
 
     gateway, adapter, _ = make_gateway()
     await gateway.start()
@@ -595,7 +595,7 @@ async def test_disconnected_platform_waits_and_reconnect_catches_up(make_gateway
 
 
 async def test_a_suspended_lane_starts_a_new_session_and_says_so_once(make_gateway: Any) -> None:
-    from hermes_core.gateway_texts import SUSPENDED_NOTICE
+    from hermes_core.gateway.texts import SUSPENDED_NOTICE
 
     gateway, adapter, _ = make_gateway()
     await gateway.start()
@@ -745,7 +745,7 @@ async def test_queued_items_are_capped_across_lanes(hermes_home: Path) -> None:
     assert gateway.queue.total() == 20  # 45 sent, 20 held
     release.set()
     await gateway.idle()
-    from hermes_core.gateway_texts import REFUSED_FULL
+    from hermes_core.gateway.texts import REFUSED_FULL
 
     for chat in chats:
         texts = adapter.texts(chat)

@@ -25,7 +25,7 @@ from hermes_core import (
     SessionStore,
     TurnRequest,
 )
-from hermes_core.gateway_texts import ACK_QUEUED
+from hermes_core.gateway.texts import ACK_QUEUED
 from hermes_core.testing import fresh_plugin_manager, telegram_dm
 
 DRIVER = Path(__file__).parent / "support" / "serve_driver.py"
@@ -96,7 +96,7 @@ async def test_an_event_without_an_adapter_is_queued_with_one_warning_per_platfo
         for chat, t in (("1", "a"), ("2", "b"))
     ]
     slack = MessageEvent(source=telegram_dm("3").model_copy(update={"platform": "slack"}), text="c")
-    with caplog.at_level(logging.WARNING, logger="hermes_core.runtime"):
+    with caplog.at_level(logging.WARNING, logger="hermes_core.gateway.runtime"):
         async with gateway:
             for event in (*discord, slack, MessageEvent(source=telegram_dm("4"), text="d")):
                 await gateway.handle_message(event)

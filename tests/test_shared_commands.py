@@ -16,8 +16,8 @@ from support.database import run_sql
 from test_shared_takeover import Held, _gateway, _wait
 
 from hermes_core import MessageEvent, SessionSource
-from hermes_core.agents import EchoAgent, TurnRequest
-from hermes_core.gateway_texts import NEW_SESSION, STOPPED
+from hermes_core.gateway.agents import EchoAgent, TurnRequest
+from hermes_core.gateway.texts import NEW_SESSION, STOPPED
 from hermes_core.store import SessionStore
 
 pytestmark = [pytest.mark.postgres, pytest.mark.multi_process]

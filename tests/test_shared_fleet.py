@@ -15,7 +15,7 @@ from sqlalchemy import create_engine, text
 from support.gateway_driver import read_lines
 from support.shared_driver import Fleet, event
 
-from hermes_core.gateway_texts import NEW_SESSION, QUEUED_COMMAND
+from hermes_core.gateway.texts import NEW_SESSION, QUEUED_COMMAND
 
 pytestmark = [pytest.mark.postgres, pytest.mark.multi_process]
 

@@ -30,15 +30,15 @@ from test_shared_takeover import (
 )
 
 from hermes_core import MessageEvent, SessionSource
-from hermes_core.agents import EchoAgent, InMemoryAdapter
-from hermes_core.config import GatewayConfig
-from hermes_core.errors import LeaseLostError
-from hermes_core.ledger import SendResult
-from hermes_core.queue import TurnQueue
-from hermes_core.runtime import Gateway
+from hermes_core.config.schema import GatewayConfig
+from hermes_core.domain.errors import LeaseLostError
+from hermes_core.gateway.agents import EchoAgent, InMemoryAdapter
+from hermes_core.gateway.runtime import Gateway
 from hermes_core.store import SessionStore
 from hermes_core.store.backend import LOCKED, LeaseGrant, Locked, Obligation
 from hermes_core.store.leases import QueuedEvent
+from hermes_core.turns.ledger import SendResult
+from hermes_core.turns.queue import TurnQueue
 
 pytestmark = pytest.mark.postgres
 

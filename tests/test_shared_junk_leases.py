@@ -13,8 +13,8 @@ from support.database import run_sql
 from support.shared_driver import configure
 from test_shared_takeover import SOURCE, _gateway, _message, _wait
 
-from hermes_core.agents import EchoAgent
-from hermes_core.cli import main
+from hermes_core.cli.main import main
+from hermes_core.gateway.agents import EchoAgent
 from hermes_core.store import SessionStore
 
 pytestmark = pytest.mark.postgres

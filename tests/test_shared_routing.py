@@ -13,7 +13,7 @@ import pytest
 from support.database import run_sql
 
 from hermes_core import SessionEntry, SessionSource
-from hermes_core.errors import RoutingConflictError
+from hermes_core.domain.errors import RoutingConflictError
 from hermes_core.store import SessionStore
 
 pytestmark = pytest.mark.postgres

@@ -17,15 +17,15 @@ from support.database import run_sql
 from support.shared_driver import configure
 
 from hermes_core import MessageEvent, SessionSource
-from hermes_core.agents import EchoAgent, InMemoryAdapter, TurnRequest
-from hermes_core.config import GatewayConfig
-from hermes_core.ledger import TAKEOVER_PREFIX
-from hermes_core.models import SessionEntry
-from hermes_core.queue import TurnQueue
-from hermes_core.runtime import Gateway
-from hermes_core.sharing import SharedLanes
+from hermes_core.config.schema import GatewayConfig
+from hermes_core.domain.models import SessionEntry
+from hermes_core.gateway.agents import EchoAgent, InMemoryAdapter, TurnRequest
+from hermes_core.gateway.leased import SharedLanes
+from hermes_core.gateway.runtime import Gateway
 from hermes_core.store import SessionStore
 from hermes_core.store.backend import LeaseGrant, Locked
+from hermes_core.turns.ledger import TAKEOVER_PREFIX
+from hermes_core.turns.queue import TurnQueue
 
 pytestmark = pytest.mark.postgres
 

@@ -19,7 +19,7 @@ from support.database import run_sql
 
 from conftest import POSTGRES_URL
 from hermes_core import GatewayConfig, MessageEvent
-from hermes_core.errors import (
+from hermes_core.domain.errors import (
     InvalidValueError,
     MessageRedeliveredError,
     SchemaVersionError,
@@ -176,7 +176,7 @@ def test_soft_delete_never_deletes(open_store: Opener) -> None:
 
 
 def test_append_to_unknown_session_is_refused(open_store: Opener) -> None:
-    from hermes_core.errors import TranscriptWriteError
+    from hermes_core.domain.errors import TranscriptWriteError
 
     store = open_store()
     with pytest.raises(TranscriptWriteError):

@@ -10,9 +10,9 @@ from typing import Any
 import pytest
 
 from hermes_core import GatewayConfig, SessionStore, StoreSpec, hookimpl
-from hermes_core.errors import StoreContractError, StoreUnavailableError
-from hermes_core.plugins import HermesPluginManager
-from hermes_core.specs import STORE_CAPABILITIES
+from hermes_core.domain.errors import StoreContractError, StoreUnavailableError
+from hermes_core.domain.specs import STORE_CAPABILITIES
+from hermes_core.plugins.manager import HermesPluginManager
 from hermes_core.store.jsonl import JsonlBackend
 from hermes_core.testing import fresh_plugin_manager, telegram_dm
 

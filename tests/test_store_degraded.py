@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from hermes_core import GatewayConfig
-from hermes_core.errors import StoreError
+from hermes_core.domain.errors import StoreError
 from hermes_core.store import SessionStore
 from hermes_core.store.base import DEGRADED_WARNING
 from hermes_core.testing import fresh_plugin_manager, telegram_dm

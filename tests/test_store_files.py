@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from hermes_core.errors import InvalidValueError, StoreError, TranscriptWriteError
-from hermes_core.files import (
+from hermes_core.domain.errors import InvalidValueError, StoreError, TranscriptWriteError
+from hermes_core.state.files import (
     append_line_durably,
     atomic_write,
     child_path,
@@ -67,7 +67,7 @@ def test_ensure_private_dir_warns_once_and_never_narrows(
 ) -> None:
     target = tmp_path / "wide"
     target.mkdir(mode=0o755)
-    with caplog.at_level(logging.WARNING, logger="hermes_core.files"):
+    with caplog.at_level(logging.WARNING, logger="hermes_core.state.files"):
         ensure_private_dir(target)
     assert len(caplog.records) == 1
     assert str(target) in caplog.records[0].getMessage()

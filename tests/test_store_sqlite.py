@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from hermes_core import GatewayConfig
-from hermes_core.models import SessionEntry
+from hermes_core.domain.models import SessionEntry
 from hermes_core.store import SessionStore
 from hermes_core.store.base import changed
 from hermes_core.testing import fresh_plugin_manager, telegram_dm

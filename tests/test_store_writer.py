@@ -16,7 +16,7 @@ from support.tcp_proxy import proxied
 
 from conftest import POSTGRES_SKIP_REASON, POSTGRES_URL
 from hermes_core import GatewayConfig
-from hermes_core.errors import GatewayLockedError, StoreUnavailableError
+from hermes_core.domain.errors import GatewayLockedError, StoreUnavailableError
 from hermes_core.store import SessionStore
 from hermes_core.store.writer import StoreWriter
 from hermes_core.testing import fresh_plugin_manager, telegram_dm

@@ -19,15 +19,16 @@ from typing import Any
 import pytest
 from support.tcp_proxy import proxied
 
-from hermes_core import GatewayConfig, MessageEvent, SessionEntry, delivery, lanes
-from hermes_core.agents import EchoAgent, InMemoryAdapter, TurnRequest
-from hermes_core.errors import MessageNotStoredError, StoreError
-from hermes_core.gateway_texts import REFUSED_NOT_SAVED, TURN_FAILED
-from hermes_core.ledger import RATE_LIMIT_PREFIX, RECONNECT_PREFIX, SendResult
-from hermes_core.pipeline import Turn
-from hermes_core.runtime import Gateway
+from hermes_core import GatewayConfig, MessageEvent, SessionEntry
+from hermes_core.domain.errors import MessageNotStoredError, StoreError
+from hermes_core.gateway import delivery, lanes
+from hermes_core.gateway.agents import EchoAgent, InMemoryAdapter, TurnRequest
+from hermes_core.gateway.runtime import Gateway
+from hermes_core.gateway.texts import REFUSED_NOT_SAVED, TURN_FAILED
 from hermes_core.store import SessionStore
 from hermes_core.testing import fresh_plugin_manager, telegram_dm
+from hermes_core.turns.ledger import RATE_LIMIT_PREFIX, RECONNECT_PREFIX, SendResult
+from hermes_core.turns.pipeline import Turn
 
 Make = Callable[..., tuple[Gateway, InMemoryAdapter]]
 KEY = "agent:main:telegram:dm:c=1"
@@ -308,7 +309,7 @@ async def test_housekeeping_is_waited_for_before_the_store_closes(
     make: Make, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     gateway, _adapter = make(gateway={"housekeeping": {"initial_delay_secs": 0}})
-    from hermes_core.housekeeping import Housekeeping
+    from hermes_core.gateway.housekeeping import Housekeeping
 
     original = Housekeeping.run_once
     entered = asyncio.Event()

@@ -19,12 +19,12 @@ from hypothesis import strategies as st
 
 from conftest import POSTGRES_SKIP_REASON, POSTGRES_URL
 from hermes_core import GatewayConfig, MessageEvent, SessionSource
-from hermes_core.agents import EchoAgent, InMemoryAdapter, TurnRequest
-from hermes_core.errors import HermesError, InvalidValueError, TranscriptWriteError
-from hermes_core.runtime import Gateway
+from hermes_core.domain.errors import HermesError, InvalidValueError, TranscriptWriteError
+from hermes_core.domain.text import MAX_NESTING, clean_text
+from hermes_core.gateway.agents import EchoAgent, InMemoryAdapter, TurnRequest
+from hermes_core.gateway.runtime import Gateway
 from hermes_core.store import SessionStore
 from hermes_core.testing import fresh_plugin_manager, telegram_dm
-from hermes_core.text import MAX_NESTING, clean_text
 from hermes_plugins.sql_store import fts
 
 _chats = itertools.count()
@@ -283,7 +283,7 @@ def test_an_ordinary_write_error_leaves_the_index_alone(
 
 
 def test_cli_key_and_explain_take_undecodable_arguments(capsys: pytest.CaptureFixture[str]) -> None:
-    from hermes_core.cli import main
+    from hermes_core.cli.main import main
 
     undecodable = b"100\xff".decode("utf-8", "surrogateescape")  # as Python reads such argv
     assert main(["key", "--platform", "telegram", "--chat-id", undecodable]) == 2

@@ -26,14 +26,14 @@ from sqlalchemy import create_engine
 from support.lock_children import Holder, configure, race
 
 from hermes_core import GatewayConfig, MessageEvent
-from hermes_core.agents import EchoAgent, InMemoryAdapter
-from hermes_core.errors import (
+from hermes_core.domain.errors import (
     GatewayLockedError,
     ReadOnlyStoreError,
     StoreUnavailableError,
 )
-from hermes_core.instance import LockFile
-from hermes_core.runtime import Gateway
+from hermes_core.gateway.agents import EchoAgent, InMemoryAdapter
+from hermes_core.gateway.runtime import Gateway
+from hermes_core.state.instance import LockFile
 from hermes_core.store import SessionStore
 from hermes_core.testing import fresh_plugin_manager, telegram_dm
 

@@ -16,7 +16,7 @@ from contextlib import AbstractContextManager, nullcontext
 from typing import Any
 
 from hermes_core import GatewayConfig, SessionEntry, StoreSpec, hookimpl
-from hermes_core.errors import DuplicateSessionIdError
+from hermes_core.domain.errors import DuplicateSessionIdError
 from hermes_core.store.backend import CounterDelta, EntryDict, Message, SessionRow, clean_message
 
 

@@ -19,11 +19,11 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
-from hermes_core.errors import InvalidValueError, shown
-from hermes_core.text import clean_value
+from hermes_core.domain.errors import InvalidValueError, shown
+from hermes_core.domain.text import clean_value
 
 if TYPE_CHECKING:
-    from hermes_core.models import SessionEntry
+    from hermes_core.domain.models import SessionEntry
 
 EntryDict = Mapping[str, Any]
 """A ``SessionEntry.to_dict()`` mapping."""
@@ -50,7 +50,7 @@ INT64_MAX = 2**63 - 1
 def clean_message(message: Message) -> dict[str, Any]:
     """``message`` as every backend stores it: a known ``role``, ``timestamp`` as finite epoch
     seconds (now when missing), ``token_count`` a 64-bit integer, every string normalised
-    (:func:`~hermes_core.text.clean_text`) and nothing but JSON values inside. Raises
+    (:func:`~hermes_core.domain.text.clean_text`) and nothing but JSON values inside. Raises
     :class:`InvalidValueError` saying what to change."""
     if not isinstance(message, Mapping):
         raise InvalidValueError("message", "a transcript message must be a mapping with a role.")
@@ -299,7 +299,7 @@ class StoreBackend(Protocol):
         durable redelivery record always write. ``lease`` (passed only to a backend with
         :class:`TurnLeases`, which must accept it): the turn's lease token; unless it still
         holds the lane's lease (checked, and kept so, in the same transaction) nothing is
-        written and :class:`~hermes_core.errors.LeaseLostError` is raised."""
+        written and :class:`~hermes_core.domain.errors.LeaseLostError` is raised."""
 
     def routes_with_markers(self) -> list[EntryDict]:
         """Every entry whose turn marker is set."""

@@ -21,8 +21,8 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, Concatenate, ParamSpec, TypeVar, cast
 
-from hermes_core.config import GatewayConfig
-from hermes_core.errors import (
+from hermes_core.config.schema import GatewayConfig
+from hermes_core.domain.errors import (
     CorruptDatabaseError,
     InvalidValueError,
     KeySchemaError,
@@ -31,19 +31,19 @@ from hermes_core.errors import (
     StoreUnavailableError,
     shown,
 )
-from hermes_core.files import ensure_private_dir
-from hermes_core.keys import KeySchema, origin_keys_to, resolve_for_config
-from hermes_core.models import SessionEntry, SessionSource
-from hermes_core.plugins import HermesPluginManager, default_plugin_manager
-from hermes_core.recent import Recent
-from hermes_core.specs import LifecycleEvent, LifecycleKind, StoreCapability, StoreSpec
+from hermes_core.domain.keys import KeySchema, origin_keys_to, resolve_for_config
+from hermes_core.domain.models import SessionEntry, SessionSource
+from hermes_core.domain.recent import Recent
+from hermes_core.domain.specs import LifecycleEvent, LifecycleKind, StoreCapability, StoreSpec
+from hermes_core.domain.text import clean_text
+from hermes_core.plugins.manager import HermesPluginManager, default_plugin_manager
+from hermes_core.state.files import ensure_private_dir
 from hermes_core.store.backend import SESSION_ENDED, Maintenance, ParallelWriters, StoreBackend
 from hermes_core.store.capabilities import WITHOUT, BoundBackend, bind_backend
 from hermes_core.store.jsonl import JsonlBackend
 from hermes_core.store.mirror import MirrorWriter, load_mirror, read_mirror, writes_mirror
 from hermes_core.store.replay import ReplayReport, replay_backlog, session_row_from_entry
 from hermes_core.store.writer import StoreWriter
-from hermes_core.text import clean_text
 
 logger = logging.getLogger(__name__)
 

@@ -2,8 +2,8 @@
 
 :func:`bind_backend` runs once per opened backend. A method missing from the required
 :class:`~hermes_core.store.backend.StoreBackend` protocol, or from a capability the spec declares,
-is a :class:`~hermes_core.errors.StoreContractError` naming the plugin; a capability the spec does
-not declare turns its feature off, with one warning each (none for the core's own JSONL
+is a :class:`~hermes_core.domain.errors.StoreContractError` naming the plugin; a capability the spec
+does not declare turns its feature off, with one warning each (none for the core's own JSONL
 fallback, whose one degraded-mode warning says it all).
 """
 
@@ -14,8 +14,8 @@ import logging
 from dataclasses import dataclass
 from typing import Any, cast
 
-from hermes_core.errors import StoreContractError
-from hermes_core.specs import STORE_CAPABILITIES, StoreCapability, StoreSpec
+from hermes_core.domain.errors import StoreContractError
+from hermes_core.domain.specs import STORE_CAPABILITIES, StoreCapability, StoreSpec
 from hermes_core.store.backend import (
     DurableQueue,
     LaneWakeups,

@@ -28,7 +28,7 @@ from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from hermes_core.errors import (
+from hermes_core.domain.errors import (
     DuplicateSessionIdError,
     InvalidValueError,
     StoreError,
@@ -36,13 +36,14 @@ from hermes_core.errors import (
     TranscriptWriteError,
     shown,
 )
-from hermes_core.files import (
+from hermes_core.domain.models import SessionEntry, session_id_problem
+from hermes_core.domain.timeutil import utc_now
+from hermes_core.state.files import (
     append_line_durably,
     child_path,
     fsync_dir,
     read_file_nofollow,
 )
-from hermes_core.models import SessionEntry, session_id_problem
 from hermes_core.store.backend import CounterDelta, EntryDict, Message, SessionRow
 from hermes_core.store.mirror import MIRROR_FILENAME, MirrorWriter, load_mirror
 from hermes_core.store.replay import (
@@ -52,10 +53,9 @@ from hermes_core.store.replay import (
     parse_lines,
     session_row_from_entry,
 )
-from hermes_core.timeutil import utc_now
 
 if TYPE_CHECKING:
-    from hermes_core.plugins import HermesPluginManager
+    from hermes_core.plugins.manager import HermesPluginManager
 
 logger = logging.getLogger(__name__)
 

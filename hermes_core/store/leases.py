@@ -10,8 +10,8 @@ quarter of ``storage.turn_lease_secs`` (:meth:`LeaseStore.renew_leases`: on a th
 connection of its own, never behind the writer's queued steps) and releases a lane when
 nothing waits in its durable queue. Every write of a turn (its start, reply
 and ledger row, marker clear, dequeue) is *fenced*: it checks, in its own transaction, that the
-token still holds the lease, else raises :class:`~hermes_core.errors.LeaseLostError` and writes
-nothing. On a single-instance store every call here is a no-op that grants.
+token still holds the lease, else raises :class:`~hermes_core.domain.errors.LeaseLostError` and
+writes nothing. On a single-instance store every call here is a no-op that grants.
 """
 
 from __future__ import annotations
@@ -22,9 +22,9 @@ import secrets
 from collections.abc import Callable, Collection, Iterable, Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 
-from hermes_core.errors import InvalidValueError, LeaseLostError, shown
-from hermes_core.instance import instance_id
-from hermes_core.models import MessageEvent
+from hermes_core.domain.errors import InvalidValueError, LeaseLostError, shown
+from hermes_core.domain.models import MessageEvent
+from hermes_core.state.instance import instance_id
 from hermes_core.store.backend import LOCKED, LeaseGrant, Locked
 from hermes_core.store.base import serialised
 from hermes_core.store.routing import RoutingStore

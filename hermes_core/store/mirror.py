@@ -16,14 +16,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from hermes_core.config import GatewayConfig
-from hermes_core.errors import InvalidValueError, StoreError, UnknownPlatformError, shown
-from hermes_core.files import atomic_write
-from hermes_core.models import SessionEntry
-from hermes_core.specs import StoreSpec
+from hermes_core.config.schema import GatewayConfig
+from hermes_core.domain.errors import InvalidValueError, StoreError, UnknownPlatformError, shown
+from hermes_core.domain.models import SessionEntry
+from hermes_core.domain.specs import StoreSpec
+from hermes_core.state.files import atomic_write
 
 if TYPE_CHECKING:
-    from hermes_core.plugins import HermesPluginManager
+    from hermes_core.plugins.manager import HermesPluginManager
 
 logger = logging.getLogger(__name__)
 

@@ -21,9 +21,9 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from hermes_core.errors import InvalidValueError, StoreUnavailableError
-from hermes_core.models import SessionSource
-from hermes_core.plugins import HermesPluginManager
+from hermes_core.domain.errors import InvalidValueError, StoreUnavailableError
+from hermes_core.domain.models import SessionSource
+from hermes_core.plugins.manager import HermesPluginManager
 from hermes_core.store.backend import KeyMoves, StoredKeys
 from hermes_core.store.base import KEY_SCHEMA_META, REKEYING, exclusive
 from hermes_core.store.turns import TurnRecoveryStore

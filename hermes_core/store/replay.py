@@ -24,8 +24,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from hermes_core.errors import shown
-from hermes_core.models import SessionEntry, session_id_problem
+from hermes_core.domain.errors import shown
+from hermes_core.domain.models import SessionEntry, session_id_problem
+from hermes_core.domain.timeutil import parse_utc
 from hermes_core.store.backend import (
     MESSAGE_ROLES,
     BacklogTarget,
@@ -34,10 +35,9 @@ from hermes_core.store.backend import (
     clean_message,
 )
 from hermes_core.store.mirror import MIRROR_FILENAME, read_mirror
-from hermes_core.timeutil import parse_utc
 
 if TYPE_CHECKING:
-    from hermes_core.plugins import HermesPluginManager
+    from hermes_core.plugins.manager import HermesPluginManager
 
 logger = logging.getLogger(__name__)
 

@@ -8,7 +8,7 @@ increments its ``revision``; the cache keeps the revision each row was read or w
 a write of an entry changed from it (a touch, a flag, metadata, counters, a new, reset or
 reopened session) applies only while the row still has that revision, a new key's only while
 it has no row (:meth:`RoutingStore._write_entry`). Otherwise the backend writes nothing, the
-stale copy is dropped and :class:`~hermes_core.errors.RoutingConflictError` is raised.
+stale copy is dropped and :class:`~hermes_core.domain.errors.RoutingConflictError` is raised.
 
 Each such operation of the store is a function of the lane's current entry, so the store redoes
 it on the row as it is now (:meth:`RoutingStore._redo`): what it does then is what it would
@@ -34,8 +34,8 @@ import logging
 from collections.abc import Callable
 from typing import TypeVar
 
-from hermes_core.errors import RoutingConflictError
-from hermes_core.models import SessionEntry
+from hermes_core.domain.errors import RoutingConflictError
+from hermes_core.domain.models import SessionEntry
 from hermes_core.store.base import StoreBase
 
 logger = logging.getLogger(__name__)

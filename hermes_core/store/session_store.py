@@ -24,19 +24,20 @@ from datetime import datetime, timedelta, timezone
 from types import TracebackType
 from typing import Any
 
-from hermes_core.config import GatewayConfig
-from hermes_core.errors import (
+from hermes_core.config.schema import GatewayConfig
+from hermes_core.domain.errors import (
     DuplicateSessionIdError,
     InvalidValueError,
     MessageRedeliveredError,
     StoreError,
     shown,
 )
-from hermes_core.keys import config_profile, resolve_for_config
-from hermes_core.ledger import SendResult
-from hermes_core.models import SessionEntry, SessionSource, session_id_problem
-from hermes_core.plugins import HermesPluginManager
-from hermes_core.specs import LifecycleKind
+from hermes_core.domain.keys import config_profile, resolve_for_config
+from hermes_core.domain.models import SessionEntry, SessionSource, session_id_problem
+from hermes_core.domain.specs import LifecycleKind
+from hermes_core.domain.text import clean_text, clean_value
+from hermes_core.domain.timeutil import checked_span, utc_now
+from hermes_core.plugins.manager import HermesPluginManager
 from hermes_core.store.backend import (
     INT64_MAX,
     LOCKED,
@@ -55,8 +56,7 @@ from hermes_core.store.base import (
 from hermes_core.store.leases import QueuedEvent
 from hermes_core.store.rekey import RekeyStore
 from hermes_core.store.transcripts import TranscriptStore
-from hermes_core.text import clean_text, clean_value
-from hermes_core.timeutil import checked_span, utc_now
+from hermes_core.turns.ledger import SendResult
 
 logger = logging.getLogger(__name__)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from hermes_core.errors import (
+from hermes_core.domain.errors import (
     InvalidValueError,
     StoreError,
     TranscriptReadError,
@@ -13,13 +13,13 @@ from hermes_core.errors import (
     TurnInProgressError,
     shown,
 )
-from hermes_core.models import session_id_problem
+from hermes_core.domain.models import session_id_problem
+from hermes_core.domain.text import clean_text
 from hermes_core.store.backend import (
     Message,
     SearchHit,
 )
 from hermes_core.store.base import StoreBase, exclusive, serialised
-from hermes_core.text import clean_text
 
 logger = logging.getLogger(__name__)
 

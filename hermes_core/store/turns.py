@@ -17,14 +17,15 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from datetime import datetime
 
-from hermes_core.errors import (
+from hermes_core.domain.errors import (
     LeaseLostError,
     MessageRedeliveredError,
     StoreError,
 )
-from hermes_core.instance import RestartCounter, RestartCounts, instance_id
-from hermes_core.ledger import DeliveryLedger, obligation_id
-from hermes_core.models import MessageEvent, SessionEntry
+from hermes_core.domain.models import MessageEvent, SessionEntry
+from hermes_core.domain.text import clean_text
+from hermes_core.domain.timeutil import utc_now
+from hermes_core.state.instance import RestartCounter, RestartCounts, instance_id
 from hermes_core.store.backend import (
     DeadLetter,
     Message,
@@ -34,8 +35,7 @@ from hermes_core.store.backend import (
 )
 from hermes_core.store.base import MAINTENANCE_BATCH, changed, exclusive, serialised
 from hermes_core.store.leases import UNFENCED, LeaseStore, QueuedEvent
-from hermes_core.text import clean_text
-from hermes_core.timeutil import utc_now
+from hermes_core.turns.ledger import DeliveryLedger, obligation_id
 
 logger = logging.getLogger(__name__)
 
@@ -257,7 +257,7 @@ class TurnRecoveryStore(LeaseStore):
         reply's transcript message, is stored in the same commit too. Returns the row, or None
         when the ledger is off or failed (logged: a ledger failure never blocks a send; the
         caller then stores ``reply`` itself). ``content`` is stored (and to be sent) as
-        :func:`~hermes_core.text.clean_text` has it."""
+        :func:`~hermes_core.domain.text.clean_text` has it."""
         ledger = self.ledger
         if ledger is None:
             return None

@@ -37,7 +37,7 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from hermes_core.errors import ReadOnlyStoreError, StoreUnavailableError
+from hermes_core.domain.errors import ReadOnlyStoreError, StoreUnavailableError
 
 logger = logging.getLogger(__name__)
 

@@ -9,10 +9,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from hermes_core.config import GatewayConfig
-from hermes_core.models import SessionSource
-from hermes_core.plugins import HermesPluginManager, create_plugin_manager, hookimpl
-from hermes_core.specs import LifecycleEvent, RecoveryStep
+from hermes_core.config.schema import GatewayConfig
+from hermes_core.domain.models import SessionSource
+from hermes_core.domain.specs import LifecycleEvent, RecoveryStep
+from hermes_core.plugins.manager import HermesPluginManager, create_plugin_manager, hookimpl
 
 
 def fresh_plugin_manager(hermes_home: Path, **config: Any) -> HermesPluginManager:

@@ -20,16 +20,16 @@ from typing import Any
 
 import pytest
 
-from hermes_core.errors import (
+from hermes_core.domain.errors import (
     InvalidValueError,
     MessageRedeliveredError,
     TranscriptWriteError,
     TurnInProgressError,
 )
-from hermes_core.instance import RESTART_COUNTS_FILE
-from hermes_core.keys import parse_session_key
-from hermes_core.models import MessageEvent
-from hermes_core.specs import StoreCapability
+from hermes_core.domain.keys import parse_session_key
+from hermes_core.domain.models import MessageEvent
+from hermes_core.domain.specs import StoreCapability
+from hermes_core.state.instance import RESTART_COUNTS_FILE
 from hermes_core.store import SessionStore
 from hermes_core.store.backend import Message, Obligation
 from hermes_core.testing import telegram_dm

@@ -2,5 +2,5 @@
 
 Each module reads one platform's documented payload shape with :class:`fields.Fields`, which
 names the dotted path of any field that is missing or of the wrong type in the
-:class:`~hermes_core.errors.MalformedEventError` it raises. No platform SDK is needed.
+:class:`~hermes_core.domain.errors.MalformedEventError` it raises. No platform SDK is needed.
 """

@@ -20,8 +20,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from hermes_core.models import MessageEvent, MessageType, SessionSource
-from hermes_core.specs import ReadContext
+from hermes_core.domain.models import MessageEvent, MessageType, SessionSource
+from hermes_core.domain.specs import ReadContext
 from hermes_plugins.readers.fields import Fields, malformed, media_type
 
 _THREAD_TYPES = frozenset({10, 11, 12})

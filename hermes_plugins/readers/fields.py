@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from hermes_core.errors import MalformedEventError, shown
-from hermes_core.models import MessageType
+from hermes_core.domain.errors import MalformedEventError, shown
+from hermes_core.domain.models import MessageType
 
 _ID_LIMIT = 2**64
 """Integer ids are 64-bit at most on every platform."""

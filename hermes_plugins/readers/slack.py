@@ -21,8 +21,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from hermes_core.models import MessageEvent, MessageType, SessionSource
-from hermes_core.specs import ReadContext
+from hermes_core.domain.models import MessageEvent, MessageType, SessionSource
+from hermes_core.domain.specs import ReadContext
 from hermes_plugins.readers.fields import Fields, malformed, media_type
 
 _USER_SUBTYPES = frozenset({"thread_broadcast", "file_share", "me_message"})

@@ -14,8 +14,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from hermes_core.models import MessageEvent, MessageType, SessionSource
-from hermes_core.specs import ReadContext
+from hermes_core.domain.models import MessageEvent, MessageType, SessionSource
+from hermes_core.domain.specs import ReadContext
 from hermes_plugins.readers.fields import Fields, malformed
 
 _CHAT_TYPES = {"private": "dm", "group": "group", "supergroup": "group", "channel": "channel"}

@@ -23,9 +23,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from hermes_core.errors import shown
-from hermes_core.models import MessageEvent, MessageType, SessionSource
-from hermes_core.specs import ReadContext
+from hermes_core.domain.errors import shown
+from hermes_core.domain.models import MessageEvent, MessageType, SessionSource
+from hermes_core.domain.specs import ReadContext
 from hermes_plugins.readers.fields import Fields, malformed
 
 _CLOUD_MEDIA = {

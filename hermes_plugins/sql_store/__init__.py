@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 from hermes_core import GatewayConfig, StoreSpec, hookimpl
-from hermes_core.specs import StoreCapability
+from hermes_core.domain.specs import StoreCapability
 
 
 def open_sql_backend(url: str, config: GatewayConfig) -> Any:

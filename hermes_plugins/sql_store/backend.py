@@ -20,8 +20,8 @@ from sqlalchemy import (
 )
 from sqlalchemy.exc import SQLAlchemyError
 
-from hermes_core.errors import LeaseLostError, shown
-from hermes_core.models import SessionEntry
+from hermes_core.domain.errors import LeaseLostError, shown
+from hermes_core.domain.models import SessionEntry
 from hermes_core.store.backend import (
     SESSION_ENDED,
     EntryDict,

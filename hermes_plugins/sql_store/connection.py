@@ -46,8 +46,8 @@ from sqlalchemy.engine import URL
 from sqlalchemy.exc import OperationalError, SQLAlchemyError
 from sqlalchemy.pool import PoolProxiedConnection
 
-from hermes_core.config import GatewayConfig
-from hermes_core.errors import (
+from hermes_core.config.schema import GatewayConfig
+from hermes_core.domain.errors import (
     ConfigError,
     CorruptDatabaseError,
     GatewayLockedError,
@@ -57,8 +57,8 @@ from hermes_core.errors import (
     StoreError,
     StoreUnavailableError,
 )
-from hermes_core.files import create_private_file, ensure_private_dir
-from hermes_core.instance import LockFile
+from hermes_core.state.files import create_private_file, ensure_private_dir
+from hermes_core.state.instance import LockFile
 from hermes_plugins.sql_store import exclusive
 from hermes_plugins.sql_store.fts import DeferredIndex
 from hermes_plugins.sql_store.schema import (

@@ -18,10 +18,10 @@ import zlib
 from pathlib import Path
 from typing import Any
 
-from hermes_core.config import GatewayConfig
-from hermes_core.errors import ConfigError, GatewayLockedError, HermesError
-from hermes_core.instance import LockFile, instance_id
-from hermes_core.timeutil import format_utc, utc_now
+from hermes_core.config.schema import GatewayConfig
+from hermes_core.domain.errors import ConfigError, GatewayLockedError, HermesError
+from hermes_core.domain.timeutil import format_utc, utc_now
+from hermes_core.state.instance import LockFile, instance_id
 
 LOCK_SUFFIX = ".lock"
 """The SQLite lock file is the database's path with this suffix (``state.db.lock``)."""

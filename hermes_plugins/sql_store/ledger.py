@@ -11,8 +11,8 @@ from sqlalchemy import (
     update,
 )
 
-from hermes_core.errors import LeaseLostError
-from hermes_core.models import SessionEntry
+from hermes_core.domain.errors import LeaseLostError
+from hermes_core.domain.models import SessionEntry
 from hermes_core.store.backend import Message, Obligation
 from hermes_plugins.sql_store import postgres
 from hermes_plugins.sql_store.connection import SqlConnection

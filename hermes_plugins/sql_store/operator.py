@@ -13,7 +13,7 @@ from typing import Any
 
 from sqlalchemy import Table, bindparam, func, insert, select, tuple_, update
 
-from hermes_core.errors import StoreError, shown
+from hermes_core.domain.errors import StoreError, shown
 from hermes_core.store.operator import TRANSFER_TABLES, TableDigest
 from hermes_plugins.sql_store.exclusive import LOCK_SUFFIX
 from hermes_plugins.sql_store.queue import QueueRows

@@ -8,8 +8,9 @@ from collections.abc import Mapping
 from datetime import datetime, timezone
 from typing import Any
 
-from hermes_core.errors import shown
-from hermes_core.models import SessionEntry
+from hermes_core.domain.errors import shown
+from hermes_core.domain.models import SessionEntry
+from hermes_core.domain.timeutil import format_utc, parse_utc
 from hermes_core.store.backend import (
     MESSAGE_COLUMNS,
     EntryDict,
@@ -17,7 +18,6 @@ from hermes_core.store.backend import (
     SessionRow,
     clean_message,
 )
-from hermes_core.timeutil import format_utc, parse_utc
 from hermes_plugins.sql_store.schema import gateway_routing
 
 SESSION_COLUMNS = tuple(SessionRow.__dataclass_fields__)

@@ -11,7 +11,7 @@ from typing import Any
 
 from sqlalchemy import func, select
 
-from hermes_core.errors import DuplicateSessionIdError, StoreError
+from hermes_core.domain.errors import DuplicateSessionIdError, StoreError
 from hermes_core.store.backend import CounterDelta, EntryDict, SessionRow
 from hermes_plugins.sql_store import postgres
 from hermes_plugins.sql_store.connection import SqlConnection

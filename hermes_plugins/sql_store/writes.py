@@ -8,7 +8,7 @@ import threading
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
-from hermes_core.errors import StoreError
+from hermes_core.domain.errors import StoreError
 
 if TYPE_CHECKING:
     from hermes_plugins.sql_store.connection import SqlConnection

@@ -9,8 +9,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from hermes_core import EvictionPolicy, LifecycleEvent
-from hermes_core.cache import AgentCache
-from hermes_core.config import AgentCacheConfig
+from hermes_core.config.schema import AgentCacheConfig
+from hermes_core.gateway.cache import AgentCache
 
 MIB = 1024 * 1024
 

@@ -7,9 +7,9 @@ from typing import Any
 
 import pytest
 
-from hermes_core.config import GatewayConfig
+from hermes_core.config.schema import GatewayConfig
 
-LOGGER = "hermes_core.config"
+LOGGER = "hermes_core.config.schema"
 
 CONFIG_VARIABLES = (
     "HERMES_AGENT_TIMEOUT",

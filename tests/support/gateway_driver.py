@@ -50,11 +50,11 @@ from hermes_core import (
     SessionSource,
     create_plugin_manager,
 )
-from hermes_core.agents import EchoAgent, TurnRequest
-from hermes_core.errors import MessageNotStoredError
-from hermes_core.ledger import RESTART_PREFIX, SendResult
-from hermes_core.runtime import Gateway
+from hermes_core.domain.errors import MessageNotStoredError
+from hermes_core.gateway.agents import EchoAgent, TurnRequest
+from hermes_core.gateway.runtime import Gateway
 from hermes_core.store import SessionStore
+from hermes_core.turns.ledger import RESTART_PREFIX, SendResult
 
 RUN_THINK = 0.1
 """Seconds a turn of chat 1 thinks in ``run`` and ``drain`` mode once every pending message was

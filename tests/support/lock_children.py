@@ -15,9 +15,9 @@ from pathlib import Path
 from typing import Any
 
 from hermes_core import GatewayConfig, create_plugin_manager
-from hermes_core.agents import EchoAgent, InMemoryAdapter
-from hermes_core.errors import GatewayLockedError
-from hermes_core.runtime import Gateway
+from hermes_core.domain.errors import GatewayLockedError
+from hermes_core.gateway.agents import EchoAgent, InMemoryAdapter
+from hermes_core.gateway.runtime import Gateway
 from hermes_core.store import SessionStore
 from support.gateway_driver import FORKS
 

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from hermes_core.cli import main
-from hermes_core.config import GatewayConfig
-from hermes_core.models import MessageEvent, SessionSource
+from hermes_core.cli.main import main
+from hermes_core.config.schema import GatewayConfig
+from hermes_core.domain.models import MessageEvent, SessionSource
 from hermes_core.store import SessionStore
 
 ALICE = SessionSource(platform="telegram", chat_id="1001", user_id="1001", user_name="Alice")

@@ -18,9 +18,9 @@ import sys
 from pathlib import Path
 
 from hermes_core import GatewayConfig, MessageEvent, SessionSource, create_plugin_manager
-from hermes_core.agents import EchoAgent, InMemoryAdapter
-from hermes_core.ledger import SendResult
-from hermes_core.runtime import Gateway
+from hermes_core.gateway.agents import EchoAgent, InMemoryAdapter
+from hermes_core.gateway.runtime import Gateway
+from hermes_core.turns.ledger import SendResult
 
 
 class FileAdapter(InMemoryAdapter):

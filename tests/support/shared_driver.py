@@ -30,12 +30,12 @@ from pathlib import Path
 from typing import Any
 
 from hermes_core import GatewayConfig, MessageEvent, SessionEntry, SessionSource
-from hermes_core.agents import EchoAgent, TurnRequest
-from hermes_core.errors import MessageNotStoredError
-from hermes_core.instance import instance_id
-from hermes_core.ledger import RESTART_PREFIX, TAKEOVER_PREFIX, SendResult
-from hermes_core.queue import EnqueueResult
-from hermes_core.runtime import Gateway
+from hermes_core.domain.errors import MessageNotStoredError
+from hermes_core.gateway.agents import EchoAgent, TurnRequest
+from hermes_core.gateway.runtime import Gateway
+from hermes_core.state.instance import instance_id
+from hermes_core.turns.ledger import RESTART_PREFIX, TAKEOVER_PREFIX, SendResult
+from hermes_core.turns.queue import EnqueueResult
 from support.gateway_driver import FORKS, append_line, read_lines
 
 SPAWN = multiprocessing.get_context("spawn")

@@ -1,0 +1,274 @@
+"""Typed, frozen records that plugins return from the registration hooks (``hermes_hookspecs``)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from hermes_core.config.schema import GatewayConfig
+from hermes_core.domain.models import PLATFORM_NAME_RE, MessageEvent, SessionEntry, SessionSource
+from hermes_core.domain.timeutil import utc_now
+
+_SPEC_CONFIG = ConfigDict(frozen=True, extra="forbid", arbitrary_types_allowed=True)
+
+
+@dataclass(frozen=True)
+class ReadContext:
+    """What the host tells a platform's event reader beside the payload itself."""
+
+    lookup_chat: Callable[[str], Mapping[str, Any] | None] | None = None
+    """The platform's own JSON object for a chat id (for Discord a channel object with ``type``
+    and ``parent_id``; for Slack a conversation object), or None when the host does not know it;
+    consulted only for what the payload does not say. It must not do network I/O per event: read
+    the host's cache of the platform's chats."""
+    answer_in_thread: bool = False
+    """The host answers a channel message in a new thread started from it, so the message is keyed
+    like the thread's later messages (``prospective_thread_id``); for platforms whose threads are
+    started from a message and take its id (Discord)."""
+
+
+EventReader = Callable[[Mapping[str, Any], ReadContext], MessageEvent | None]
+"""Reads one raw payload of a platform, as the platform delivers it (a JSON object), into a
+:class:`MessageEvent`; None when it is not a user message (an edit, a reaction, a bot's message, a
+service message); :class:`~hermes_core.domain.errors.MalformedEventError` when it cannot be read."""
+
+
+class PlatformSpec(BaseModel):
+    """A platform and what is specific to it; anything not supplied follows the generic rule.
+
+    Callables run on every inbound message: they must be pure, deterministic and do no network I/O.
+    """
+
+    model_config = _SPEC_CONFIG
+
+    name: str
+    """Unique platform name, ``^[a-z0-9_]+$`` (the key's platform component)."""
+    label: str | None = None
+    """Display label in the prompt; default: the title-cased name."""
+    pii_safe: bool = False
+    """Whether user and chat ids may be pseudonymised in the prompt."""
+    scope: Callable[[SessionSource], str | None] | None = None
+    """Key scope component (e.g. Slack's workspace), or None for none."""
+    canonical_dm_chat_id: Callable[[str], str] | None = None
+    """Canonicalises DM chat ids before they enter the key (group ids never are)."""
+    canonical_participant: Callable[[str], str] | None = None
+    """Canonicalises sender ids for the key and for pseudonym inputs; ``""`` keeps the raw id."""
+    aliases: Callable[[str], Sequence[str]] | None = None
+    """Ids the canonicalisers consider equivalent to a value, shown by ``explain``."""
+    describe: Callable[[SessionSource], str] | None = None
+    """Replaces ``SessionSource.description`` for this platform."""
+    prompt_notes: Callable[[SessionSource, SessionEntry | None], Sequence[str]] | None = None
+    """Extra prompt lines (e.g. continuity or tool guidance); untrusted values must be quoted."""
+    validate_source: Callable[[SessionSource], None] | None = None
+    """Raises ``InvalidValueError`` when an id has the wrong shape for this platform; run on
+    untrusted input (``SessionSource.from_dict``, so also stored entries and events)."""
+    read_event: EventReader | None = None
+    """Reads the platform's own event payloads (:data:`EventReader`), behind
+    :func:`hermes_core.read_event`; pure apart from the context's lookups."""
+    local_machine: bool = False
+    """The platform is the machine running the agent (a terminal): the prompt names the source
+    ``Local (the machine running this agent)``, lists the platform first among the connected ones
+    as ``<name> (files on this machine)``, sends scheduled output of its sessions to local files and
+    offers ``"<name>"`` as the local-files delivery target."""
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, value: str) -> str:
+        if not PLATFORM_NAME_RE.fullmatch(value):
+            raise ValueError(f"platform name {value!r} must match ^[a-z0-9_]+$")
+        return value
+
+    @property
+    def display_label(self) -> str:
+        """The label shown in the prompt."""
+        return self.label or self.name.title()
+
+
+StoreCapability = Literal[
+    "search", "transcript_edits", "pruning", "ledger", "queue", "restart_counts", "maintenance"
+]
+"""An optional part of the storage contract (``hermes_core.store.backend`` has one protocol per
+capability): full-text search; transcript rewrites and soft deletes; pruning idle routing entries;
+the delivery ledger; durable queues with dead letters and redelivery records; restart counts kept
+in the store, tagged per instance (without it they live in ``$HERMES_HOME/restart_counts.json``);
+maintenance (``state_meta``, sessions.json and JSONL backlog imports, re-keying)."""
+
+STORE_CAPABILITIES: tuple[StoreCapability, ...] = (
+    "search", "transcript_edits", "pruning", "ledger", "queue", "restart_counts", "maintenance"
+)  # fmt: skip
+
+
+class StoreSpec(BaseModel):
+    """A storage backend serving the URL schemes it names, and what it declares it offers.
+
+    The store checks the backend against this declaration when it opens it: a missing method of
+    the required ``StoreBackend`` protocol, or of a declared capability, is a ``PluginError``
+    naming the plugin; an undeclared capability turns its feature off (one warning each).
+    """
+
+    model_config = _SPEC_CONFIG
+
+    name: str
+    schemes: tuple[str, ...] = Field(min_length=1)
+    open: Callable[[str, GatewayConfig], Any]
+    """Opens the backend for ``storage.url`` (the first argument) and the configuration, for
+    writing: a backend that allows one writer per database takes its lock here and raises
+    ``GatewayLockedError`` naming the holder when another process has it."""
+    open_read_only: Callable[[str, GatewayConfig], Any] | None = None
+    """Opens the backend to read only: no writer lock, no schema changes, every write refused
+    (``ReadOnlyStoreError``); None when the backend cannot be opened that way."""
+    capabilities: frozenset[StoreCapability] = frozenset()
+    """The optional parts of the contract the backend implements (see :data:`StoreCapability`)."""
+    atomic_batches: bool = False
+    """``transaction()`` rolls back every write inside it together, so the store's writer may
+    group several callers' steps into one commit; otherwise each step commits on its own."""
+    single_instance: bool = True
+    """True when the backend has no turn leases, so one gateway may use it at a time."""
+    parallel_writers: bool = False
+    """The backend implements ``ParallelWriters``: it may commit on several writer connections
+    in parallel (one writer thread each, different lanes' steps) and says how many."""
+    lane_wakeups: bool = False
+    """The backend implements ``LaneWakeups`` (with ``single_instance`` false): a process can
+    wake the holder of a lane's lease at once, so that a ``/stop`` sent through another process
+    interrupts the running turn instead of waiting for it to end."""
+    local: bool = False
+    """The state is a file on this machine: the sessions.json mirror is written by default, and
+    when the backend cannot be opened the store falls back to the core's JSONL store."""
+
+
+@dataclass(frozen=True)
+class BacklogReplayResult:
+    """What ``jsonl_backlog_replay`` imported from the JSONL backlog into SQL."""
+
+    files: int
+    messages: int
+    routes: int
+    skipped: tuple[str, ...]
+    """Backlog files left in place, by name."""
+
+
+@dataclass(frozen=True)
+class CrashRecoveryResult:
+    """What ``clean_shutdown`` did: after a clean stop it discards the turn markers; after a crash
+    it records crash-left replies and arms the interrupted turns."""
+
+    clean: bool
+    """Whether the previous stop was clean."""
+    markers_discarded: int = 0
+    """After a clean stop: turn markers discarded."""
+    crash_left_replies: Mapping[str, str] = field(default_factory=dict)
+    """After a crash: what happened per session key (``ledgered``, ``recorded``, ...)."""
+    armed: tuple[str, ...] = ()
+    """After a crash: lanes newly marked to resume."""
+    kept: tuple[str, ...] = ()
+    """After a crash: lanes already marked to resume (their reason kept)."""
+    markers_cleared: int = 0
+    interrupted: tuple[str, ...] = ()
+    """Lanes this start found interrupted; ``stuck_loop`` counts them."""
+
+
+@dataclass(frozen=True)
+class StuckLoopResult:
+    """What ``stuck_loop`` did: the interrupted-start counts it saved and the lanes it suspended."""
+
+    counts: Mapping[str, int]
+    suspended: tuple[str, ...]
+
+
+@dataclass
+class RecoveryReport:
+    """What the recovery steps did, shared by all steps of one start (and its shutdown).
+
+    The built-in steps write their typed field; a later step reads an earlier one's field (e.g.
+    ``stuck_loop`` reads ``crash_recovery.interrupted``). Other steps record under their own
+    step name in ``extra``.
+    """
+
+    outcomes: dict[str, str] = field(default_factory=dict)
+    """Every step that ran, by name: ``ok`` or ``failed: <error>``."""
+    backlog: BacklogReplayResult | None = None
+    search_index_rebuilt: bool | None = None
+    crash_recovery: CrashRecoveryResult | None = None
+    stuck_loop: StuckLoopResult | None = None
+    queued_events_restored: int | None = None
+    extra: dict[str, object] = field(default_factory=dict)
+    """What steps other than the built-in ones record, keyed by their step name."""
+
+
+@dataclass
+class RecoveryContext:
+    """What a recovery step receives: the store, the configuration, whether the previous stop
+    was clean, the report shared by all steps, and the host callbacks steps consult."""
+
+    store: Any
+    config: GatewayConfig
+    last_stop_clean: bool
+    report: RecoveryReport = field(default_factory=RecoveryReport)
+    diagnostic_muted: Callable[[str, str], bool] | None = None
+    """The host's ``diagnostic_muted(session_key, text)``: whether a machinery turn's reply is a
+    diagnostic that need not be delivered after a crash."""
+    queue_restore: Callable[[], int] | None = None
+    """Set by the gateway: reloads the durable queues into its turn queue and returns how many
+    events it restored (without a gateway, ``queue_restore`` only counts them)."""
+
+
+class RecoveryStep(BaseModel):
+    """A named, ordered unit of start-up (or shutdown) work."""
+
+    model_config = _SPEC_CONFIG
+
+    name: str = Field(min_length=1)
+    order: int
+    run: Callable[[RecoveryContext], None]
+    critical: bool = False
+    """A critical step's failure aborts start-up; others are logged and the next step runs."""
+    phase: Literal["startup", "shutdown"] = "startup"
+
+
+EvictionReason = Literal["capacity", "idle", "pressure"]
+
+
+class EvictionCandidate(BaseModel):
+    """One cached agent offered to the eviction policy."""
+
+    model_config = _SPEC_CONFIG
+
+    session_key: str
+    last_activity: float | None
+    """Monotonic seconds of the last use, None when unknown."""
+    in_flight: bool
+    persisted: bool
+
+
+class EvictionPolicy(BaseModel):
+    """A named eviction planner."""
+
+    model_config = _SPEC_CONFIG
+
+    name: str = Field(min_length=1)
+    plan: Callable[[Sequence[EvictionCandidate], EvictionReason, int], Sequence[str]]
+    """Given candidates in LRU order, the reason and a limit, the keys to release, in order."""
+
+
+LifecycleKind = Literal[
+    "session_created", "session_reset", "session_suspended", "session_replaced",
+    "session_reopened", "resume_marked", "resume_cleared", "turn_started", "turn_ended",
+    "agent_soft_released", "agent_cleaned_up", "queue_accepted", "queue_refused", "queue_merged",
+    "queue_discarded", "ledger_transition", "recovery_step",
+]  # fmt: skip
+
+
+class LifecycleEvent(BaseModel):
+    """Something that was committed, as observers see it."""
+
+    model_config = _SPEC_CONFIG
+
+    kind: LifecycleKind
+    session_key: str | None = None
+    session_id: str | None = None
+    at: datetime = Field(default_factory=utc_now)
+    detail: Mapping[str, Any] = Field(default_factory=dict)
