@@ -26,7 +26,7 @@ from support.gateway_driver import (
 
 from conftest import CRASH_TABLE
 from hermes_core import MessageEvent
-from hermes_core.turns.crashpoints import CRASH_POINTS
+from hermes_core.turns.crashpoints import CRASH_ALIASES, CRASH_POINTS, arm
 from hermes_core.turns.resume import resume_note
 
 KILLED = -signal.SIGKILL
@@ -90,27 +90,25 @@ def test_crash_point(point: str, backend: str, platform: tuple[Path, Path]) -> N
 
 # A first crash that leaves work for the next start-up, then a crash while that start-up does it:
 # - marker_written: the next start resumes the turn (its user message stored, nothing answered);
-#   the resumed turn then dies once its reply is recorded (obligation_recorded), once the platform
-#   has it but the ledger does not know (sent), once the ledger settled it but the turn is still
-#   open (delivered), and once the turn is closed but nothing after it ran (marker_cleared: the
-#   interrupted message was stored but never acknowledged, so the platform delivers it again to
-#   a start that no longer resumes anything).
+#   the resumed turn then dies once its reply is recorded (reply_stored), once the platform has
+#   it but the ledger does not know (sent), and once the ledger settled it and closed the turn
+#   but nothing after it ran (marker_cleared: the interrupted message was stored but never
+#   acknowledged, so the platform delivers it again to a start that no longer resumes anything).
 # - reply_stored: the next start records the crash-left reply and re-sends it with the restart
 #   prefix; that re-send dies after the platform got it (sent) or after the ledger settled it
-#   but before the lane's resume flag is cleared (delivered).
+#   and cleared the lane's resume flag (marker_cleared).
 # - sent: the ledger row is left ``attempting``, the next start re-sends it marked and dies right
 #   after the platform got the re-send: a third start must not send it a third time.
 # - drain_timed_out: a turn cut short by a drain resumes after the restart and dies once its
-#   reply was delivered but before the turn was closed.
+#   reply was delivered and the turn closed.
 RECOVERY_PAIRS = [
-    ("marker_written", "obligation_recorded"),
+    ("marker_written", "reply_stored"),
     ("marker_written", "sent"),
-    ("marker_written", "delivered"),
     ("marker_written", "marker_cleared"),
     ("reply_stored", "sent"),
-    ("reply_stored", "delivered"),
+    ("reply_stored", "marker_cleared"),
     ("sent", "sent"),
-    ("drain_timed_out", "delivered"),
+    ("drain_timed_out", "marker_cleared"),
 ]
 
 
@@ -126,6 +124,18 @@ def test_crash_during_recovery(
     during_start = _crash(workdir, home, "run", second)
     assert during_start, f"{second} was reached only after the start-up recovering {first}"
     _finish_and_check(workdir, home, events, f"{first} > {second}", backend, kills=2)
+
+
+@pytest.mark.parametrize("name", [*CRASH_POINTS, *CRASH_ALIASES])
+def test_every_name_arms_its_place(name: str) -> None:
+    """One point per place: a name the specification gives a place twice arms that place."""
+    try:
+        point = CRASH_ALIASES.get(name, name)
+        assert point in CRASH_POINTS
+        assert arm({"HERMES_CRASH_AT": name}) == point
+        assert arm({"HERMES_CRASH_AT": f"{name}_typo"}) is None
+    finally:
+        arm({})
 
 
 def test_resume_note_names_the_interruption() -> None:

@@ -22,7 +22,6 @@ RATE_LIMIT_RETRY_SECS = 5.0
 
 def _delivered() -> None:
     """After a delivery's settle commit: the row is gone, the turn closed."""
-    crash_point("delivered")
     crash_point("marker_cleared")
 
 

@@ -295,7 +295,6 @@ class LaneRunner(GatewayCore):
             crash_point("marker_cleared")
             return
         crash_point("reply_stored")
-        crash_point("obligation_recorded")
         await self._deliver(owed.row, turn=turn, success=success, claimed=owed.ledgered)
 
     async def _turn_failed(self, turn: Turn) -> None:

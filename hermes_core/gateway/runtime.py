@@ -265,7 +265,6 @@ class Gateway(LaneCommands, LaneRunner, Delivery):
         """A turn's first commit is done."""
         self._seen.remember_event(key, event)
         crash_point("marker_written")
-        crash_point("user_stored")
 
     async def _not_stored(self, event: MessageEvent, cause: BaseException | None) -> NoReturn:
         """Tell the sender their message was not saved, then raise for the adapter."""

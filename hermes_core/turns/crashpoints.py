@@ -1,6 +1,9 @@
 """Test-only crash points: ``HERMES_CRASH_AT=<point>`` makes the process SIGKILL
 itself the first time it reaches that point, so tests and the demo can crash a real process
 anywhere along the turn pipeline and inside shutdown.
+
+Each point is one place in the code. The specification also names three places twice (the
+second name describes the same commit); those names stay accepted as aliases of the point.
 """
 
 from __future__ import annotations
@@ -13,11 +16,17 @@ from collections.abc import Mapping
 logger = logging.getLogger(__name__)
 
 CRASH_POINTS = (
-    "enqueued", "marker_written", "user_stored", "reply_stored", "obligation_recorded", "sent",
-    "delivered", "marker_cleared", "recovery_done", "drain_marked", "drain_timed_out",
-    "clean_shutdown_written",
+    "enqueued", "marker_written", "reply_stored", "sent", "marker_cleared", "recovery_done",
+    "drain_marked", "drain_timed_out", "clean_shutdown_written",
 )  # fmt: skip
-"""Every named point, in pipeline order."""
+"""Every point, one per place, in pipeline order."""
+
+CRASH_ALIASES = {
+    "user_stored": "marker_written",  # the turn's user message is stored in the marker's commit
+    "obligation_recorded": "reply_stored",  # the reply and its ledger row share one commit
+    "delivered": "marker_cleared",  # settling a delivery closes its turn in the same commit
+}
+"""Other names the specification gives a point's place; arming one arms the point."""
 
 
 class _Armed:
@@ -27,21 +36,22 @@ class _Armed:
 def arm(environ: Mapping[str, str] | None = None) -> str | None:
     """Read ``HERMES_CRASH_AT`` once (at start-up); returns the armed point, if any.
 
-    Set to a point name, start-up logs one warning; unset or empty, crash points do nothing. An
-    unknown name is ignored with a warning listing the valid ones.
+    Set to a point name (or an alias of one), start-up logs one warning; unset or empty, crash
+    points do nothing. An unknown name is ignored with a warning listing the valid ones.
     """
     value = (os.environ if environ is None else environ).get("HERMES_CRASH_AT", "").strip()
-    if value and value not in CRASH_POINTS:
+    point = CRASH_ALIASES.get(value, value)
+    if point and point not in CRASH_POINTS:
         logger.warning(
             "HERMES_CRASH_AT=%s is not a crash point and is ignored (valid: %s)",
-            value, ", ".join(CRASH_POINTS),
+            value, ", ".join((*CRASH_POINTS, *CRASH_ALIASES)),
         )  # fmt: skip
-        value = ""
-    _Armed.point = value or None
+        point = ""
+    _Armed.point = point or None
     if _Armed.point:
         logger.warning(
             "HERMES_CRASH_AT=%s: this process will kill itself (SIGKILL) at that point; "
-            "for tests only", _Armed.point,
+            "for tests only", value,
         )  # fmt: skip
     return _Armed.point
 
