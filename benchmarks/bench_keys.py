@@ -1,4 +1,4 @@
-"""Key-building throughput through ``build_session_key`` with a plugin manager, beside a floor.
+"""Key-building throughput through ``build_key_from_flags`` with a plugin manager, beside a floor.
 
 The floor applies the same generic rule to plain dicts with no plugins, validation or models,
 joined as key schema v1 does: the least any key builder must do. Both schemas are measured (v2
@@ -19,7 +19,7 @@ from hermes_core import (
     GatewayConfig,
     HermesPluginManager,
     SessionSource,
-    build_session_key,
+    build_key_from_flags,
     create_plugin_manager,
 )
 from hermes_core.domain.keys import KEY_SCHEMAS, KeySchema
@@ -61,7 +61,7 @@ def floor_key(row: dict[str, Any]) -> str:
 
 def key_of(manager: HermesPluginManager, schema: KeySchema, source: SessionSource) -> str:
     """One key, as the benchmark calls it."""
-    return build_session_key(source, plugins=manager, schema=schema)
+    return build_key_from_flags(source, plugins=manager, schema=schema)
 
 
 def rate(call: Callable[[Any], object], items: Sequence[Any], seconds: float) -> float:
@@ -86,7 +86,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         manager = create_plugin_manager(config, load_entrypoints=False)
         sources = [SessionSource(**row) for row in ROWS]
         whatsapp = [SessionSource(**row) for row in WHATSAPP_ROWS]
-        v1_keys = [build_session_key(s, plugins=manager, schema="v1") for s in sources]
+        v1_keys = [build_key_from_flags(s, plugins=manager, schema="v1") for s in sources]
         if v1_keys != list(map(floor_key, ROWS)):
             raise SystemExit("the floor computes different keys; fix floor_key before comparing")
         floor = rate(floor_key, ROWS, args.seconds)
@@ -98,7 +98,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     print(f"cpu: {os.cpu_count()} cores visible, single-threaded run, {args.seconds:.1f} s each")
     print(f"{'plain-dict floor (v1 join)':<31}: {floor:12,.0f} keys/s")
     for (schema, name), keys in figures.items():
-        label = f"build_session_key {schema} ({name})"
+        label = f"build_key_from_flags {schema} ({name})"
         note = f"ratio to floor {keys / floor:.2f}" if name == "mixed" else "(mapping dir absent)"
         print(f"{label:<31}: {keys:12,.0f} keys/s  {note}")
     print("targets (mixed, either schema): >= 300,000 keys/s and >= 0.2 of the floor")

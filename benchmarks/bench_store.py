@@ -25,7 +25,7 @@ from pathlib import Path
 import psutil
 
 from hermes_core import GatewayConfig, SessionEntry, SessionSource, SessionStore
-from hermes_core.domain.keys import build_session_key
+from hermes_core.domain.keys import build_key_from_flags
 from hermes_core.testing import fresh_plugin_manager
 
 USER = {"role": "user", "content": "What is the weather like in Kuala Lumpur this afternoon?"}
@@ -52,7 +52,7 @@ def populated_session_id(index: int) -> str:
 
 def lane_key(index: int) -> str:
     """The session key of lane ``index`` (the default key schema, as the stores here use)."""
-    return build_session_key(_source(index))
+    return build_key_from_flags(_source(index))
 
 
 def populate(home: Path, sessions: int, history: int = 0, with_history: int = 0) -> None:

@@ -31,9 +31,12 @@ if TYPE_CHECKING:
     from hermes_core.domain.keys import (
         KeyResolution,
         SessionKeyParts,
+        build_key_from_flags,
         build_session_key,
         is_shared_multi_user_session,
         parse_session_key,
+        resolve_key,
+        resolve_key_from_flags,
         resolve_session_key,
     )
     from hermes_core.domain.models import (
@@ -101,9 +104,12 @@ _LAZY = {
     "read_event": "hermes_core.plugins.events",
     "KeyResolution": "hermes_core.domain.keys",
     "SessionKeyParts": "hermes_core.domain.keys",
+    "build_key_from_flags": "hermes_core.domain.keys",
     "build_session_key": "hermes_core.domain.keys",
     "is_shared_multi_user_session": "hermes_core.domain.keys",
     "parse_session_key": "hermes_core.domain.keys",
+    "resolve_key": "hermes_core.domain.keys",
+    "resolve_key_from_flags": "hermes_core.domain.keys",
     "resolve_session_key": "hermes_core.domain.keys",
     "HomeChannel": "hermes_core.domain.models",
     "MessageEvent": "hermes_core.domain.models",
@@ -206,6 +212,7 @@ __all__ = [
     "TurnRequest",
     "UnknownPlatformError",
     "__version__",
+    "build_key_from_flags",
     "build_session_context",
     "build_session_context_prompt",
     "build_session_key",
@@ -216,5 +223,7 @@ __all__ = [
     "parse_session_key",
     "prefix_sender",
     "read_event",
+    "resolve_key",
+    "resolve_key_from_flags",
     "resolve_session_key",
 ]

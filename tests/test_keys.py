@@ -12,12 +12,18 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+import hermes_core
+import hermes_core.keys as hermes_core_keys
 from hermes_core import (
+    GatewayConfig,
     InvalidValueError,
     SessionSource,
     UnknownPlatformError,
+    build_key_from_flags,
     build_session_key,
     is_shared_multi_user_session,
+    resolve_key,
+    resolve_key_from_flags,
     resolve_session_key,
 )
 from hermes_core.domain.keys import (
@@ -340,3 +346,36 @@ def test_predicate_matches_spec_table_and_key(
         assert bool(parse_session_key(build_session_key(source, **flags)).participant) is (
             not shared
         )
+
+
+def test_resolve_key_applies_the_configuration_and_the_from_flags_functions_do_not(
+    hermes_home: Path,
+) -> None:
+    """A host calls ``resolve_key`` with its configuration; the ``*_from_flags`` functions take
+    the flags, profile and schema as arguments and read none of it."""
+    config = GatewayConfig.from_dict(
+        {
+            "platforms": {"telegram": {"group_sessions_per_user": False}},
+            "gateway": {"multiplex_profiles": True},
+            "keys": {"schema": "v1"},
+        },
+        environ={"HERMES_HOME": str(hermes_home)},
+    )
+    source = SessionSource(
+        platform="telegram", chat_id="-100", chat_type="group", user_id="7", profile="ops"
+    )
+    resolution = resolve_key(source, config)
+    assert (resolution.key, resolution.shared) == ("agent:ops:telegram:group:-100", True)
+    assert resolve_key(source, config, schema="v2").key == "agent:ops:telegram:group:c=-100"
+    assert build_key_from_flags(source) == "agent:main:telegram:group:c=-100:u=7"
+    assert (
+        resolve_key_from_flags(source, group_sessions_per_user=False, profile="ops", schema="v1")
+        == resolution
+    )
+
+
+def test_the_key_function_names_of_earlier_releases_still_work() -> None:
+    assert hermes_core.build_session_key is build_key_from_flags
+    assert hermes_core.resolve_session_key is resolve_key_from_flags
+    assert hermes_core_keys.resolve_for_config is resolve_key
+    assert {"build_session_key", "resolve_session_key", "resolve_key"} <= set(hermes_core.__all__)

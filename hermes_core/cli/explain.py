@@ -1,7 +1,7 @@
 """Why a source gets its session key: the data behind ``hermes-sessions explain``.
 
 Everything is read from the :class:`~hermes_core.domain.keys.KeyResolution` the store itself would
-use (:func:`~hermes_core.domain.keys.resolve_for_config`), so the explanation cannot disagree with
+use (:func:`~hermes_core.domain.keys.resolve_key`), so the explanation cannot disagree with
 the key. Nothing is written.
 """
 
@@ -12,7 +12,7 @@ from typing import Any
 
 from hermes_core.config.schema import GatewayConfig
 from hermes_core.domain.errors import shown
-from hermes_core.domain.keys import KeyResolution, config_profile, resolve_for_config
+from hermes_core.domain.keys import KeyResolution, config_profile, resolve_key
 from hermes_core.domain.models import SessionSource
 from hermes_core.domain.specs import PlatformSpec
 from hermes_core.gateway.context import session_type_line
@@ -32,7 +32,7 @@ def explain_session_key(
     under ``config.hermes_home``). Raises the named errors of key building (unknown platform,
     invalid profile, unsafe key).
     """
-    resolution = resolve_for_config(source, config, plugins)
+    resolution = resolve_key(source, config, plugins)
     registry = platform_registry(plugins, config)
     spec = registry[source.platform]
     flags = zip(

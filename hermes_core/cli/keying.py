@@ -15,7 +15,7 @@ from hermes_core.cli.common import check_chat_type
 from hermes_core.cli.explain import explain_session_key, format_explanation
 from hermes_core.config.schema import GatewayConfig
 from hermes_core.domain.errors import InvalidValueError
-from hermes_core.domain.keys import resolve_for_config
+from hermes_core.domain.keys import resolve_key
 from hermes_core.domain.models import SessionSource
 from hermes_core.plugins.events import read_event
 from hermes_core.plugins.manager import HermesPluginManager, create_plugin_manager
@@ -227,7 +227,7 @@ def _replaced(replaced: tuple[tuple[str, str], ...]) -> str:
 def key_command(args: argparse.Namespace, config: GatewayConfig) -> int:
     """``key <source>``: only the key."""
     plugins = create_plugin_manager(config)
-    print(resolve_for_config(_source(args, plugins), config, plugins).key)
+    print(resolve_key(_source(args, plugins), config, plugins).key)
     return 0
 
 

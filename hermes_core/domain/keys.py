@@ -6,6 +6,14 @@ holding ``:``). **v2**, the default, tags every variable component (``s=`` scope
 ``t=`` thread, ``u=`` participant) and escapes ``%``, ``:`` and the second ``.`` of ``..`` inside
 values, so different components always give different keys and :func:`parse_session_key`
 recovers them.
+
+Which function to call: a host keys a message with :func:`resolve_key`, which applies its
+configuration (the per-platform per-user flags, the profile when profiles are multiplexed, the key
+schema) exactly as the store and the gateway do. :func:`resolve_key_from_flags` and
+:func:`build_key_from_flags` read no configuration: they take the flags, profile and schema as
+arguments (defaults: per user in groups, shared in threads, no profile, v2), for tools and tests
+that state them. ``resolve_for_config``, ``resolve_session_key`` and ``build_session_key`` are the
+names earlier releases published for these three and keep working.
 """
 
 from __future__ import annotations
@@ -25,7 +33,7 @@ _PROFILE_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 KeySchema = Literal["v1", "v2"]
 KEY_SCHEMAS: tuple[KeySchema, ...] = ("v1", "v2")
 DEFAULT_KEY_SCHEMA: KeySchema = "v2"
-"""The schema of new state, and of :func:`build_session_key` without ``schema``."""
+"""The schema of new state, and of :func:`build_key_from_flags` without ``schema``."""
 
 _ESCAPES = {"%": "%25", ":": "%3A", ".": "%2E"}
 _UNESCAPES = {code: char for char, code in _ESCAPES.items()}
@@ -118,9 +126,10 @@ def _join(
 
 
 def parse_session_key(key: str) -> SessionKeyParts:
-    """The components of a v2 key: the inverse of :func:`build_session_key` (``schema='v2'``).
+    """The components of a v2 key: the inverse of :func:`build_key_from_flags` and
+    :func:`resolve_key` in schema v2.
 
-    Raises :class:`InvalidValueError` for anything ``build_session_key`` cannot produce in v2
+    Raises :class:`InvalidValueError` for anything they cannot produce in v2
     (including every v1 key with a chat, thread or participant component)."""
     fields = key.split(":")
     if len(fields) < 4 or fields[0] != "agent":
@@ -168,7 +177,7 @@ class KeyResolution(NamedTuple):
     scope: str
 
 
-def resolve_session_key(
+def resolve_key_from_flags(
     source: SessionSource,
     *,
     group_sessions_per_user: bool = True,
@@ -177,7 +186,8 @@ def resolve_session_key(
     plugins: HermesPluginManager | None = None,
     schema: KeySchema = DEFAULT_KEY_SCHEMA,
 ) -> KeyResolution:
-    """Apply the key algorithm to ``source``; both public functions derive from it."""
+    """Apply the key algorithm to ``source`` with the flags, profile and schema given here, not
+    a configuration's (a host calls :func:`resolve_key`); ``plugins`` None: the built-ins."""
     spec = platform_registry(plugins).require(source.platform)
     return _resolve(
         source, spec, group_sessions_per_user, thread_sessions_per_user,
@@ -280,7 +290,7 @@ def origin_keys_to(
     )  # fmt: skip
 
 
-def build_session_key(
+def build_key_from_flags(
     source: SessionSource,
     *,
     group_sessions_per_user: bool = True,
@@ -289,9 +299,10 @@ def build_session_key(
     plugins: HermesPluginManager | None = None,
     schema: KeySchema = DEFAULT_KEY_SCHEMA,
 ) -> str:
-    """The deterministic session key of ``source`` in ``schema`` (v2 unless told; v1 is the
-    original gateway's layout); ``plugins`` None: the built-ins."""
-    return resolve_session_key(
+    """The key of :func:`resolve_key_from_flags`: the deterministic session key of ``source`` in
+    ``schema`` (v2 unless told; v1 is the original gateway's layout), with the flags and profile
+    given here, not a configuration's; ``plugins`` None: the built-ins."""
+    return resolve_key_from_flags(
         source,
         group_sessions_per_user=group_sessions_per_user,
         thread_sessions_per_user=thread_sessions_per_user,
@@ -308,8 +319,9 @@ def is_shared_multi_user_session(
     thread_sessions_per_user: bool = False,
     plugins: HermesPluginManager | None = None,
 ) -> bool:
-    """True iff ``source`` is not a DM and its key has no participant (in either schema)."""
-    return resolve_session_key(
+    """True iff ``source`` is not a DM and its key has no participant (in either schema), with the
+    flags given here (``resolve_key(...).shared`` applies a configuration's)."""
+    return resolve_key_from_flags(
         source,
         group_sessions_per_user=group_sessions_per_user,
         thread_sessions_per_user=thread_sessions_per_user,
@@ -324,18 +336,28 @@ def config_profile(source: SessionSource, config: GatewayConfig) -> str | None:
     return source.profile or "default"
 
 
-def resolve_for_config(
+def resolve_key(
     source: SessionSource,
     config: GatewayConfig,
     plugins: HermesPluginManager | None = None,
     *,
     schema: KeySchema | None = None,
 ) -> KeyResolution:
-    """Resolve with the effective per-platform flags, profile and key schema (``keys.schema``,
-    unless ``schema`` is given) of ``config``; ``plugins`` None uses the built-in platforms for
-    ``config.hermes_home``."""
+    """The key of ``source`` under ``config``, as the store and the gateway compute it: the one to
+    call. It applies the effective per-platform flags, the profile (when
+    ``gateway.multiplex_profiles`` is on) and the key schema (``keys.schema``, unless ``schema``
+    is given) of ``config``; ``plugins`` None uses the built-in platforms for
+    ``config.hermes_home``. ``.key`` is the key, ``.shared`` whether several users share it."""
     group_per_user, thread_per_user = config.session_flags(source.platform)
     spec = platform_registry(plugins, config).require(source.platform)
     namespace = profile_namespace(config_profile(source, config))
     chosen = schema if schema is not None else config.keys.key_schema
     return _resolve(source, spec, group_per_user, thread_per_user, namespace, chosen)
+
+
+resolve_for_config = resolve_key
+"""The name earlier releases gave :func:`resolve_key`."""
+resolve_session_key = resolve_key_from_flags
+"""The name earlier releases gave :func:`resolve_key_from_flags`."""
+build_session_key = build_key_from_flags
+"""The name earlier releases gave :func:`build_key_from_flags`."""

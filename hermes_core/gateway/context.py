@@ -17,7 +17,7 @@ from typing import TypeVar
 
 from hermes_core.config.schema import GatewayConfig
 from hermes_core.domain.errors import PluginError
-from hermes_core.domain.keys import resolve_for_config
+from hermes_core.domain.keys import resolve_key
 from hermes_core.domain.models import (
     HomeChannel,
     SessionContext,
@@ -75,7 +75,7 @@ def build_session_context(
     per-platform flags), so predicate, key and prompt agree. ``plugins`` None: the built-ins.
     """
     registry = platform_registry(plugins, config)
-    resolution = resolve_for_config(source, config, plugins)
+    resolution = resolve_key(source, config, plugins)
     connected = tuple(name for name in config.connected_platforms() if name in registry)
     homes = []
     for name in connected:

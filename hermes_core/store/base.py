@@ -31,7 +31,7 @@ from hermes_core.domain.errors import (
     StoreUnavailableError,
     shown,
 )
-from hermes_core.domain.keys import KeySchema, origin_keys_to, resolve_for_config
+from hermes_core.domain.keys import KeySchema, origin_keys_to, resolve_key
 from hermes_core.domain.models import SessionEntry, SessionSource
 from hermes_core.domain.recent import Recent
 from hermes_core.domain.specs import LifecycleEvent, LifecycleKind, StoreCapability, StoreSpec
@@ -316,8 +316,8 @@ class StoreBase:
     def keys_in_both(self, source: SessionSource) -> tuple[str, str]:
         """The v1 and v2 keys of ``source`` under this store's settings."""
         config, plugins = self.config, self.plugins
-        v1 = resolve_for_config(source, config, plugins, schema="v1").key
-        return v1, resolve_for_config(source, config, plugins, schema="v2").key
+        v1 = resolve_key(source, config, plugins, schema="v1").key
+        return v1, resolve_key(source, config, plugins, schema="v2").key
 
     def _degrade(self, reason: str) -> BoundBackend:
         """The core's JSONL fallback (one warning, which covers what it does not offer)."""

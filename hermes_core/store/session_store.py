@@ -32,7 +32,7 @@ from hermes_core.domain.errors import (
     StoreError,
     shown,
 )
-from hermes_core.domain.keys import config_profile, resolve_for_config
+from hermes_core.domain.keys import config_profile, resolve_key
 from hermes_core.domain.models import SessionEntry, SessionSource, session_id_problem
 from hermes_core.domain.specs import LifecycleKind
 from hermes_core.domain.text import clean_text, clean_value
@@ -102,7 +102,7 @@ class SessionStore(RekeyStore, TranscriptStore):
 
     def session_key_for(self, source: SessionSource) -> str:
         """The key the store files ``source`` under (effective flags and profile of the config)."""
-        return resolve_for_config(source, self.config, self.plugins, schema=self.key_schema).key
+        return resolve_key(source, self.config, self.plugins, schema=self.key_schema).key
 
     @serialised
     def get_or_create_session(
