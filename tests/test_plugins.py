@@ -5,10 +5,12 @@ from __future__ import annotations
 import importlib
 import inspect
 import logging
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Literal
 
 import pytest
+from pluggy import HookImpl, Result
 
 from conftest import FakeDistribution
 from hermes_core import (
@@ -239,6 +241,37 @@ def test_failing_observer_is_logged_and_others_still_run(
     assert first.kinds == second.kinds == ["session_created"]
     assert "'failing'" in caplog.text
     assert "observer exploded" in caplog.text
+
+
+def test_hook_calls_are_seen_by_pluggys_monitoring(hermes_home: Path) -> None:
+    """Every implementation is called through a pluggy hook caller, one plugin at a time, so
+    ``add_hookcall_monitoring`` (and ``enable_tracing``) see each call and whose it is."""
+    manager = create_plugin_manager(_config(hermes_home), load_entrypoints=False)
+    manager.register(LifecycleRecorder(), name="first")
+    manager.register(_FailingObserver(), name="failing")
+    seen: list[tuple[str, list[str], str]] = []
+
+    def before(name: str, impls: Sequence[HookImpl], kwargs: Mapping[str, object]) -> None:
+        pass
+
+    def after(
+        outcome: Result[object], name: str, impls: Sequence[HookImpl], kwargs: Mapping[str, object]
+    ) -> None:
+        failed = outcome.exception is not None
+        seen.append((name, [impl.plugin_name for impl in impls], "raised" if failed else "ok"))
+
+    undo = manager.add_hookcall_monitoring(before, after)
+    try:
+        manager.notify(LifecycleEvent(kind="session_created", session_key="k", session_id="s"))
+        manager.platforms()
+    finally:
+        undo()
+    assert seen[:2] == [
+        ("hermes_on_lifecycle_event", ["failing"], "raised"),
+        ("hermes_on_lifecycle_event", ["first"], "ok"),
+    ]
+    platform_calls = [impls for name, impls, _ in seen if name == "hermes_register_platforms"]
+    assert platform_calls == [["whatsapp"], ["slack"], ["discord"], ["telegram"], ["platforms"]]
 
 
 def _step(name: str, order: int, phase: Literal["startup", "shutdown"] = "startup") -> RecoveryStep:

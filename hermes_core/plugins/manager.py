@@ -74,8 +74,9 @@ class HermesPluginManager(pluggy.PluginManager):
 
     Each hook implementation is called on its own, in pluggy's call order (the last registered
     first; ``tryfirst``/``trylast`` move it to the front/back), so a failure is attributed to its
-    plugin and isolated. Hook wrappers (``wrapper=True``, ``hookwrapper=True``) are refused at
-    registration: there is no single hook call for them to wrap.
+    plugin and isolated; pluggy's tracing and monitoring see each call. Hook wrappers
+    (``wrapper=True``, ``hookwrapper=True``) are refused at registration: there is no single hook
+    call for them to wrap.
     """
 
     def __init__(self, config: GatewayConfig, *, strict: bool = False) -> None:
@@ -169,17 +170,21 @@ class HermesPluginManager(pluggy.PluginManager):
     def _call_each(
         self, hook_name: str, **kwargs: Any
     ) -> Iterator[tuple[str, Any, Exception | None]]:
-        """Call each implementation of ``hook_name`` on its own, in pluggy's call order.
+        """Call each implementation of ``hook_name`` on its own, in pluggy's call order, through
+        a pluggy hook caller that leaves out the other plugins (so that pluggy's tracing and
+        :meth:`add_hookcall_monitoring` see every call, attributed to its plugin).
 
         Yields (plugin name, result, exception); exactly one of the last two is meaningful.
         """
-        for impl in reversed(getattr(self.hook, hook_name).get_hookimpls()):
+        impls = getattr(self.hook, hook_name).get_hookimpls()
+        for impl in reversed(impls):
+            others = [other.plugin for other in impls if other is not impl]
             try:
-                result = impl.function(*(kwargs[arg] for arg in impl.argnames))
+                results = self.subset_hook_caller(hook_name, others)(**kwargs)
             except Exception as exc:  # noqa: BLE001 - the caller applies the hook's failure policy
                 yield impl.plugin_name, None, exc
-            else:
-                yield impl.plugin_name, result, None
+            else:  # pluggy leaves a None result out of the list
+                yield impl.plugin_name, results[0] if results else None, None
 
     def _offers(self) -> Offers:
         """What every registration hook returned (cached until a plugin is (un)registered).
