@@ -28,9 +28,11 @@ from pathlib import Path
 import pytest
 import yaml
 
+import hermes_core
 from conftest import builtins_only
 from hermes_core import GatewayConfig, SessionStore
 from hermes_core.testing import fresh_plugin_manager
+from hermes_hookspecs import SPEC_MODULES
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCUMENTS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
@@ -245,3 +247,17 @@ def test_the_sdist_carries_what_the_documents_run() -> None:
     }
     assert run
     assert run - grafted <= {"hermes_core", "pip", "pytest", "venv"}
+
+
+REFERENCE = ROOT / "docs" / "reference"
+OBJECT = re.compile(r"^\.\. (?:auto|py:)(?:class|exception|function|data):: (\w+)", re.MULTILINE)
+MODULE = re.compile(r"^\.\. automodule:: ([\w.]+)", re.MULTILINE)
+
+
+def test_the_api_reference_documents_every_public_name_once() -> None:
+    """docs/reference/ lists the names one by one, grouped by area: a name added to
+    ``hermes_core.__all__`` (or a hook module added) must be added there too."""
+    names = OBJECT.findall((REFERENCE / "hermes_core.rst").read_text(encoding="utf-8"))
+    assert sorted(names) == sorted(hermes_core.__all__)
+    modules = MODULE.findall((REFERENCE / "hookspecs.rst").read_text(encoding="utf-8"))
+    assert modules == ["hermes_hookspecs", *SPEC_MODULES]
