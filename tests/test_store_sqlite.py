@@ -37,9 +37,8 @@ class TestSqliteStore(StoreContract):
     ],
 )
 def test_changed_entry_is_the_model_copy(updates: dict[str, Any]) -> None:
-    """The store's cheap copy of an entry is ``model_copy(update=...)`` in every part: field
-    values, fields set, extra and private data (a SessionEntry gaining private attributes or
-    extra fields fails here)."""
+    """The store's copy of an entry is ``model_copy(update=...)`` in every part: field values,
+    fields set, extra and private data."""
     entry = SessionEntry(
         session_key="agent:main:telegram:dm:99", session_id="20261130_075200_0a1b2c3d",
         created_at=datetime(2026, 11, 30, tzinfo=timezone.utc),

@@ -27,8 +27,6 @@ from hermes_core.domain.text import clean_text, clean_value, exact_text_problem
 from hermes_core.domain.timeutil import format_utc, parse_utc, utc_now
 
 if TYPE_CHECKING:
-    from typing_extensions import Self
-
     from hermes_core.domain.specs import PlatformSpec
     from hermes_core.plugins.manager import HermesPluginManager
 
@@ -404,20 +402,6 @@ class SessionEntry(_Model):
     @classmethod
     def _aware_utc(cls, value: datetime | None) -> datetime | None:
         return None if value is None else parse_utc(value)
-
-    def __copy__(self) -> Self:
-        """A shallow copy (what ``model_copy`` starts from; the store copies an entry on every
-        read and write). Pydantic's own goes through ``copy.copy`` three times; an entry holds
-        no extra or private data, so its field values and the set of fields given are all there
-        is to copy (anything else falls back to pydantic's)."""
-        if self.__pydantic_extra__ is not None or self.__pydantic_private__ is not None:
-            return super().__copy__()
-        copied = self.__class__.__new__(self.__class__)
-        object.__setattr__(copied, "__dict__", self.__dict__.copy())
-        object.__setattr__(copied, "__pydantic_extra__", None)
-        object.__setattr__(copied, "__pydantic_fields_set__", set(self.__pydantic_fields_set__))
-        object.__setattr__(copied, "__pydantic_private__", None)
-        return copied
 
     def to_dict(self) -> dict[str, Any]:
         """Serialise in a stable key order; datetimes as ISO UTC with microseconds."""

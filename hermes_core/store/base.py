@@ -72,13 +72,9 @@ def new_session_id(now: datetime) -> str:
 
 
 def changed(entry: SessionEntry, updates: Mapping[str, Any]) -> SessionEntry:
-    """``entry.model_copy(update=updates)`` without its generic path (it runs on every turn):
-    the entry's own shallow copy with ``updates`` set, unvalidated as with ``model_copy`` (the
-    store's updates are values it made itself)."""
-    copied = entry.__copy__()
-    copied.__dict__.update(updates)
-    copied.__pydantic_fields_set__.update(updates)
-    return copied
+    """A copy of ``entry`` with ``updates`` set, unvalidated (``model_copy``): the store's
+    updates are values it made itself, and the entry in its cache must not change."""
+    return entry.model_copy(update=updates)
 
 
 def _on_writer(
