@@ -106,16 +106,6 @@ def texts(queue: TurnQueue, key: str = LANE) -> list[str]:
     return items
 
 
-def items_of(queue: TurnQueue, key: str = LANE) -> list[QueuedItem]:
-    """The lane's items, head first, left in place."""
-    items = []
-    while (item := queue.pop_head(key)) is not None:
-        items.append(item)
-    for item in reversed(items):
-        queue.push_front(key, item)
-    return items
-
-
 def event_ids(items: list[QueuedItem]) -> list[int]:
     """The items' durable ids (each must have one)."""
     ids = [item.event_id for item in items if item.event_id is not None]
@@ -151,7 +141,7 @@ def test_items_queue_in_arrival_order_with_increasing_ids(
     head = queue.head(LANE)
     assert head is not None
     assert (head.event.text, head.humans, head.restored) == ("a", 1, False)
-    ids = event_ids(items_of(queue))
+    ids = event_ids(queue.items(LANE))
     assert ids == sorted(ids)
     assert ids == [event_id for event_id, _, _ in store.queue_restore()]
     assert stored(store) == ["a", "b", "c"]
@@ -582,17 +572,36 @@ def test_failed_discard_keeps_the_items(
 # -- dispatch helpers ------------------------------------------------------------------------------
 
 
-def test_push_front_returns_a_head_to_the_slot(queue: TurnQueue) -> None:
+async def test_a_head_taken_in_a_rolled_back_batch_returns_to_the_slot(
+    queue: TurnQueue, store: SessionStore
+) -> None:
+    """Another caller's failing step rolls back the batch that took a lane's head: the head is
+    put back in the slot and taken again when the step runs on its own, so it is taken once."""
     queue.enqueue(LANE, msg("a"))
     queue.enqueue(OTHER, msg("x"))
     queue.enqueue(LANE, msg("b", user="u2"))
-    item = queue.pop_head(LANE)
+    holding, release = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        holding.set()
+        release.wait(30)
+
+    def fail() -> None:
+        raise RuntimeError("another caller's step failed")
+
+    held = store.submit(hold)
+    await asyncio.to_thread(holding.wait, 30)
+    taken = store.submit(queue.pop_head, LANE)  # the next batch: take the head, then fail
+    failing = store.submit(fail)
+    release.set()
+    await held
+    item = await taken
+    with pytest.raises(RuntimeError):
+        await failing
     assert item is not None
-    assert queue.lanes() == [OTHER, LANE]
-    queue.push_front(LANE, item)
-    assert queue.lanes() == [LANE, OTHER]  # ordered by the oldest item's arrival
-    assert texts(queue) == ["a", "b"]
-    assert queue.lanes() == [OTHER]
+    assert item.event.text == "a"
+    assert queue.lanes() == [OTHER, LANE]  # ordered by the oldest item's arrival
+    assert texts(queue) == ["b"]
 
 
 def test_pop_head_does_not_touch_the_store(queue: TurnQueue, store: SessionStore) -> None:
@@ -625,7 +634,7 @@ def test_restore_reloads_lanes_in_order_and_never_merges_them(
         assert (head.restored, head.humans, head.event_id is not None) == (True, 1, True)
         result = restored.enqueue(LANE, msg("a3", user="a"))  # same sender, within the window
         assert (result.merged, result.depth) == (False, 4)
-        items = items_of(restored, LANE)
+        items = restored.items(LANE)
         assert [item.event.text for item in items] == ["a1", "w", "a2", "a3"]
         assert [item.humans for item in items] == [1, 0, 1, 1]
         assert [item.restored for item in items] == [True, True, True, False]
@@ -736,13 +745,13 @@ def test_concurrent_enqueues_keep_each_lane_in_order(store: SessionStore, clock:
     assert sorted(queue.lanes()) == sorted([*own, shared])
     persisted = store.queue_restore()
     for key in [*own, shared]:
-        ids = event_ids(items_of(queue, key))
+        ids = event_ids(queue.items(key))
         assert ids == sorted(ids)
         assert ids == [event_id for event_id, lane, _ in persisted if lane == key]
     for n in range(threads):
         expected = [f"{n}:{i}" for i in range(per_thread)]
-        assert [item.event.text for item in items_of(queue, own[n])] == expected
-        mine = [item.event.text for item in items_of(queue, shared) if item.event.text in expected]
+        assert [item.event.text for item in queue.items(own[n])] == expected
+        mine = [item.event.text for item in queue.items(shared) if item.event.text in expected]
         assert mine == expected
 
 
@@ -752,7 +761,7 @@ def test_concurrent_burst_loses_no_text(store: SessionStore, clock: Clock) -> No
     run_threads(
         lambda n: [queue.enqueue(LANE, msg(f"{n}:{i}")) for i in range(per_thread)], threads
     )
-    (item,) = items_of(queue, LANE)
+    (item,) = queue.items(LANE)
     assert item.humans == threads * per_thread
     lines = item.event.text.split("\n")
     assert sorted(lines) == sorted(f"{n}:{i}" for n in range(threads) for i in range(per_thread))

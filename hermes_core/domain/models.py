@@ -63,16 +63,6 @@ def session_key_problem(value: str) -> str | None:
     return None
 
 
-def validate_session_key(value: str) -> str:
-    """Path-traversal guard for session keys; returns the key."""
-    problem = session_key_problem(value) if isinstance(value, str) else "it must be a string"
-    if problem is not None:
-        raise InvalidValueError(
-            "session_key", f"session_key {shown(value)} is not valid: {problem}."
-        )
-    return value
-
-
 def _invalid_from_validation(model: str, exc: ValidationError) -> InvalidValueError:
     """Turn pydantic's error into our named error, naming the first offending field."""
     first = exc.errors()[0]

@@ -375,11 +375,8 @@ class TurnQueue:
             if not items:
                 self._lanes.pop(session_key, None)
 
-    def push_front(self, session_key: str, item: QueuedItem) -> None:
-        """Put back a head that could not be dispatched (its row was never deleted)."""
-        self._store.run(self._push_front, session_key, item, lane=session_key)
-
     def _push_front(self, session_key: str, item: QueuedItem) -> None:
+        """Put a taken head back (its step was rolled back, so its row was never deleted)."""
         with self._lock:
             self._lanes.setdefault(session_key, []).insert(0, item)
 
