@@ -188,7 +188,7 @@ def test_prune_and_its_dry_run_report_one_shape(
     with SessionStore.open(config_for(home)) as store:  # age alice's lane by decades
         entry = store.lookup_by_session_key(keys["alice"])
         assert entry is not None
-        store._backend.put_route(  # a direct routing write: the only way to go back in time
+        store._backing.backend.put_route(  # a direct routing write: the only way to go back in time
             entry.model_copy(update={"updated_at": entry.updated_at.replace(year=2000)}).to_dict()
         )
     where = ["--days", "1", "--state-dir", str(home), "--json"]

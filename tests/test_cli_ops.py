@@ -168,7 +168,7 @@ def test_prune_dry_run_then_prune(state: State, capsys: pytest.CaptureFixture[st
     with SessionStore.open(config_for(home)) as store:  # age alice's lane by 10 days
         entry = store.lookup_by_session_key(keys["alice"])
         assert entry is not None
-        store._backend.put_route(  # a direct routing write: the only way to go back in time
+        store._backing.backend.put_route(  # a direct routing write: the only way to go back in time
             entry.model_copy(update={"updated_at": entry.updated_at.replace(year=2000)}).to_dict()
         )
     code, out, _ = run(capsys, "prune", "--days", "1", "--dry-run", *args, "--json")

@@ -84,7 +84,7 @@ async def _answered_mid_pass(
 async def test_a_turn_is_answered_between_the_batches_of_a_long_housekeeping_pass(
     hermes_home: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr("hermes_core.store.turns.MAINTENANCE_BATCH", 100)  # a pass of 2,000 steps
+    monkeypatch.setattr("hermes_core.store.queue_rows.MAINTENANCE_BATCH", 100)  # 2,000 steps
     await asyncio.to_thread(_fill, hermes_home)
     gateway = await _answered_mid_pass(hermes_home, lambda: _expired_ids(hermes_home), SEEN_ROWS, 0)
     assert await gateway.stop()
@@ -167,7 +167,7 @@ def _idle_lanes(home: Path, last: str) -> str:
 async def test_pruning_goes_in_batches_and_never_removes_a_lane_active_since_the_pass_began(
     hermes_home: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr("hermes_core.store.session_store.MAINTENANCE_BATCH", 10)  # 2,000 steps
+    monkeypatch.setattr("hermes_core.store.pruning.MAINTENANCE_BATCH", 10)  # 2,000 steps
     session_id = await asyncio.to_thread(_idle_lanes, hermes_home, "7")
     active = "agent:main:telegram:dm:c=7"
     # The turn runs on the lane the pass has read as idle but not yet reached (it is last).
@@ -207,7 +207,7 @@ def _fill_ledger(home: Path) -> None:
 async def test_ledger_retention_goes_in_batches_with_a_turn_between(
     hermes_home: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr("hermes_core.store.turns.MAINTENANCE_BATCH", 10)  # 9,950 steps
+    monkeypatch.setattr("hermes_core.store.obligations.MAINTENANCE_BATCH", 10)  # 9,950 steps
     await asyncio.to_thread(_fill_ledger, hermes_home)
     gateway = await _answered_mid_pass(
         hermes_home, lambda: _terminal_obligations(hermes_home), OBLIGATIONS, 500

@@ -83,7 +83,7 @@ def open_store(settings: dict[str, Any], tmp_path: Path) -> Iterator[Opener]:
 def _counting_reads(monkeypatch: pytest.MonkeyPatch, store: SessionStore) -> list[str]:
     """The routing and session rows the store reads from now on (by method name)."""
     reads: list[str] = []
-    backend = store._backend
+    backend = store._backing.backend
     for name in ("read_route", "get_session"):
         method = getattr(backend, name)
 

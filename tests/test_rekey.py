@@ -76,7 +76,7 @@ def populate(store: SessionStore) -> dict[str, str]:
     store.counts.save({v1(MEMBER): 1})
     legacy = quiet.to_dict() | {"session_key": "agent:main:telegram:dm:legacy"}
     legacy.pop("origin")  # written by an old gateway: the source is unknown
-    store.run(store._backend.put_route, legacy)
+    store.run(store._backing.backend.put_route, legacy)
     return {"topic": topic.session_id, "member": member.session_id, "dm": dm.session_id,
             "quiet": quiet.session_id}  # fmt: skip
 
@@ -191,7 +191,7 @@ def test_an_interrupted_rekey_is_refused_at_start_and_finished_by_running_it_aga
     v1_store.close()
     config = configure(hermes_home, settings, None)
     store = SessionStore(config.sessions_dir, config, rekeying=True)
-    real = store._backend.move_keys  # type: ignore[attr-defined]
+    real = store._backing.backend.move_keys  # type: ignore[attr-defined]
     calls: list[int] = []
 
     def crash_after_one(moves: Any) -> None:
@@ -200,7 +200,7 @@ def test_an_interrupted_rekey_is_refused_at_start_and_finished_by_running_it_aga
             raise KeyboardInterrupt("killed mid-way")
         real(moves)
 
-    monkeypatch.setattr(store._backend, "move_keys", crash_after_one)
+    monkeypatch.setattr(store._backing.backend, "move_keys", crash_after_one)
     with pytest.raises(KeyboardInterrupt):
         store.rekey(batch_size=1)
     store.close()

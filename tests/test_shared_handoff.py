@@ -37,7 +37,7 @@ from hermes_core.gateway.agents import EchoAgent, InMemoryAdapter
 from hermes_core.gateway.runtime import Gateway
 from hermes_core.store import SessionStore
 from hermes_core.store.backend import LOCKED, LeaseGrant, Locked, Obligation
-from hermes_core.store.leases import QueuedEvent
+from hermes_core.store.queue_rows import QueuedEvent
 from hermes_core.turns.ledger import SendResult
 from hermes_core.turns.queue import TurnQueue
 
@@ -554,7 +554,7 @@ def test_a_lease_released_while_the_renewal_runs_is_not_counted_lost(
     keys = [holder.session_key_for(SOURCE), holder.session_key_for(OTHER)]
     for key in keys:
         assert holder.take_lease(key) == "free"
-    rows = holder._bound.leases
+    rows = holder._backing.bound.leases
     assert rows is not None
     renew = rows.renew_leases
 

@@ -115,7 +115,7 @@ def test_two_processes_opening_a_new_lane_at_once_share_one_session(
 ) -> None:
     here, there = stores("here"), stores("there")
     theirs: list[SessionEntry] = []
-    newest = here._backend.newest_session
+    newest = here._backing.backend.newest_session
 
     def other_first(key: str) -> Any:
         """The other process creates the lane between this one's read and its write."""
@@ -123,7 +123,7 @@ def test_two_processes_opening_a_new_lane_at_once_share_one_session(
             theirs.append(there.get_or_create_session(SOURCE))
         return newest(key)
 
-    monkeypatch.setattr(here._backend, "newest_session", other_first)
+    monkeypatch.setattr(here._backing.backend, "newest_session", other_first)
     ours = here.get_or_create_session(SOURCE)
     assert theirs
     assert ours.session_id == theirs[0].session_id
@@ -137,7 +137,7 @@ def test_a_lane_changed_elsewhere_on_every_attempt_raises_and_writes_nothing(
 ) -> None:
     here, there = stores("here"), stores("there")
     key = here.get_or_create_session(SOURCE).session_key
-    put_route = here._backend.put_route
+    put_route = here._backing.backend.put_route
     attempts: list[int] = []
 
     def other_first(entry: Any, *, touch: bool = False) -> None:
@@ -146,7 +146,7 @@ def test_a_lane_changed_elsewhere_on_every_attempt_raises_and_writes_nothing(
         there.set_session_metadata(key, "theirs", attempts[-1])
         put_route(entry, touch=touch)
 
-    monkeypatch.setattr(here._backend, "put_route", other_first)
+    monkeypatch.setattr(here._backing.backend, "put_route", other_first)
     with pytest.raises(RoutingConflictError, match="changed by another gateway process"):
         here.set_session_metadata(key, "ours", 1)
     assert len(attempts) >= 3  # (the writer runs a failed step once more on its own)

@@ -15,7 +15,7 @@ import pytest
 from hermes_core import GatewayConfig
 from hermes_core.domain.errors import StoreError
 from hermes_core.store import SessionStore
-from hermes_core.store.base import DEGRADED_WARNING
+from hermes_core.store.backing import DEGRADED_WARNING
 from hermes_core.testing import fresh_plugin_manager, telegram_dm
 from hermes_core.testing.store_contract import StoreContract, StoreFactory
 from hermes_plugins.sql_store import fts

@@ -141,7 +141,7 @@ async def test_a_reply_that_cannot_be_stored_is_reported_and_the_lane_goes_on(
     gateway, adapter = make(agent={"agent_cache": {"idle_ttl_secs": 0.01}})
     await gateway.start()
     store = gateway.store
-    backend: Any = store._backend
+    backend: Any = store._backing.backend
     insert = backend._insert_message
 
     def refuse_bad(cursor: Any, row: Any) -> int:

@@ -1,12 +1,12 @@
 """Lane leases of a store shared by several gateway processes (``StoreSpec.single_instance``
 false).
 
-A process runs a lane's turn only while it holds the lane's lease: :meth:`LeaseStore.take_lease`
+A process runs a lane's turn only while it holds the lane's lease: :meth:`Leases.take_lease`
 grants it with a new token (and keeps the lane's cached entry only while the routing row still has
 the revision it was read or written at, so what another process wrote is read afresh under the
 lease) and says whether it took over a lease its holder never released (then the lane needs
 the takeover's recovery before anything runs on it); the runtime renews its leases every
-quarter of ``storage.turn_lease_secs`` (:meth:`LeaseStore.renew_leases`: on a thread and a
+quarter of ``storage.turn_lease_secs`` (:meth:`Leases.renew_leases`: on a thread and a
 connection of its own, never behind the writer's queued steps) and releases a lane when
 nothing waits in its durable queue. Every write of a turn (its start, reply
 and ledger row, marker clear, dequeue) is *fenced*: it checks, in its own transaction, that the
@@ -16,26 +16,27 @@ writes nothing. On a single-instance store every call here is a no-op that grant
 
 from __future__ import annotations
 
-import json
 import logging
 import secrets
-from collections.abc import Callable, Collection, Iterable, Iterator
+import threading
+from collections.abc import Callable, Collection, Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 
-from hermes_core.domain.errors import InvalidValueError, LeaseLostError, shown
-from hermes_core.domain.models import MessageEvent
+from hermes_core.config.schema import GatewayConfig
+from hermes_core.domain.errors import LeaseLostError
+from hermes_core.plugins.manager import HermesPluginManager
 from hermes_core.state.instance import instance_id
 from hermes_core.store.backend import LOCKED, LeaseGrant, Locked
+from hermes_core.store.backing import Backing
 from hermes_core.store.base import serialised
-from hermes_core.store.routing import RoutingStore
+from hermes_core.store.queue_rows import QueuedEvent, read_queued
+from hermes_core.store.routing import RoutingTable
+from hermes_core.store.writer import StoreWriter
 
 logger = logging.getLogger(__name__)
 
-QueuedEvent = tuple[int, str, MessageEvent]
-"""A durably queued event as the store reads it back: (id, session key, event)."""
-
 UNFENCED: AbstractContextManager[dict[str, str]] = nullcontext({})
-"""What :meth:`LeaseStore._fenced` is on a single-instance store: no keyword arguments (the
+"""What :meth:`Leases.fenced` is on a single-instance store: no keyword arguments (the
 one dict is only ever read)."""
 
 
@@ -54,77 +55,76 @@ def lease_state(expires_at: float, now: float, ttl: float, slack: float = 0.0) -
     return "live" if expires_at >= now else "expired"
 
 
-class LeaseStore(RoutingStore):
-    """Lease bookkeeping of one store: which lanes this process holds, under which token."""
+class Leases:
+    """Which lanes this process holds, under which token, and the lease rows behind them
+    (``backing.bound.leases``; none on a single-instance store)."""
 
-    _held: dict[str, str] | None = None
-    _uncommitted: set[str] | None = None
-    _owner: tuple[str, str] | None = None
-    _unleased: dict[str, int] | None = None
-    """The lanes the last scan left for their enqueuer (see :meth:`claim_orphaned_lanes`)."""
-    _found_free: frozenset[str] = frozenset()
-    """The lanes start-up claimed without a lease row (see :meth:`found_unleased`)."""
+    def __init__(
+        self,
+        backing: Backing,
+        routes: RoutingTable,
+        writer: StoreWriter,
+        config: GatewayConfig,
+        plugins: HermesPluginManager,
+    ) -> None:
+        self._backing = backing
+        self._routes = routes
+        self._writer = writer
+        self._config = config
+        self._plugins = plugins
+        self._owner: tuple[str, str] | None = None
+        self._lock = threading.Lock()
+        """Held by a change of the dicts below that reads first: writer threads and the
+        renewal (on a thread of its own) both change them."""
+        self._held: dict[str, str] = {}
+        """Lane → token of the leases held."""
+        self._granting: set[str] = set()
+        """Tokens granted in a batch not committed yet: a renewal, on a connection of its own,
+        cannot see their rows and would take them for lost, so it leaves them for next time."""
+        self._unleased: dict[str, int] = {}
+        """The lanes the last scan left for their enqueuer (see :meth:`claim_orphaned_lanes`)."""
+        self._found_free: frozenset[str] = frozenset()
+        """The lanes start-up claimed without a lease row (see :meth:`found_unleased`)."""
 
     @property
     def shared(self) -> bool:
         """Whether other gateway processes may use this store at the same time (leases)."""
-        return self._bound.leases is not None
+        return self._backing.bound.leases is not None
 
     @property
     def owner(self) -> tuple[str, str]:
         """This process as a lease owner: (instance id, boot token of this open store), found
         once (every grant names it)."""
         if self._owner is None:
-            configured = self.config.gateway.instance_id
-            self._owner = instance_id(self.config.hermes_home, configured), secrets.token_hex(16)
+            configured = self._config.gateway.instance_id
+            self._owner = instance_id(self._config.hermes_home, configured), secrets.token_hex(16)
         return self._owner
 
-    @property
-    def _leases(self) -> dict[str, str]:
-        """Lane → token of the leases held. Writer threads and the renewal (on a thread of its
-        own) both change it: a change that reads first holds ``_map_lock``."""
-        if self._held is None:
-            with self._map_lock:
-                if self._held is None:
-                    self._held = {}
-        return self._held
-
-    @property
-    def _granting(self) -> set[str]:
-        """Tokens granted in a batch not committed yet: a renewal, on a connection of its own,
-        cannot see their rows and would take them for lost, so it leaves them for next time."""
-        if self._uncommitted is None:
-            with self._map_lock:
-                if self._uncommitted is None:
-                    self._uncommitted = set()
-        return self._uncommitted
-
     def _granted(self, token: str) -> None:
-        granting = self._granting
-        with self._map_lock:
-            granting.discard(token)
+        with self._lock:
+            self._granting.discard(token)
 
     def holds(self, session_key: str) -> bool:
         """Whether this process holds the lane's lease (always, on a single-instance store)."""
-        return not self.shared or session_key in self._leases
+        return not self.shared or session_key in self._held
 
     def held_lanes(self) -> list[str]:
         """The lanes whose lease this process holds."""
-        return list(self._leases)
+        return list(self._held)
 
     @serialised
     def wake_lane(self, session_key: str) -> None:
         """Tell the other processes that something waits for the lane's lease holder (once
         this write commits; nothing when the backend has no wake-ups)."""
-        wakeups = self._bound.wakeups
+        wakeups = self._backing.bound.wakeups
         if wakeups is not None:
-            with self._canonical():
+            with self._backing.canonical:
                 wakeups.wake_lane(session_key)
 
     def listen_lanes(self, woken: Callable[[str], None]) -> Callable[[], None] | None:
         """Call ``woken(session_key)`` (on another thread) for each lane another process wakes;
         the function that stops listening, or None when the backend has no wake-ups."""
-        wakeups = self._bound.wakeups
+        wakeups = self._backing.bound.wakeups
         return None if wakeups is None else wakeups.listen_lanes(woken)
 
     @serialised
@@ -149,39 +149,38 @@ class LeaseStore(RoutingStore):
         the same statement). Held elsewhere (None), the lease cannot change hands before this
         step's commit, so its holder's release sees an event queued in the same step; locked
         (:data:`LOCKED`), nothing is marked, and the caller must try again."""
-        rows = self._bound.leases
+        rows = self._backing.bound.leases
         if rows is None:
             return "free", False
         token = secrets.token_hex(16)
         owner, boot = self.owner
-        ttl = self.config.storage.turn_lease_secs
-        cached = self._cached_revision(session_key)
-        with self._canonical():
+        ttl = self._config.storage.turn_lease_secs
+        routes = self._routes
+        cached = routes.cached_revision(session_key)
+        with self._backing.canonical:
             taken = rows.take_lease(session_key, owner, boot, token, ttl, cached, reclaim=reclaim)
         if taken is None or taken == LOCKED:
             return taken
-        held, granting = self._leases, self._granting
-        with self._map_lock:
-            previous = held.get(session_key)
-            held[session_key] = token
-            granting.add(token)
+        with self._lock:
+            previous = self._held.get(session_key)
+            self._held[session_key] = token
+            self._granting.add(token)
         self._writer.after_commit(lambda: self._granted(token))
         self._writer.on_rollback(lambda: self._granted(token))
         self._writer.on_rollback(lambda: self._restore(session_key, previous))
         if taken.entry is not None:  # the row moved on: its entry came with the grant
-            entry = None if taken.ended else self._parse(taken.entry)
-            self._cache(session_key, entry, taken.revision)
+            entry = None if taken.ended else routes.parse(taken.entry)
+            routes.cache(session_key, entry, taken.revision)
         elif taken.revision is None or taken.revision != cached:
-            self._forget(session_key)
+            routes.forget(session_key)
         return taken.grant, taken.waiting
 
     def _restore(self, session_key: str, token: str | None) -> None:
-        held = self._leases
-        with self._map_lock:
+        with self._lock:
             if token is None:
-                held.pop(session_key, None)
+                self._held.pop(session_key, None)
             else:
-                held[session_key] = token
+                self._held[session_key] = token
 
     @serialised
     def release_lease(
@@ -194,17 +193,17 @@ class LeaseStore(RoutingStore):
         released.
         ``delivered``: the ledger row of a reply delivered, deleted in the same statement (call
         this only while :meth:`holds` the lane, or the row stays)."""
-        rows = self._bound.leases
-        token = self._leases.get(session_key)
+        rows = self._backing.bound.leases
+        token = self._held.get(session_key)
         if rows is None or token is None:
             return None
-        with self._canonical():
+        with self._backing.canonical:
             kept = rows.release_lease(session_key, token, delivered)
         if kept == LOCKED:
             return kept
         if kept is not None:
-            return self._queued_events(kept, set_aside=True)
-        self._leases.pop(session_key, None)
+            return read_queued(kept, self._backing, self._plugins, set_aside=True)
+        self._held.pop(session_key, None)
         self._writer.on_rollback(lambda: self._restore(session_key, token))
         return None
 
@@ -214,15 +213,15 @@ class LeaseStore(RoutingStore):
         their lanes (a clean stop, once drained: the other processes need not wait for the
         leases to expire), and wake the other processes for the lanes with events queued;
         those lanes."""
-        rows = self._bound.leases
-        held = self._leases
-        with self._map_lock:
+        rows = self._backing.bound.leases
+        held = self._held
+        with self._lock:
             tokens = {key: token for key, token in held.items() if key not in keep}
         if rows is None or not tokens:
             return []
-        with self._canonical():
+        with self._backing.canonical:
             waiting = rows.give_up_leases(list(tokens.values()))
-        with self._map_lock:
+        with self._lock:
             for key, token in tokens.items():
                 if held.get(key) == token:
                     del held[key]
@@ -232,58 +231,28 @@ class LeaseStore(RoutingStore):
         return waiting
 
     def _restore_all(self, tokens: dict[str, str]) -> None:
-        held = self._leases
-        with self._map_lock:
-            held.update(tokens)
-
-    def _queued_events(
-        self, stored: Iterable[tuple[int, str, str]], *, set_aside: bool = False
-    ) -> list[QueuedEvent]:
-        """Queued events as stored (id, key, payload), parsed. An unreadable one is skipped
-        with a warning and left in place, or with ``set_aside`` made a dead letter (the lease
-        holder's release: left queued, it would keep the lane's lease held for ever)."""
-        events = []
-        for event_id, key, payload in stored:
-            try:
-                event = MessageEvent.from_dict(json.loads(payload), plugins=self.plugins)
-            except (ValueError, InvalidValueError) as exc:
-                queue = self._bound.queue
-                if not set_aside or queue is None:
-                    logger.warning(
-                        "queued event %d of %s cannot be read: %s", event_id, shown(key),
-                        shown(str(exc)),
-                    )  # fmt: skip
-                    continue
-                logger.error(
-                    "queued event %d of %s cannot be read (%s); set aside as a dead letter "
-                    "(`hermes-sessions requeue %d` puts it back once the gateways can read it)",
-                    event_id, shown(key), shown(str(exc)), event_id,
-                )  # fmt: skip
-                with self._canonical():
-                    queue.fail_queued(event_id, f"cannot be read: {exc}", 0)  # dead at once
-                continue
-            events.append((event_id, key, event))
-        return events
+        with self._lock:
+            self._held.update(tokens)
 
     @serialised
     def abandon_lease(self, session_key: str) -> None:
         """Stop renewing the lane's lease without releasing it (its takeover failed): it expires
         and the lane is taken over again, recovery included."""
-        self._leases.pop(session_key, None)
+        self._held.pop(session_key, None)
 
     def renew_leases(self) -> list[str]:
         """Extend every lease this process holds; the lanes whose lease was lost (they are
         dropped: their turns' next writes raise :class:`LeaseLostError`). Not a writer step:
         it commits on a connection of its own, so it never waits behind the lanes' steps (call
         it from a thread other than the writer's and the event loop's)."""
-        rows = self._bound.leases
-        leases, granting = self._leases, self._granting
-        with self._map_lock:
+        rows = self._backing.bound.leases
+        leases, granting = self._held, self._granting
+        with self._lock:
             held = {key: token for key, token in leases.items() if token not in granting}
         if rows is None or not held:
             return []
-        kept = rows.renew_leases(list(held.values()), self.config.storage.turn_lease_secs)
-        with self._map_lock:  # released or granted again meanwhile: not lost
+        kept = rows.renew_leases(list(held.values()), self._config.storage.turn_lease_secs)
+        with self._lock:  # released or granted again meanwhile: not lost
             lost = [k for k, token in held.items() if token not in kept and leases.get(k) == token]
             for key in lost:
                 del leases[key]
@@ -303,14 +272,14 @@ class LeaseStore(RoutingStore):
         right after its enqueue commit: it is claimed only when the previous scan found the
         same oldest event waiting without a lease (nobody took the lane in between). A scan
         whose batch is rolled back does not count as the previous one."""
-        rows = self._bound.leases
+        rows = self._backing.bound.leases
         if rows is None:
             return []
-        ttl = self.config.storage.turn_lease_secs
-        with self._canonical():
+        ttl = self._config.storage.turn_lease_secs
+        with self._backing.canonical:
             orphaned = rows.orphaned_lanes(*self.owner, expired, ttl)
         if expired:
-            previous = self._unleased or {}
+            previous = self._unleased
             self._unleased = {key: head for key, head in orphaned if head is not None}
             self._writer.on_rollback(lambda: setattr(self, "_unleased", previous))
             orphaned = [
@@ -329,33 +298,33 @@ class LeaseStore(RoutingStore):
         about them (empty on a single-instance store)."""
         return self._found_free
 
-    def _fence(self, session_key: str) -> None:
+    def fence(self, session_key: str) -> None:
         """Within a write's transaction: raise :class:`LeaseLostError` unless this process's
         token still holds the lane's lease (no-op on a single-instance store)."""
-        rows = self._bound.leases
+        rows = self._backing.bound.leases
         if rows is not None:
-            with self._fenced(session_key) as fence:
+            with self.fenced(session_key) as fence:
                 if not rows.check_lease(session_key, fence["lease"]):
                     raise LeaseLostError("the lane's lease is held under another token")
 
-    def _fenced(self, session_key: str) -> AbstractContextManager[dict[str, str]]:
+    def fenced(self, session_key: str) -> AbstractContextManager[dict[str, str]]:
         """Around a write that fences itself (the backend checks the lease in the write's own
         statement): the keyword arguments to pass it, ``lease`` (the token) on a shared store
         and none otherwise, so a backend without leases never gets one. Raises
         :class:`LeaseLostError` when this process holds no lease on the lane, or when the
         backend found it lost; the lease is forgotten here then."""
-        return UNFENCED if self._bound.leases is None else self._leased(session_key)
+        return UNFENCED if self._backing.bound.leases is None else self._leased(session_key)
 
     @contextmanager
     def _leased(self, session_key: str) -> Iterator[dict[str, str]]:
-        """:meth:`_fenced` on a shared store."""
+        """:meth:`fenced` on a shared store."""
         try:
-            token = self._leases.get(session_key)
+            token = self._held.get(session_key)
             if token is None:
                 raise LeaseLostError("this process holds no lease on the lane")
             yield {"lease": token}
         except LeaseLostError:
-            self._leases.pop(session_key, None)
+            self._held.pop(session_key, None)
             raise LeaseLostError(
                 "this process no longer holds the lane's turn lease (it expired and another "
                 "gateway took the lane over); nothing more of the turn is written. Raise "

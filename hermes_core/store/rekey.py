@@ -21,12 +21,18 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from hermes_core.config.schema import GatewayConfig
 from hermes_core.domain.errors import InvalidValueError, StoreUnavailableError
 from hermes_core.domain.models import SessionSource
 from hermes_core.plugins.manager import HermesPluginManager
 from hermes_core.store.backend import KeyMoves, StoredKeys
+from hermes_core.store.backing import Backing
 from hermes_core.store.base import KEY_SCHEMA_META, REKEYING, exclusive
-from hermes_core.store.turns import TurnRecoveryStore
+from hermes_core.store.counts import RestartCountStore
+from hermes_core.store.entries import EntryCache
+from hermes_core.store.fallback import Fallback
+from hermes_core.store.keyschema import keys_in_both
+from hermes_core.store.writer import StoreWriter
 
 logger = logging.getLogger(__name__)
 
@@ -290,8 +296,28 @@ def _json(text: str | None) -> Any:
         return None
 
 
-class RekeyStore(TurnRecoveryStore):
-    """The re-key operation of the store."""
+class Rekeying:
+    """The re-key operation of a store: its plan over what ``backing`` stores, moved in
+    batches; the mirror (``fallback``) and the entry cache follow, and so do the restart
+    ``counts``."""
+
+    def __init__(
+        self,
+        backing: Backing,
+        cache: EntryCache,
+        writer: StoreWriter,
+        fallback: Fallback,
+        counts: RestartCountStore,
+        config: GatewayConfig,
+        plugins: HermesPluginManager,
+    ) -> None:
+        self._backing = backing
+        self._cache = cache
+        self._writer = writer
+        self._fallback = fallback
+        self._counts = counts
+        self._config = config
+        self._plugins = plugins
 
     def rekey(self, *, dry_run: bool = False, batch_size: int = 500) -> RekeyReport:
         """Move every lane of a v1 store to its v2 key, ``batch_size`` keys per transaction
@@ -306,19 +332,24 @@ class RekeyStore(TurnRecoveryStore):
     def _rekey_exclusively(self, batch_size: int) -> RekeyReport:
         return self._rekey(False, batch_size)
 
+    def _keys_in_both(self, source: SessionSource) -> tuple[str, str]:
+        return keys_in_both(source, self._config, self._plugins)
+
     def _rekey(self, dry_run: bool, batch_size: int) -> RekeyReport:
-        sql = self._bound.maintenance
+        backing = self._backing
+        sql = backing.bound.maintenance
         if sql is None:
-            raise StoreUnavailableError(self._without("maintenance", "Re-keying"))
-        before = sql.get_meta(KEY_SCHEMA_META) or self.key_schema
+            raise StoreUnavailableError(backing.without("maintenance", "Re-keying"))
+        before = sql.get_meta(KEY_SCHEMA_META) or backing.key_schema
         if before == "v2":
             return RekeyReport(dry_run=dry_run, schema_before=before)
         if not dry_run:
-            self.replay_backlog()  # lanes the degraded mode wrote are re-keyed too
-        plan = plan_rekey(sql.stored_keys(), self.keys_in_both, self.plugins, before)
-        counts = self.counts.load()
-        moved_counts = {plan.renames.get(key, key): value for key, value in counts.items()}
-        changed = sum(1 for key in counts if key in plan.renames)
+            self._fallback.replay_backlog()  # lanes the degraded mode wrote are re-keyed too
+        plan = plan_rekey(sql.stored_keys(), self._keys_in_both, self._plugins, before)
+        counts = self._counts.counts
+        stored = counts.load()
+        moved_counts = {plan.renames.get(key, key): value for key, value in stored.items()}
+        changed = sum(1 for key in stored if key in plan.renames)
         if dry_run:
             return dataclasses.replace(plan.report, counts=changed)
         batches = 0
@@ -326,11 +357,11 @@ class RekeyStore(TurnRecoveryStore):
             sql.move_keys(moves)
             batches += 1
         if changed:
-            self.counts.save(moved_counts)
-        self.key_schema = "v2"
-        self._drop_cache()
-        self._routing_changed()
-        self.flush_mirror(force=True)
+            counts.save(moved_counts)
+        backing.key_schema = "v2"
+        self._cache.clear()
+        self._cache.routing_changed()
+        self._fallback.flush_mirror(force=True)
         logger.warning(
             "re-keyed %d lanes to key schema v2 in %d batches", len(plan.report.moves), batches
         )

@@ -1,4 +1,5 @@
-"""Transcript operations of the store."""
+"""The store's transcripts: append-only messages, rewrites by deactivation, soft deletes and
+full-text search (the ``transcript_edits`` and ``search`` capabilities)."""
 
 from __future__ import annotations
 
@@ -19,15 +20,22 @@ from hermes_core.store.backend import (
     Message,
     SearchHit,
 )
-from hermes_core.store.base import StoreBase, exclusive, serialised
+from hermes_core.store.backing import Backing
+from hermes_core.store.base import exclusive, serialised
+from hermes_core.store.routing import RoutingTable
+from hermes_core.store.writer import StoreWriter
 
 logger = logging.getLogger(__name__)
 
 
-class TranscriptStore(StoreBase):
-    """Append-only transcripts, rewrites by deactivation, soft deletes and search."""
+class Transcripts:
+    """Append-only transcripts, rewrites by deactivation, soft deletes and search, in the
+    backend of ``backing`` (``routes`` tells which lane runs a turn on a session)."""
 
-    # -- transcripts -------------------------------------------------------------------
+    def __init__(self, backing: Backing, routes: RoutingTable, writer: StoreWriter) -> None:
+        self._backing = backing
+        self._routes = routes
+        self._writer = writer
 
     @staticmethod
     def _check_session_id(session_id: str) -> None:
@@ -46,8 +54,8 @@ class TranscriptStore(StoreBase):
             return
         self._check_session_id(session_id)
         try:
-            with self._canonical():
-                self._backend.append_message(session_id, message)
+            with self._backing.canonical:
+                self._backing.backend.append_message(session_id, message)
         except TranscriptWriteError:
             raise
         except StoreError as exc:
@@ -57,8 +65,8 @@ class TranscriptStore(StoreBase):
         """Active messages in insertion order; ``[]`` for an unknown session."""
         self._check_session_id(session_id)
         try:
-            with self._canonical():
-                return self._backend.load_messages(session_id)
+            with self._backing.canonical:
+                return self._backing.backend.load_messages(session_id)
         except TranscriptReadError:
             raise
         except StoreError as exc:
@@ -70,20 +78,22 @@ class TranscriptStore(StoreBase):
     ) -> int:
         """Replace the active messages (old ones are deactivated, never deleted)."""
         self._check_session_id(session_id)
-        with self._canonical():
-            if self._backend.get_session(session_id) is None:
+        with self._backing.canonical:
+            if self._backing.backend.get_session(session_id) is None:
                 raise InvalidValueError("session_id", f"session {session_id} does not exist.")
-        owner = self._current_entry_of(session_id)
+        owner = self._routes.current_entry_of(session_id)
         if owner is not None and owner.active_turn_token and not force:
             raise TurnInProgressError(
                 f"a turn is running on {owner.session_key}; rewrite the transcript after it "
                 "ends, or pass force=True"
             )
-        edits = self._bound.edits
+        edits = self._backing.bound.edits
         if edits is None:
-            raise TranscriptWriteError(self._without("transcript_edits", "Rewriting a transcript"))
+            raise TranscriptWriteError(
+                self._backing.without("transcript_edits", "Rewriting a transcript")
+            )
         try:
-            with self._canonical():
+            with self._backing.canonical:
                 return edits.rewrite_messages(session_id, messages)
         except TranscriptWriteError:
             raise
@@ -94,12 +104,12 @@ class TranscriptStore(StoreBase):
     def soft_delete_messages(self, session_id: str, message_ids: list[int]) -> int:
         """Deactivate messages (``active=0``); never deletes rows."""
         self._check_session_id(session_id)
-        edits = self._bound.edits
+        edits = self._backing.bound.edits
         if edits is None:
             raise TranscriptWriteError(
-                self._without("transcript_edits", "Deleting transcript messages")
+                self._backing.without("transcript_edits", "Deleting transcript messages")
             )
-        with self._canonical():
+        with self._backing.canonical:
             return edits.soft_delete_messages(session_id, message_ids)
 
     def search(
@@ -118,10 +128,10 @@ class TranscriptStore(StoreBase):
             raise InvalidValueError("query", "the search query must be a string.")
         if isinstance(limit, bool) or not isinstance(limit, int):
             raise InvalidValueError("limit", f"limit must be an integer, got {shown(limit)}.")
-        search = self._bound.search
+        search = self._backing.bound.search
         if search is None or (session_id is not None and session_id_problem(session_id)):
             return []
-        with self._canonical():
+        with self._backing.canonical:
             return search.search(
                 clean_text(query),
                 session_id=session_id,
@@ -134,9 +144,9 @@ class TranscriptStore(StoreBase):
         in one piece off the writer (PostgreSQL's concurrent reindex), then started in one
         writer step, then the messages indexed in bounded batches, each a writer step of its
         own, so that turns' steps run between them (search stays exact meanwhile)."""
-        search = self._bound.search
+        search = self._backing.bound.search
         if search is not None:
-            with self._canonical():
+            with self._backing.canonical:
                 search.reindex_fts()
         started = self._start_search_rebuild()
         while started and self._index_search_backlog():
@@ -145,16 +155,16 @@ class TranscriptStore(StoreBase):
 
     @exclusive
     def _start_search_rebuild(self) -> bool:
-        search = self._bound.search
+        search = self._backing.bound.search
         if search is None:
             return False
-        with self._canonical():
+        with self._backing.canonical:
             return search.start_fts_rebuild()
 
     @exclusive
     def _index_search_backlog(self) -> bool:
-        search = self._bound.search
+        search = self._backing.bound.search
         if search is None:
             return False
-        with self._canonical():
+        with self._backing.canonical:
             return search.index_backlog()

@@ -25,7 +25,7 @@ from hermes_core.domain.models import MessageEvent, SessionEntry
 from hermes_core.domain.text import clean_text
 from hermes_core.store import SessionStore
 from hermes_core.store.backend import Obligation, new_obligation
-from hermes_core.store.leases import QueuedEvent
+from hermes_core.store.queue_rows import QueuedEvent
 from hermes_core.turns.ledger import SILENCE_NOTICE, SendResult, is_silent_reply
 from hermes_core.turns.recovery import INTERNAL_NOTIFICATION
 from hermes_core.turns.resume import is_fresh, resume_note

@@ -40,7 +40,7 @@ from hermes_core.domain.models import MessageEvent, MessageType
 from hermes_core.domain.recent import Recent
 from hermes_core.domain.specs import LifecycleEvent, LifecycleKind
 from hermes_core.store import SessionStore
-from hermes_core.store.leases import QueuedEvent
+from hermes_core.store.queue_rows import QueuedEvent
 
 __all__ = [
     "MERGED_KEY", "PART_OF_KEY", "EnqueueResult", "QueuedItem", "SeenMessages", "TurnQueue",

@@ -1,0 +1,185 @@
+"""The ``sessions.json`` mirror of the routing index and the way back out of degraded mode.
+
+With a SQL store the mirror is a copy written by housekeeping, bulk changes and ``close`` (never
+on the per-message path); an existing gateway's sessions.json is imported into an empty routing
+table once. While degraded the JSONL fallback is the store (``backing``); once SQL opens again
+its backlog is replayed into it, exactly once (``replay``).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+
+from hermes_core.config.schema import GatewayConfig
+from hermes_core.domain.errors import StoreError, StoreUnavailableError, shown
+from hermes_core.domain.keys import origin_keys_to
+from hermes_core.domain.models import SessionEntry
+from hermes_core.plugins.manager import HermesPluginManager
+from hermes_core.store.backend import Maintenance
+from hermes_core.store.backing import Backing
+from hermes_core.store.base import MIRROR_IMPORTED, exclusive
+from hermes_core.store.capabilities import BoundBackend
+from hermes_core.store.entries import EntryCache
+from hermes_core.store.mirror import MirrorWriter, load_mirror, writes_mirror
+from hermes_core.store.replay import ReplayReport, replay_backlog, session_row_from_entry
+from hermes_core.store.writer import StoreWriter
+
+logger = logging.getLogger(__name__)
+
+
+class Fallback:
+    """The mirror file (``mirror``) kept after the routing index, its import, and the replay
+    of the degraded mode's backlog (the files in ``sessions_dir``)."""
+
+    def __init__(
+        self,
+        backing: Backing,
+        cache: EntryCache,
+        writer: StoreWriter,
+        mirror: MirrorWriter,
+        sessions_dir: Path,
+        config: GatewayConfig,
+        plugins: HermesPluginManager,
+        *,
+        read_only: bool,
+    ) -> None:
+        self._backing = backing
+        self._cache = cache
+        self._writer = writer
+        self._mirror = mirror
+        self._sessions_dir = sessions_dir
+        self._config = config
+        self._plugins = plugins
+        self._read_only = read_only
+        self._mirror_revision = 0
+        self._mirror_written_at = 0.0
+
+    # -- sessions.json -----------------------------------------------------------------------------
+
+    def import_once(self, sql: Maintenance) -> None:
+        """Import an existing gateway's sessions.json into an empty routing table, once."""
+        with self._backing.canonical:
+            if sql.get_meta(MIRROR_IMPORTED) is not None or sql.has_routes():
+                return
+        if self.import_sessions_json(self._mirror.path):
+            logger.warning("imported the routing index from %s", self._mirror.path)
+
+    @exclusive
+    def import_sessions_json(self, path: str | Path, *, strict: bool = False) -> int:
+        """Import the entries of a sessions.json whose keys the routing table lacks. A file that
+        is missing or not a JSON object imports nothing with a warning, or with ``strict`` (a
+        file an operator named) raises :class:`InvalidValueError` before anything is written."""
+        meta = self._backing.bound.maintenance
+        if meta is None:
+            raise StoreUnavailableError(
+                self._backing.without("maintenance", "Importing sessions.json")
+            )
+        entries = [
+            (
+                entry.to_dict(),
+                session_row_from_entry(entry, parent_session_id=entry.prev_session_id),
+            )
+            for entry in load_mirror(Path(path), self._plugins, strict=strict).entries.values()
+            if self._origin_matches(entry, path)
+        ]
+        with self._backing.canonical:
+            imported = meta.import_routes(entries, (MIRROR_IMPORTED, str(time.time())))
+        if imported:
+            self._cache.routing_changed()
+            self.flush_mirror(force=True)
+        return imported
+
+    def _origin_matches(self, entry: SessionEntry, path: str | Path) -> bool:
+        """Whether an imported entry's origin is its own chat (the start-up resume and the
+        ledger send to the origin); one naming another chat is skipped with a warning."""
+        if entry.origin is None or origin_keys_to(
+            entry.origin, entry.session_key, self._config, self._plugins
+        ):
+            return True
+        logger.warning(
+            "sessions.json %s: skipping entry %s: its origin is another chat than its key names",
+            path, shown(entry.session_key),
+        )  # fmt: skip
+        return False
+
+    def flush_mirror(self, *, force: bool = False) -> bool:
+        """Rewrite sessions.json if routing changed (at most once per interval unless ``force``).
+
+        Never on the per-message path: housekeeping, ``close`` and bulk changes call it.
+        """
+        backing = self._backing
+        if (
+            backing.degraded
+            or not writes_mirror(self._config, backing.bound.spec)
+            or self._read_only
+        ):
+            return False
+        revision = self._cache.routing_revision
+        interval = self._config.gateway.sessions_json_interval_secs
+        if revision == self._mirror_revision and self._mirror.path.exists():
+            return False
+        if not force and time.monotonic() - self._mirror_written_at < interval:
+            return False
+        with backing.canonical:
+            snapshot = {entry["session_key"]: entry for entry in backing.backend.iter_routes()}
+        try:
+            written = self._mirror.write(snapshot, revision)
+        except StoreError as exc:
+            logger.warning("sessions.json mirror not written (the SQL store is intact): %s", exc)
+            return False
+        self._mirror_revision = revision
+        self._mirror_written_at = time.monotonic()
+        return written
+
+    def rewrite_mirror(self) -> bool:
+        """Rewrite sessions.json from the routing table now, whatever the file holds (for
+        ``doctor --fix``); False when no mirror is written."""
+        self._cache.routing_changed()
+        return self.flush_mirror(force=True)
+
+    # -- leaving degraded mode ---------------------------------------------------------------------
+
+    @exclusive
+    def replay_backlog(self) -> ReplayReport | None:
+        """Import the JSONL backlog into SQL exactly once (step ``jsonl_backlog_replay``);
+        None while degraded (nothing to import into)."""
+        meta = self._backing.bound.maintenance
+        if meta is None:
+            return None
+        with self._backing.canonical:
+            report = replay_backlog(self._sessions_dir, meta, self._plugins)
+        if report.routes_inserted or report.routes_updated:
+            self._cache.clear()  # replayed routes replace what the cache knew
+            self._cache.routing_changed()
+        self.flush_mirror(force=True)
+        return report
+
+    def try_leave_degraded(self) -> bool:
+        """While degraded, try the SQL store again; on success replay the backlog into it and
+        leave degraded mode (housekeeping calls this). True when SQL is in use afterwards."""
+        backing = self._backing
+        if not backing.degraded:
+            return True
+        try:
+            spec = backing.spec()
+            bound = backing.bind(spec, spec.open(self._config.storage_url, self._config))
+        except StoreError as exc:
+            logger.debug("the SQL store is still unavailable: %s", exc)
+            return False
+        try:
+            if bound.maintenance is not None:
+                backing.recorded_schema(bound.backend, bound.maintenance, rekeying=False)
+        except StoreError as exc:
+            bound.backend.close()
+            logger.error("the SQL store is available again but cannot be used: %s", exc)
+            return False
+        self._writer.run(self._switch_to, bound)  # no lane operation runs during the switch
+        logger.warning("the SQL session store is available again; replaying the JSONL backlog")
+        self.replay_backlog()
+        return True
+
+    def _switch_to(self, bound: BoundBackend) -> None:
+        self._backing.leave_degraded(bound)
+        self._cache.clear()

@@ -1,0 +1,97 @@
+"""The session-key schema a store records (``state_meta`` ``key_schema``) and its check against
+``keys.schema`` at open."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from hermes_core.config.schema import GatewayConfig
+from hermes_core.domain.errors import InvalidValueError, KeySchemaError
+from hermes_core.domain.keys import KeySchema, resolve_key
+from hermes_core.domain.models import SessionSource
+from hermes_core.plugins.manager import HermesPluginManager
+from hermes_core.store.backend import Maintenance, StoreBackend
+from hermes_core.store.base import KEY_SCHEMA_META, MIRROR_IMPORTED, REKEYING
+from hermes_core.store.mirror import read_mirror
+
+
+def keys_in_both(
+    source: SessionSource, config: GatewayConfig, plugins: HermesPluginManager
+) -> tuple[str, str]:
+    """The v1 and v2 keys of ``source`` under ``config``'s settings."""
+    v1 = resolve_key(source, config, plugins, schema="v1").key
+    return v1, resolve_key(source, config, plugins, schema="v2").key
+
+
+def recorded_key_schema(
+    backend: StoreBackend,
+    sql: Maintenance,
+    config: GatewayConfig,
+    plugins: HermesPluginManager,
+    mirror: Path,
+    *,
+    rekeying: bool,
+    read_only: bool,
+) -> KeySchema:
+    """The key schema recorded in ``backend`` (``sql`` is its maintenance capability),
+    recorded first for a store that has none (see :func:`_unrecorded_schema`; not by a
+    ``read_only`` store). Unless ``rekeying``, it must be ``keys.schema``:
+    :class:`KeySchemaError` otherwise."""
+    wanted = config.keys.key_schema
+    recorded = sql.get_meta(KEY_SCHEMA_META)
+    if recorded is None:
+        recorded = _unrecorded_schema(backend, sql, config, plugins, mirror)
+        if not read_only:  # a reader tells it the same way each time
+            sql.set_meta(KEY_SCHEMA_META, recorded)
+    if recorded not in ("v1", "v2", REKEYING):
+        raise KeySchemaError(
+            f"the store records key schema {recorded!r}, which this hermes-sessions does not "
+            "know; upgrade hermes-sessions."
+        )
+    if rekeying:
+        return "v2" if recorded == "v2" else "v1"
+    if recorded == REKEYING:
+        raise KeySchemaError(
+            "a re-key of this store to key schema v2 was interrupted; run `hermes-sessions "
+            "rekey --to v2` again to finish it before starting the gateway."
+        )
+    if recorded == "v1" and wanted == "v2":
+        raise KeySchemaError(
+            "this store's session keys follow key schema v1 (the original gateway's layout) "
+            "but keys.schema is v2 (the default): set keys.schema: v1 to keep them, or stop "
+            "the gateway and run `hermes-sessions rekey --to v2` to move every lane to v2."
+        )
+    if recorded != wanted:
+        raise KeySchemaError(
+            "this store's session keys follow key schema v2 but keys.schema is v1: set "
+            "keys.schema: v2 (or remove it); a v2 store is never moved back to v1."
+        )
+    return wanted
+
+
+def _unrecorded_schema(
+    backend: StoreBackend,
+    sql: Maintenance,
+    config: GatewayConfig,
+    plugins: HermesPluginManager,
+    mirror: Path,
+) -> KeySchema:
+    """The schema of a store written before schemas were recorded: the one its routing
+    entries (or the sessions.json ``mirror`` it is about to import) are keyed in, told by
+    comparing each key with its origin's keys; v1 when only session rows exist (they predate
+    v2); ``keys.schema`` for new state."""
+    lanes = [(entry["session_key"], entry.get("origin")) for entry in backend.iter_routes()]
+    if not lanes and sql.get_meta(MIRROR_IMPORTED) is None:
+        mirrored = read_mirror(mirror, plugins).values()
+        lanes = [(entry.session_key, entry.to_dict().get("origin")) for entry in mirrored]
+    for key, origin in lanes:
+        try:
+            source = SessionSource.from_dict(origin, plugins=plugins)
+            v1, v2 = keys_in_both(source, config, plugins)
+        except InvalidValueError:
+            continue  # no origin, or one that cannot be keyed: this lane cannot tell
+        if v1 != v2 and key in (v1, v2):
+            return "v1" if key == v1 else "v2"
+    if lanes or backend.count_sessions() > 0:
+        return "v1"
+    return config.keys.key_schema
