@@ -11,8 +11,8 @@ import pytest
 
 from hermes_core import GatewayConfig, LifecycleEvent, MessageEvent, SessionEntry, hookimpl
 from hermes_core.domain.models import MessageType, SessionSource
-from hermes_core.gateway.agents import EchoAgent, HostCallbacks, InMemoryAdapter, TurnRequest
-from hermes_core.gateway.runtime import Gateway
+from hermes_core.gateway.agents import EchoAgent, InMemoryAdapter, TurnRequest
+from hermes_core.gateway.runtime import Gateway, GatewayParts
 from hermes_core.gateway.texts import (
     ACK_INTERRUPT,
     ACK_QUEUED,
@@ -43,6 +43,12 @@ class Agents:
         agent = EchoAgent(self.delay)
         self.by_session[entry.session_id] = agent
         return agent
+
+
+def _parts(gateway: Gateway) -> GatewayParts:
+    """The parts a start built (what the tests that look inside a running gateway read)."""
+    assert gateway._parts is not None
+    return gateway._parts
 
 
 def _event(text: str, chat: str = "1", user: str = "u1", **fields: Any) -> MessageEvent:
@@ -92,7 +98,7 @@ async def test_a_message_runs_one_turn(make_gateway: Any, synchronous: str) -> N
 async def test_the_prompt_cache_keeps_the_most_recently_used_sessions(
     make_gateway: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr("hermes_core.gateway.core.PROMPT_CACHE_SIZE", 2)
+    monkeypatch.setattr("hermes_core.gateway.runner.PROMPT_CACHE_SIZE", 2)
     gateway, adapter, _ = make_gateway()
     await gateway.start()
     for chat in ("1", "2", "1", "3"):  # chat 2 is the least recently used when 3 arrives
@@ -100,8 +106,9 @@ async def test_the_prompt_cache_keeps_the_most_recently_used_sessions(
         await gateway.idle()
     sessions = [gateway.store.lookup_by_session_key(f"agent:main:telegram:dm:c={chat}")
                 for chat in ("1", "3")]  # fmt: skip
-    assert [key[0] for key in gateway._prompts] == [entry.session_id for entry in sessions if entry]
-    assert len(gateway._prompts) == 2
+    prompts = _parts(gateway).runner._prompts
+    assert [key[0] for key in prompts] == [entry.session_id for entry in sessions if entry]
+    assert len(prompts) == 2
     assert adapter.texts() == ["echo: hi 1", "echo: hi 2", "echo: hi 1", "echo: hi 3"]
     assert await gateway.stop()
 
@@ -127,7 +134,7 @@ async def test_the_prompt_is_reused_for_an_equal_source_and_rebuilt_for_a_change
     assert '**User:** "Ann"' in prompts[0]
     assert prompts[1] is prompts[0]  # the cached prompt itself
     assert '**User:** "Bea"' in prompts[2]
-    assert len(gateway._prompts) == 2
+    assert len(_parts(gateway).runner._prompts) == 2
     assert await gateway.stop()
 
 
@@ -140,7 +147,7 @@ async def test_a_caller_cancelled_while_its_message_is_stored_leaves_the_turn_ru
     await gateway.start()
     handling = asyncio.create_task(gateway.handle_message(_event("hi")))
     await asyncio.sleep(0)  # the lane task is started; its first commit is not done yet
-    assert gateway._lanes
+    assert _parts(gateway).lanes.get("agent:main:telegram:dm:c=1") is not None
     handling.cancel()
     with pytest.raises(asyncio.CancelledError):
         await handling
@@ -171,7 +178,7 @@ async def test_turns_of_one_key_never_overlap_and_keys_run_concurrently(make_gat
     await gateway.handle_message(_event("b", chat="2"))
     await gateway.handle_message(_event("c", chat="1", user="u2"))
     await asyncio.sleep(0.05)
-    assert len(gateway._lanes) == 2  # both keys run at once
+    assert len(_parts(gateway).lanes.turn_tasks()) == 2  # both keys run at once
     await gateway.idle()
     assert adapter.texts("1") == [ACK_QUEUED, "echo: a", "echo: c"]
     assert adapter.texts("2") == ["echo: b"]
@@ -361,17 +368,18 @@ async def test_wake_bound_to_an_older_session_needs_the_resolver(make_gateway: A
     old = gateway.store.peek_session_id("agent:main:telegram:dm:c=1")
     await gateway.handle_message(_event("/new"))
     await gateway.idle()
-    gateway._gate = True  # queue the wake behind the gate, then let it through
+    phase, lanes = gateway._phase, _parts(gateway).lanes
+    phase.gate = True  # queue the wake behind the gate, then let it through
     await gateway.handle_message(_event("work done", internal=True, bound_session_id=old))
-    gateway._gate = False
-    gateway._dispatch_next("agent:main:telegram:dm:c=1")
+    phase.gate = False
+    lanes.dispatch_next("agent:main:telegram:dm:c=1")
     await gateway.idle()
     assert "echo: work done" not in adapter.texts()  # no resolver: dropped, never run
-    gateway.callbacks = HostCallbacks(wake_allowed=lambda event, session_id: True)
-    gateway._gate = True
+    gateway.callbacks.wake_allowed = lambda event, session_id: True
+    phase.gate = True
     await gateway.handle_message(_event("work done", internal=True, bound_session_id=old))
-    gateway._gate = False
-    gateway._dispatch_next("agent:main:telegram:dm:c=1")
+    phase.gate = False
+    lanes.dispatch_next("agent:main:telegram:dm:c=1")
     await gateway.idle()
     assert "echo: work done" in adapter.texts()
     await gateway.stop()

@@ -101,7 +101,8 @@ async def test_an_event_without_an_adapter_is_queued_with_one_warning_per_platfo
             for event in (*discord, slack, MessageEvent(source=telegram_dm("4"), text="d")):
                 await gateway.handle_message(event)
             await gateway.idle()
-            assert gateway._queue.lanes()  # the discord and slack messages wait, stored
+            assert gateway.queue is not None
+            assert gateway.queue.lanes()  # the discord and slack messages wait, stored
     warnings = [r.getMessage() for r in caplog.records if "no adapter" in r.getMessage()]
     assert len(warnings) == 2
     assert "'discord'" in warnings[0]

@@ -14,13 +14,14 @@ from typing import TypeVar
 
 import pytest
 from support.database import run_sql
-from support.shared_driver import configure
+from support.shared_driver import configure, leased
 
 from hermes_core import MessageEvent, SessionSource
 from hermes_core.config.schema import GatewayConfig
 from hermes_core.domain.models import SessionEntry
 from hermes_core.gateway.agents import EchoAgent, InMemoryAdapter, TurnRequest
-from hermes_core.gateway.leased import SharedLanes
+from hermes_core.gateway.leased import LeasedOwnership
+from hermes_core.gateway.lifecycle import Phase
 from hermes_core.gateway.runtime import Gateway
 from hermes_core.store import SessionStore
 from hermes_core.store.backend import LeaseGrant, Locked
@@ -106,15 +107,15 @@ def test_the_scan_leaves_a_lane_just_queued_to_its_enqueuer_and_claims_it_if_nev
     assert scanner.take_lease(stranded) is None
 
 
-def _lanes(store: SessionStore) -> SharedLanes:
+def _lanes(store: SessionStore) -> LeasedOwnership:
     """The gateway's lease bookkeeping over ``store``, dispatching nothing."""
 
     async def take_over(key: str) -> None:
         """Nothing to take over in these tests."""
 
-    return SharedLanes(
-        store.config, store, TurnQueue(store, store.config), dispatch=lambda key: None,
-        take_over=take_over,
+    return LeasedOwnership(
+        store.config, store, TurnQueue(store, store.config), Phase(), dispatch=lambda key: None,
+        take_over=take_over, running=lambda key: False, woken=lambda key: None,
     )  # fmt: skip
 
 
@@ -171,7 +172,7 @@ def test_lanes_claimed_in_a_rolled_back_batch_are_claimed_again(
     assert holder.mark_turn_active(key)  # a turn its holder never finishes
     _first(lambda: _lease_expired(empty_database), "the holder's lease to expire")
     lanes = _lanes(taker)
-    assert _in_a_rolled_back_batch(taker, key, lanes._claim_step) == [key]
+    assert _in_a_rolled_back_batch(taker, key, lanes._takeovers._claim_step) == [key]
     assert taker.holds(key)
     assert lanes.recovering(key)
 
@@ -198,7 +199,7 @@ def test_leases_are_renewed_while_every_writer_thread_is_busy(
 
     async def scenario() -> list[LeaseGrant | Locked | None]:
         lanes = _lanes(holder)
-        lanes.renew()
+        lanes.start()
         started, go = threading.Event(), threading.Event()
 
         def hold() -> None:
@@ -292,13 +293,12 @@ def test_a_message_for_a_hung_holders_lane_first_resumes_the_cut_turn(
         await hung.start()
         await taker.start()
         if first_takeover == "fails":  # the lane is let go, then taken over again
-            assert taker.shared is not None
-            recover = functools.partial(recover_after_a_failure, taker.shared.recover)
-            taker.shared.recover = recover  # type: ignore[method-assign]
+            ownership = leased(taker)
+            recover = functools.partial(recover_after_a_failure, ownership.recover)
+            ownership.recover = recover  # type: ignore[method-assign]
         await hung.handle_message(_message("first", "m1"))
         await started.wait()
-        assert hung.shared is not None
-        await hung.shared.stop()  # it hangs: its lease is no longer renewed
+        await leased(hung).stop()  # it hangs: its lease is no longer renewed
         await _wait(lambda: _lease_expired(empty_database), "the hung holder's lease to expire")
         await taker.handle_message(_message("second", "m2"))
         await _wait(lambda: len(adapter.sent) >= 2, "both answers")
@@ -355,10 +355,8 @@ def test_a_scan_takeover_racing_a_message_for_the_lane_still_resumes_the_cut_tur
         await taker.start()
         await hung.handle_message(_message("first", "m1"))
         await started.wait()
-        assert hung.shared is not None
-        shared = taker.shared
-        assert shared is not None
-        await hung.shared.stop()  # it hangs: its lease is no longer renewed
+        shared = leased(taker)
+        await leased(hung).stop()  # it hangs: its lease is no longer renewed
         await _wait(lambda: _lease_expired(empty_database), "the hung holder's lease to expire")
         opening = shared.open
 
@@ -368,11 +366,11 @@ def test_a_scan_takeover_racing_a_message_for_the_lane_still_resumes_the_cut_tur
             return opened
 
         shared.open = slow_open  # type: ignore[assignment,method-assign]
-        claim = asyncio.ensure_future(taker.store.arun(shared._claim_step))  # the scan's step
+        claim = asyncio.ensure_future(taker.store.arun(shared._takeovers._claim_step))  # a scan
         message = asyncio.ensure_future(taker.handle_message(_message("second", "m2")))
         taken = await claim
         assert taken == [taker.store.session_key_for(SOURCE)]
-        await shared._recover_lanes(taken)  # as the scan goes on
+        await shared._takeovers.recover_lanes(taken)  # as the scan goes on
         await message
         await _wait(lambda: len(adapter.sent) >= 2, "both answers")
         await taker.idle()

@@ -82,14 +82,16 @@ async def test_a_turn_that_cannot_be_stored_is_refused_and_raised(
 ) -> None:
     gateway, adapter = make()
     await gateway.start()
-    begin = gateway._pipeline.begin
+    pipeline = gateway.pipeline
+    assert pipeline is not None
+    begin = pipeline.begin
 
     def broken(key: str, event: MessageEvent, consumed: int | None = None) -> Turn | None:
         if event.text == "hello":
             raise StoreError("disk full")
         return begin(key, event, consumed)
 
-    monkeypatch.setattr(gateway._pipeline, "begin", broken)
+    monkeypatch.setattr(pipeline, "begin", broken)
     event = _event("hello", message_id="m1")
     with pytest.raises(MessageNotStoredError, match="delivers it again"):
         await gateway.handle_message(event)
@@ -97,7 +99,7 @@ async def test_a_turn_that_cannot_be_stored_is_refused_and_raised(
     assert _transcript(gateway.store) == []
     await gateway.handle_message(_event("other lane", chat="2"))  # other lanes go on
     await gateway.idle()
-    monkeypatch.setattr(gateway._pipeline, "begin", begin)
+    monkeypatch.setattr(pipeline, "begin", begin)
     await gateway.handle_message(event)  # the platform delivers it again: now it is answered
     await gateway.idle()
     assert adapter.texts() == [REFUSED_NOT_SAVED, "echo: other lane", "echo: hello"]
@@ -171,7 +173,9 @@ async def test_a_poisoned_queued_message_is_dead_lettered(
     monkeypatch.setattr(lanes, "DISPATCH_RETRY_SECS", 0.01)
     gateway, adapter = make(factory=lambda entry: SlowFirst(0.3))
     await gateway.start()
-    begin = gateway._pipeline.begin
+    pipeline = gateway.pipeline
+    assert pipeline is not None
+    begin = pipeline.begin
     attempts: list[str] = []
 
     def poisoned(key: str, event: MessageEvent, consumed: int | None = None) -> Turn | None:
@@ -180,7 +184,7 @@ async def test_a_poisoned_queued_message_is_dead_lettered(
             raise StoreError("this event can never start")
         return begin(key, event, consumed)
 
-    monkeypatch.setattr(gateway._pipeline, "begin", poisoned)
+    monkeypatch.setattr(pipeline, "begin", poisoned)
     await gateway.handle_message(_event("first"))
     await asyncio.sleep(0.05)
     for n in range(burst):  # a burst is merged into one item of several rows

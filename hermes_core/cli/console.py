@@ -29,8 +29,7 @@ from hermes_core.domain.errors import HermesError, InvalidValueError, MessageNot
 from hermes_core.domain.models import MessageEvent, SessionSource
 from hermes_core.domain.terminal import safe_text
 from hermes_core.gateway.agents import ConsoleAdapter, EchoAgent
-from hermes_core.gateway.core import AgentFactory
-from hermes_core.gateway.runtime import Gateway
+from hermes_core.gateway.runtime import AgentFactory, Gateway
 from hermes_core.plugins.manager import HermesPluginManager, create_plugin_manager
 
 PROG = "hermes-sessions"

@@ -1,17 +1,25 @@
 """The commands a lane obeys: ``/new`` and ``/reset`` (a new session), ``/stop`` and ``/queue``,
-at once or when they reach the head of the queue."""
+at once or when they reach the head of the queue. :class:`CommandReader` tells which command an
+event carries; :class:`Commands` carries them out."""
 
 from __future__ import annotations
 
 import asyncio
 import functools
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
+from typing import Any
 
+from hermes_core.config.schema import GatewayConfig
 from hermes_core.domain.commands import parse_command
 from hermes_core.domain.errors import MessageNotStoredError
 from hermes_core.domain.models import MessageEvent, SessionSource
-from hermes_core.gateway.core import GatewayCore
+from hermes_core.gateway.agents import Agent, HostCallbacks
+from hermes_core.gateway.cache import AgentCache
+from hermes_core.gateway.delivery import Platforms
+from hermes_core.gateway.inbound import Admission
+from hermes_core.gateway.lanes import Lanes
+from hermes_core.gateway.ownership import LaneOwnership
 from hermes_core.gateway.texts import (
     NEW_SESSION,
     NOTHING_TO_STOP,
@@ -20,69 +28,103 @@ from hermes_core.gateway.texts import (
     STOPPED,
     TURN_FAILED,
 )
-from hermes_core.turns.queue import EnqueueResult, QueuedItem
+from hermes_core.store import SessionStore
+from hermes_core.turns.queue import EnqueueResult, QueuedItem, SeenMessages, TurnQueue
 
 logger = logging.getLogger(__name__)
 
 
-class LaneCommands(GatewayCore):
-    """Recognises and carries out lane commands."""
+class CommandReader:
+    """Which command an event carries, by the gateway's configuration (its reset triggers, the
+    platforms' bot names)."""
 
-    def _command(self, event: MessageEvent) -> tuple[str | None, str]:
-        """The command a human event carries (``/new``, ``/reset``, ``/stop``, ``/queue``);
-        one addressed ``@name`` only if meant for this bot (``platforms.<name>.bot_username``)."""
+    def __init__(self, config: GatewayConfig) -> None:
+        self._config = config
+        self.triggers = tuple(t.lower() for t in config.gateway.reset_triggers)
+
+    def read(self, event: MessageEvent) -> tuple[str | None, str]:
+        """The command a human event carries (``/new``, ``/reset``, ``/stop``, ``/queue``) and
+        the text after it; one addressed ``@name`` only if meant for this bot
+        (``platforms.<name>.bot_username``)."""
         if event.internal or event.queued_via_command:
             return None, ""
         source = event.source
-        platform = self.config.platforms.get(source.platform)
+        platform = self._config.platforms.get(source.platform)
         return parse_command(
             event.text, (*self.triggers, "/stop", "/queue"),
             bot_username=platform.bot_username if platform is not None else None,
             direct=source.chat_type == "dm",
         )  # fmt: skip
 
-    async def _run_command(self, key: str, event: MessageEvent, cut: float | None = None) -> None:
-        """Carry out a command (``cut``: see :meth:`_carry_out`); a failure is logged and
+    def is_command(self, event: MessageEvent) -> bool:
+        """Whether the event carries a command."""
+        return self.read(event)[0] is not None
+
+
+class Commands:
+    """Carries out lane commands, where the lane runs."""
+
+    def __init__(
+        self,
+        store: SessionStore,
+        queue: TurnQueue,
+        ownership: LaneOwnership,
+        lanes: Lanes,
+        admission: Admission,
+        reader: CommandReader,
+        seen: SeenMessages,
+        cache: AgentCache[Agent],
+        platforms: Platforms,
+        callbacks: HostCallbacks,
+    ) -> None:
+        self._store = store
+        self._queue = queue
+        self._ownership = ownership
+        self._lanes = lanes
+        self._admission = admission
+        self._reader = reader
+        self._seen = seen
+        self._cache = cache
+        self._platforms = platforms
+        self._callbacks = callbacks
+
+    async def run(self, key: str, event: MessageEvent, cut: float | None = None) -> None:
+        """Carry out a command (``cut``: see :meth:`_carry_out`) where the lane runs: one that
+        runs elsewhere, or is being taken over here, gets the command queued (its runner is
+        woken, and carries it out after its turn or takeover). A failure is logged and
         answered, never raised to the host."""
-        shared = self.shared
-        if shared is not None and (not self.store.holds(key) or shared.recovering(key)):
-            # runs where the lane runs, after its takeover; a holder running a turn is woken
-            result = await self._enqueue(key, event)
+        ownership = self._ownership
+        if not ownership.holds(key) or ownership.recovering(key):
+            result = await self._admission.enqueue(key, event)
             if result.accepted:
-                try:
-                    await self.store.arun(self.store.wake_lane, key, lane=key)
-                except Exception:  # noqa: BLE001 - the holder still runs it after its turn
-                    logger.warning("could not wake the holder of a lane for a command")
-                self._dispatch_next(key)
+                await ownership.wake(key)
+                self._lanes.dispatch_next(key)
             return
         self._seen.remember_event(key, event)
         await self._carry_out(key, event, cut)
 
-    def _woken(self, key: str) -> None:
-        """Another process queued a command for the lane: if a turn of the lane runs here,
-        under this process's lease, take the command out of the queue and carry it out now
-        (``/stop`` interrupts the turn, as if it had arrived here). Or another process gave up
-        the lane's lease with events queued (a clean stop): take the lane, to run them."""
-        shared = self.shared
-        if shared is None:
-            return
-        if key not in self._lanes and not self.store.holds(key) and not shared.recovering(key):
-            if self._stopping is None and not self._gate:
-                shared.take(key)  # refused (held elsewhere): its holder runs the queue
-            return
-        if key not in self._lanes or key in self._commands:
-            return  # an idle lane runs its queued commands from the head, as usual
-        if shared.recovering(key) or not self.store.holds(key):
+    def woken(self, key: str) -> None:
+        """A command was queued for a lane this process runs (by another process): if a turn
+        of the lane runs here, take the command out of the queue and carry it out now
+        (``/stop`` interrupts the turn, as if it had arrived here); an idle lane runs its
+        queued commands from the head, as usual."""
+        lanes = self._lanes
+        if lanes.get(key) is None or lanes.commanded(key):
             return
         take = functools.partial(self._take_first_command, key)
-        self._commands[key] = asyncio.create_task(self._command_task(key, take, self._carry_out))
+        lanes.run_command(key, functools.partial(self._command_task, key, take, self._carry_out))
+
+    def queued(self, key: str) -> Coroutine[Any, Any, None]:
+        """A command that was queued (behind the start-up gate or a drain) reaches the head:
+        take it out of the queue and carry it out."""
+        return self._command_task(key, functools.partial(self._take_command, key), self.run)
 
     def _take_first_command(self, key: str) -> tuple[MessageEvent, float] | None:
         """The first command to carry out queued for the lane, wherever it stands, taken (see
         :meth:`_take`) after the lane's durable queue is read again (writer step)."""
-        self._reread(key)
+        self._ownership.reread(key)
         for item in self._queue.items(key):
-            if self._is_command(item.event) and (taken := self._take(key, item)) is not None:
+            if self._reader.is_command(item.event) and (taken := self._take(key, item)) is not None:
                 return taken
         return None
 
@@ -94,29 +136,26 @@ class LaneCommands(GatewayCore):
     ) -> None:
         """The task of a command taken out of the lane's queue (``take``, a writer step, gives
         it with its place in the queue): carry it out with ``run`` (only what was queued before
-        it counts as before it), then let the lane go on."""
+        it counts as before it); the lane goes on afterwards (see ``Lanes.run_command``)."""
         try:
-            taken = await self.store.arun(take, lane=key)
+            taken = await self._store.arun(take, lane=key)
             if taken is not None:
                 await run(key, *taken)
         except Exception:
             logger.exception("a queued command could not be carried out")
-        finally:
-            self._commands.pop(key, None)
-        self._dispatch_next(key)
 
     async def _carry_out(self, key: str, event: MessageEvent, cut: float | None = None) -> None:
         """Carry out a command. ``cut`` orders it among the lane's queued items (a command
         taken from the queue: its own place); None for one that arrives now, after every item
         queued so far. A reset or ``/stop`` discards only items queued before it: what arrives
         after it, even while it waits for the running turn to stop, is kept and answered."""
-        command, rest = self._command(event)
+        command, rest = self._reader.read(event)
         try:
-            if command in self.triggers:
+            if command in self._reader.triggers:
                 await self._reset(key, event, rest, cut)
                 return
             if cut is None:
-                cut = await self.store.arun(self._cut, key, lane=key)
+                cut = await self._store.arun(self._cut, key, lane=key)
             if command == "/stop":
                 await self._stop_lane(key, event, cut)
             elif command == "/queue":
@@ -125,22 +164,13 @@ class LaneCommands(GatewayCore):
             raise
         except Exception:
             logger.exception("the command %s failed", command)
-            await self._reply(event.source, TURN_FAILED)
-
-    async def _halt(self, key: str, reason: str) -> bool:
-        """Hard-interrupt the lane's running turn; True if one was running."""
-        lane = self._lanes.get(key)
-        if lane is None or lane.task is None:
-            return False
-        lane.halt(reason)
-        await asyncio.gather(lane.task, return_exceptions=True)
-        return True
+            await self._platforms.reply(event.source, TURN_FAILED)
 
     async def _interrupt_background(self, key: str) -> bool:
-        interrupt = self.callbacks.interrupt_background
+        interrupt = self._callbacks.interrupt_background
         if interrupt is None:
             return False
-        session_id = await asyncio.to_thread(self.store.peek_session_id, key)
+        session_id = await asyncio.to_thread(self._store.peek_session_id, key)
         if session_id is None:
             return False
         try:
@@ -153,7 +183,7 @@ class LaneCommands(GatewayCore):
         """A command arrives (writer step): its cut of the lane's queue (see
         ``TurnQueue.cut``), after the lane's durable queue is read again, so that what other
         processes queued before it counts as before it."""
-        self._reread(key)
+        self._ownership.reread(key)
         return self._queue.cut(key)
 
     async def _cut_reset(self, key: str, event: MessageEvent, rest: str) -> float:
@@ -161,14 +191,14 @@ class LaneCommands(GatewayCore):
         that text queued right behind the cut in the same writer step, ahead of anything sent
         after the reset: the new session's first message."""
         if not rest.strip():
-            return await self.store.arun(self._cut, key, lane=key)
+            return await self._store.arun(self._cut, key, lane=key)
         first = _first_message(event, rest)
 
         def cut_and_queue() -> tuple[int, EnqueueResult]:
             return self._cut(key), self._queue.enqueue(key, first)
 
-        cut, result = await self.store.arun(cut_and_queue, lane=key)
-        await self._enqueued(key, first, result)
+        cut, result = await self._store.arun(cut_and_queue, lane=key)
+        await self._admission.enqueued(key, first, result)
         return cut
 
     async def _reset(self, key: str, event: MessageEvent, rest: str, cut: float | None) -> None:
@@ -177,23 +207,19 @@ class LaneCommands(GatewayCore):
         :meth:`_cut_reset`), clean up the agent, new session, reply, then the lane's queue.
         Until then the lane counts as busy: what arrives meanwhile is queued for the new
         session."""
-        self._resetting.add(key)
-        try:
+        with self._lanes.resetting(key):
             if cut is None:
                 cut = await self._cut_reset(key, event, rest)
-            await self._halt(key, "user")
+            await self._lanes.halt(key, "user")
             await self._interrupt_background(key)
-            await self.store.arun(self._queue.discard_humans, key, cut, lane=key)
-            await asyncio.to_thread(self.cache.discard, key)  # full cleanup runs off the loop
-            await self.store.arun(self._new_session, key, event.source, lane=key)
-            await self._reply(event.source, NEW_SESSION)
-        finally:
-            self._resetting.discard(key)
-            self._dispatch_next(key)
+            await self._store.arun(self._queue.discard_humans, key, cut, lane=key)
+            await asyncio.to_thread(self._cache.discard, key)  # full cleanup runs off the loop
+            await self._store.arun(self._new_session, key, event.source, lane=key)
+            await self._platforms.reply(event.source, NEW_SESSION)
 
     def _new_session(self, key: str, source: SessionSource) -> None:
         """A new session on the lane and its stuck-loop count forgotten (one commit)."""
-        store = self.store
+        store = self._store
         if store.reset_session(key) is None:
             store.get_or_create_session(source, True)
         store.counts.remove(key)
@@ -202,9 +228,9 @@ class LaneCommands(GatewayCore):
         """``/stop``: interrupt the turn and background work, drop the slot's human follow-up
         if it was queued before it (``cut``), keep the overflow (``/queue`` items and internal
         wakes), say what happened."""
-        stopped = await self._halt(key, "user")
+        stopped = await self._lanes.halt(key, "user")
         stopped = await self._interrupt_background(key) or stopped
-        discarded = await self.store.arun(self._queue.discard_slot, key, cut, lane=key)
+        discarded = await self._store.arun(self._queue.discard_slot, key, cut, lane=key)
         if stopped or discarded:
             text = STOPPED
             if discarded:
@@ -212,34 +238,30 @@ class LaneCommands(GatewayCore):
                 text += f" Discarded {discarded} queued {plural}."
         else:
             text = NOTHING_TO_STOP
-        await self._reply(event.source, text)
-        self._dispatch_next(key)
+        await self._platforms.reply(event.source, text)
+        self._lanes.dispatch_next(key)
 
     async def _queue_command(self, key: str, event: MessageEvent, prompt: str) -> None:
         """``/queue <prompt>``: one complete turn, in order, never merged."""
         if not prompt.strip() and not event.media_urls:
-            await self._reply(event.source, QUEUE_USAGE)
+            await self._platforms.reply(event.source, QUEUE_USAGE)
             return
-        if not self._busy(key) and self._queue.depth(key) == 0:
-            await self._accept(key, event.replace(text=prompt))
+        lanes, admission = self._lanes, self._admission
+        if not lanes.busy(key) and self._queue.depth(key) == 0:
+            await admission.accept(key, event.replace(text=prompt))
             return
-        result = await self._enqueue(key, event.replace(text=prompt, queued_via_command=True))
+        result = await admission.enqueue(key, event.replace(text=prompt, queued_via_command=True))
         if not result.accepted:
             return
         suffix = f" ({result.depth} queued)" if result.depth > 1 else ""
-        await self._reply(event.source, QUEUED_COMMAND + suffix)
-        if key not in self._lanes:
-            self._dispatch_next(key)
-
-    async def _queued_command(self, key: str) -> None:
-        """A command that was queued (behind the start-up gate or a drain) reaches the head:
-        take it out of the queue and carry it out."""
-        await self._command_task(key, functools.partial(self._take_command, key), self._run_command)
+        await self._platforms.reply(event.source, QUEUED_COMMAND + suffix)
+        if lanes.get(key) is None:
+            lanes.dispatch_next(key)
 
     def _take_command(self, key: str) -> tuple[MessageEvent, float] | None:
         """Take the command at the head of the lane's queue (see :meth:`_take`), after the
         lane's durable queue is read again (writer step)."""
-        self._reread(key)
+        self._ownership.reread(key)
         head = self._queue.head(key)
         return None if head is None else self._take(key, head)
 
@@ -249,11 +271,11 @@ class LaneCommands(GatewayCore):
         turn starts): nothing to carry out. A reset's text after the trigger stays in the
         reset's place, so it runs first in the new session, before what was queued after it."""
         event = item.event
-        command, rest = self._command(event)
+        command, rest = self._reader.read(event)
         if command == "/queue" and (rest.strip() or event.media_urls):
             item.rewrite(event.replace(text=rest, queued_via_command=True))
             return None
-        if command in self.triggers and rest.strip():
+        if command in self._reader.triggers and rest.strip():
             item.rewrite(_first_message(event, rest))
             return event.replace(text=command), item.order
         self._queue.take(key, item)

@@ -1,18 +1,23 @@
 """Delivering a reply: claim its ledger row, send it, settle it, one path for every occasion (a
-turn, the boot sweep, a reconnect, a rate-limit retry)."""
+turn, the boot sweep, a reconnect, a rate-limit retry, a takeover); and the host's adapters
+(:class:`Platforms`), through which replies and notices are sent."""
 
 from __future__ import annotations
 
 import asyncio
 import functools
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
-from hermes_core.gateway.core import GatewayCore
+from hermes_core.domain.models import SessionSource
+from hermes_core.gateway.agents import Adapter
+from hermes_core.gateway.lifecycle import Background
+from hermes_core.gateway.ownership import LaneOwnership
+from hermes_core.store import SessionStore
 from hermes_core.store.backend import Obligation
 from hermes_core.turns.crashpoints import crash_point
 from hermes_core.turns.ledger import Occasion, SendResult
-from hermes_core.turns.pipeline import Turn
+from hermes_core.turns.pipeline import Turn, TurnPipeline
 
 logger = logging.getLogger(__name__)
 
@@ -25,10 +30,71 @@ def _delivered() -> None:
     crash_point("marker_cleared")
 
 
-class Delivery(GatewayCore):
-    """Sends owed replies through their adapter and settles their ledger rows."""
+class Platforms:
+    """The host's adapters by platform: which are connected, and what is sent through them."""
 
-    async def _deliver(
+    def __init__(self, adapters: Mapping[str, Adapter]) -> None:
+        self._adapters = adapters
+
+    def connected(self, platform: str) -> bool:
+        """Whether the platform has an adapter and it is connected."""
+        adapter = self._adapters.get(platform)
+        return adapter is not None and adapter.is_connected()
+
+    def connected_names(self) -> list[str]:
+        """The platforms connected now."""
+        return [name for name, adapter in self._adapters.items() if adapter.is_connected()]
+
+    async def reply(self, source: SessionSource, text: str) -> None:
+        """A direct (unledgered) message: acknowledgements, notices, command replies; a failure
+        to send one is logged, never raised."""
+        adapter = self._adapters.get(source.platform)
+        if adapter is None or not adapter.is_connected():
+            logger.warning("no connected adapter for %s; a notice was not sent", source.platform)
+            return
+        try:
+            await adapter.send(source, text)
+        except Exception:
+            logger.exception("a notice could not be sent")
+
+    async def send(
+        self, row: Obligation, text: str, source: SessionSource | None = None
+    ) -> SendResult:
+        """Send a claimed reply through its platform's adapter (on the loop), to ``source``
+        (the turn's) or else to the chat and thread the row names."""
+        adapter = self._adapters.get(row.platform)
+        if adapter is None or not adapter.is_connected():
+            return SendResult(ok=False, failure_kind="disconnected", error="not connected")
+        if source is None:
+            source = SessionSource(platform=row.platform, chat_id=row.chat_id or "",
+                                   chat_type="group", thread_id=row.thread_id)  # fmt: skip
+        try:
+            return await adapter.send(source, text, reply_to=row.reply_to_message_id)
+        except Exception as exc:  # noqa: BLE001 - a raising adapter is a failed send
+            return SendResult(ok=False, failure_kind="disconnected", error=repr(exc))
+
+
+class Delivery:
+    """Sends owed replies through their adapter and settles their ledger rows; closes a turn
+    that owes nothing."""
+
+    def __init__(
+        self,
+        store: SessionStore,
+        pipeline: TurnPipeline,
+        platforms: Platforms,
+        ownership: LaneOwnership,
+        background: Background,
+    ) -> None:
+        self._store = store
+        self._pipeline = pipeline
+        self._platforms = platforms
+        self._ownership = ownership
+        self._background = background
+        self._sending: set[str] = set()
+        """Ledger rows being sent right now (never sent twice at once)."""
+
+    async def deliver(
         self,
         row: Obligation,
         *,
@@ -49,17 +115,18 @@ class Delivery(GatewayCore):
         if ident:
             self._sending.add(ident)
         try:
-            ledger = self.store.ledger
+            ledger = self._store.ledger
             if not claimed and ident and ledger is not None:
                 claim = functools.partial(ledger.claim, marked=prefix is not None)
-                claimed_row = await self.store.arun(claim, row, lane=row.session_key)
+                claimed_row = await self._store.arun(claim, row, lane=row.session_key)
                 if claimed_row is None:  # no attempt left: abandoned
                     if turn is not None:
-                        await self._close(turn, success=success)
+                        await self.close(turn, success=success)
                     return False
                 row = claimed_row
             text = f"{prefix}\n\n{row.content}" if prefix else row.content
-            result = await self._send(row, text, turn.event.source if turn is not None else None)
+            source = turn.event.source if turn is not None else None
+            result = await self._platforms.send(row, text, source)
             if result.ok:
                 crash_point("sent")
             settling = self._settle(row, result, turn, success, close)
@@ -69,77 +136,73 @@ class Delivery(GatewayCore):
         finally:
             self._sending.discard(ident)
 
+    async def close(self, turn: Turn, *, success: bool) -> None:
+        """Close a turn that owes nothing; a store failure leaves its marker (logged), so the
+        turn is resumed after the next restart rather than lost."""
+        try:
+            close = functools.partial(self._store.close_turn, success=success)
+            await self._store.arun(close, turn.key, turn.token, lane=turn.key)
+        except Exception:
+            logger.exception("a turn could not be closed; its marker stays set")
+
     def _settle(
         self, row: Obligation, result: SendResult, turn: Turn | None, success: bool, close: bool
     ) -> asyncio.Future[bool]:
         """Settle a send (the turn's last commit) without holding up the lane: the step is
         handed to the writer now, so the lane's next step queues behind it and can never
-        overtake it; ``idle`` and ``stop`` wait for it. On a shared store a turn's settle may
-        release the lane's lease (see :meth:`_settle_step`): until it is done, a lane that runs
-        dry leaves its lease alone, and once it is, the lane is dispatched again (kept with
-        events to run, or still held)."""
+        overtake it; ``idle`` and ``stop`` wait for it. A turn's settle may let go of the lane
+        (see :meth:`_settle_step`): the ownership learns that it is pending."""
         key = row.session_key
-        settling = self.store.submit(self._settle_step, row, result, turn, success, close, lane=key)
-        self._background.add(settling)
+        settling = self._store.submit(
+            self._settle_step, row, result, turn, success, close, lane=key
+        )
+        self._background.track(settling)
         settling.add_done_callback(functools.partial(self._settled, row, result))
-        if turn is not None and self.shared is not None:
-            self._settling[key] = settling
-            settling.add_done_callback(functools.partial(self._lane_settled, key))
+        if turn is not None:
+            self._ownership.settle_pending(key, settling)
         return settling
-
-    def _lane_settled(self, key: str, settling: asyncio.Future[bool]) -> None:
-        if self._settling.get(key) is settling:
-            del self._settling[key]
-            self._dispatch_next(key)
 
     def _settle_step(
         self, row: Obligation, result: SendResult, turn: Turn | None, success: bool, close: bool
     ) -> bool:
         """Writer step: settle the ledger row and close the turn; the crash points of a
-        delivery pass once this is committed. A turn's lane on a shared store with nothing
-        queued here gives its lease up in the same statement, unless events wait in its durable
-        queue (then it is kept and those events are loaded here to run next)."""
-        key = row.session_key
-        shared = self.shared
-        release = (
-            turn is not None and shared is not None and not shared.recovering(key)
-            and self._queue.depth(key) == 0
-        )  # fmt: skip
-        kept = functools.partial(self._queue.reload, key) if release else None
+        delivery pass once this is committed. A turn's lane may be let go in the same statement
+        (the ownership says: see ``LaneOwnership.release_in_settle``). It reads what the
+        delivery was built with and its arguments, nothing the loop changes."""
+        kept = self._ownership.release_in_settle(row.session_key) if turn is not None else None
         delivered = self._pipeline.settle(row, result, turn, success, close, kept)
         if delivered:
-            self.store.after_commit(_delivered)
+            self._store.after_commit(_delivered)
         return delivered
 
     def _settled(self, row: Obligation, result: SendResult, settling: asyncio.Future[bool]) -> None:
-        self._background.discard(settling)
         if settling.cancelled():
             return
         error = settling.exception()
         if error is not None:
             logger.error("a send could not be settled; the reply stays owed: %s", error)
         elif not settling.result() and result.failure_kind == "rate_limited":
-            retry = functools.partial(self._send_due, "rate_limit", [row.platform])
-            self._later(RATE_LIMIT_RETRY_SECS * max(1, row.attempts), retry)
+            retry = functools.partial(self.send_due, "rate_limit", [row.platform])
+            self._background.later(RATE_LIMIT_RETRY_SECS * max(1, row.attempts), retry)
 
-    async def _send_due(
+    async def send_due(
         self,
         occasion: Occasion,
         platforms: Sequence[str],
         lanes: Callable[[str], bool] | None = None,
     ) -> None:
         """Send the owed replies of ``platforms`` for an occasion (see ``DeliveryLedger.due``),
-        of ``lanes`` only if given (on a shared store, of the lanes this process holds)."""
-        ledger = self.store.ledger
+        of ``lanes`` only if given, else of the lanes the ownership answers for."""
+        ledger = self._store.ledger
         if ledger is None or not platforms:
             return
         try:
-            mine = self.store.holds if self.store.shared else None  # start-up's sweep too
-            due = await self.store.arun(
-                ledger.due, occasion, platforms, frozenset(self._sending), lanes or mine
-            )
+            due = await self._store.arun(
+                ledger.due, occasion, platforms, frozenset(self._sending),
+                lanes or self._ownership.held,
+            )  # fmt: skip
         except Exception:
             logger.exception("owed replies could not be read (%s)", occasion)
             return
         for row, prefix in due:
-            await self._deliver(row, prefix=prefix, close=occasion in ("boot", "takeover"))
+            await self.deliver(row, prefix=prefix, close=occasion in ("boot", "takeover"))

@@ -1,6 +1,7 @@
-"""Lanes and turns: one task per busy lane runs its turns in order, each turn through the
-:class:`~hermes_core.turns.pipeline.TurnPipeline` (begin, agent, finish, deliver, settle), then the
-lane's queue; a turn's every stage is guarded so a failure never stops the lane.
+"""The lanes: one task per busy lane runs its turns in order (each turn through ``run_turn``,
+:class:`~hermes_core.gateway.runner.TurnRunner`), then the lane's queue; a command taken from a
+lane's queue occupies the lane while it is carried out. A queued message whose turn failed to
+start is tried again after a pause, and set aside as a dead letter at the limit.
 
 A turn's steps are handed over with ``await store.submit(...)``: what ``store.arun`` does,
 without its two coroutine layers on every turn."""
@@ -8,47 +9,187 @@ without its two coroutine layers on every turn."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import logging
-import operator
+from collections.abc import Awaitable, Callable, Collection, Iterator
+from typing import Any
 
+from hermes_core.config.schema import GatewayConfig
 from hermes_core.domain.errors import LeaseLostError
-from hermes_core.domain.models import MessageEvent, SessionSource
-from hermes_core.gateway.agents import Agent, TurnRequest
-from hermes_core.gateway.context import (
-    build_session_context,
-    build_session_context_prompt,
-    prefix_sender,
-)
-from hermes_core.gateway.core import GatewayCore, Lane
-from hermes_core.gateway.texts import (
-    SUSPENDED_NOTICE,
-    TURN_FAILED,
-)
+from hermes_core.domain.models import MessageEvent
+from hermes_core.gateway.agents import Agent, HostCallbacks
+from hermes_core.gateway.delivery import Platforms
+from hermes_core.gateway.lifecycle import Background, Phase
+from hermes_core.gateway.ownership import LaneOwnership
+from hermes_core.gateway.texts import TURN_FAILED
+from hermes_core.store import SessionStore
 from hermes_core.turns.crashpoints import crash_point
-from hermes_core.turns.pipeline import Turn
-from hermes_core.turns.queue import EnqueueResult, QueuedItem
+from hermes_core.turns.pipeline import Turn, TurnPipeline
+from hermes_core.turns.queue import EnqueueResult, QueuedItem, SeenMessages, TurnQueue
 
 logger = logging.getLogger(__name__)
 
 DISPATCH_RETRY_SECS = 2.0
 """Wait before a queued message whose turn failed to start is tried again (times attempts)."""
 
-_source_values = operator.attrgetter(*SessionSource.model_fields)
-"""A source's field values in field order (read in C, like hashing the tuple they go into)."""
+
+class Lane:
+    """A lane with a turn task running (or about to: its first turn is being stored)."""
+
+    task: asyncio.Task[None] | None = None
+    agent: Agent | None = None
+    stop: str | None = None
+    """Why the lane is being stopped: ``user`` (/stop, /new, /reset) or ``drain``."""
+    interrupted: bool = False
+    in_agent: bool = False
+    """Only the agent's part of a turn is cancelled: before it the marker is being written, after
+    it the reply is being delivered, both short and both better finished."""
+    opening: bool = False
+    """Its first message is being stored (on a shared store, taking the lane's lease): no turn
+    of it runs yet."""
+
+    def halt(self, reason: str) -> None:
+        """Stop after the current turn; cancel it if the agent is still working on it."""
+        self.stop = reason
+        if self.in_agent and self.task is not None:
+            self.task.cancel()
 
 
-class LaneRunner(GatewayCore):
-    """Starts lane tasks and runs their turns."""
+class Lanes:
+    """Starts lane tasks, dispatches each lane's queue (turns, and commands through
+    ``queued_command``) and retries a queued message whose turn failed to start."""
 
-    def _take_head(self, key: str) -> QueuedItem | None:
-        """Remove the lane's queue head, memory and row (writer step)."""
-        item = self._queue.pop_head(key)
-        if item is not None:
-            self.store.queue_remove(item.row_ids)
-        return item
+    def __init__(
+        self,
+        config: GatewayConfig,
+        store: SessionStore,
+        queue: TurnQueue,
+        pipeline: TurnPipeline,
+        ownership: LaneOwnership,
+        platforms: Platforms,
+        phase: Phase,
+        background: Background,
+        seen: SeenMessages,
+        callbacks: HostCallbacks,
+        *,
+        is_command: Callable[[MessageEvent], bool],
+        run_turn: Callable[[Lane, Turn], Awaitable[None]],
+        queued_command: Callable[[str], Awaitable[None]],
+    ) -> None:
+        self._config = config
+        self._store = store
+        self._queue = queue
+        self._pipeline = pipeline
+        self._ownership = ownership
+        self._platforms = platforms
+        self._phase = phase
+        self._background = background
+        self._seen = seen
+        self._is_command = is_command
+        self._callbacks = callbacks
+        self._run_turn = run_turn
+        self._queued_command = queued_command
+        self._lanes: dict[str, Lane] = {}
+        self._commands: dict[str, asyncio.Task[None]] = {}
+        """Lanes whose queue head is a command being carried out (nothing else dispatches)."""
+        self._resetting: set[str] = set()
+        """Lanes a reset is moving to a new session (what arrives meanwhile is queued)."""
+        self._retrying: dict[str, asyncio.TimerHandle] = {}
+        """Lanes waiting to retry a queued message whose turn failed to start."""
 
-    def _start_lane(
+    # -- what occupies a lane ------------------------------------------------------------------
+
+    def busy(self, key: str) -> bool:
+        """Whether a turn, a command or a reset occupies the lane."""
+        return key in self._lanes or key in self._commands or key in self._resetting
+
+    def get(self, key: str) -> Lane | None:
+        """The lane's running task, if it has one."""
+        return self._lanes.get(key)
+
+    def commanded(self, key: str) -> bool:
+        """Whether a command taken from the lane's queue is being carried out."""
+        return key in self._commands
+
+    def occupied(self) -> bool:
+        """Whether any lane has a task or a command running."""
+        return bool(self._lanes or self._commands)
+
+    def turn_tasks(self) -> list[asyncio.Task[None]]:
+        """The lanes' tasks."""
+        return [lane.task for lane in self._lanes.values() if lane.task is not None]
+
+    def command_tasks(self) -> list[asyncio.Task[None]]:
+        """The tasks of the commands being carried out."""
+        return list(self._commands.values())
+
+    def keys_of(self, tasks: Collection[asyncio.Future[Any]]) -> set[str]:
+        """The lanes whose task is one of ``tasks``."""
+        return {key for key, lane in self._lanes.items() if lane.task in tasks}
+
+    def run_command(self, key: str, work: Callable[[], Awaitable[None]]) -> None:
+        """Carry out a command taken from the lane's queue (``work``): nothing else is
+        dispatched on the lane until it is done; then the lane is dispatched again."""
+        self._commands[key] = asyncio.create_task(self._command(key, work))
+
+    async def _command(self, key: str, work: Callable[[], Awaitable[None]]) -> None:
+        try:
+            await work()
+        finally:
+            self._commands.pop(key, None)
+        self.dispatch_next(key)
+
+    @contextlib.contextmanager
+    def resetting(self, key: str) -> Iterator[None]:
+        """While a reset moves the lane to a new session it counts as busy (what arrives is
+        queued for the new session); then the lane is dispatched again."""
+        self._resetting.add(key)
+        try:
+            yield
+        finally:
+            self._resetting.discard(key)
+            self.dispatch_next(key)
+
+    async def halt(self, key: str, reason: str) -> bool:
+        """Hard-interrupt the lane's running turn; True if one was running."""
+        lane = self._lanes.get(key)
+        if lane is None or lane.task is None:
+            return False
+        lane.halt(reason)
+        await asyncio.gather(lane.task, return_exceptions=True)
+        return True
+
+    def halt_all(self, reason: str) -> None:
+        """Stop every lane after its current turn (see :meth:`Lane.halt`)."""
+        for lane in list(self._lanes.values()):
+            lane.halt(reason)
+
+    async def mark_running(self, mode: str) -> bool:
+        """Flag the lanes whose turn is still running (their marker still set when the flag is
+        written) to resume after the restart; False if a flag could not be stored."""
+        reason = f"{mode}_timeout"
+        stored = True
+        for key, lane in list(self._lanes.items()):
+            if lane.task is None or lane.task.done():
+                continue
+            try:
+                await self._store.arun(
+                    functools.partial(self._store.mark_resume_pending, only_if_running=True),
+                    key, reason, lane=key,
+                )  # fmt: skip
+            except Exception:
+                logger.exception("a running turn could not be flagged to resume")
+                stored = False
+        return stored
+
+    def stop_retrying(self) -> None:
+        """A stop cancelled the timers: no queued message is tried again."""
+        self._retrying.clear()
+
+    # -- dispatch and the lane task ------------------------------------------------------------
+
+    def start(
         self,
         key: str,
         first: MessageEvent | None,
@@ -57,30 +198,22 @@ class LaneRunner(GatewayCore):
         """A lane task that begins with ``first`` (an idle lane's message or an internal
         resume) or else the queue head; ``begun`` learns how storing ``first`` went."""
         lane = self._lanes[key] = Lane()
-        lane.opening = begun is not None and self.shared is not None
+        lane.opening = begun is not None
         lane.task = asyncio.create_task(self._run_lane(key, lane, first, begun))
 
-    def _dispatch_next(self, key: str) -> None:
-        """Start the lane's queue head if the lane is idle (and not being taken over) and the
-        gateway dispatches."""
-        if self._busy(key) or key in self._retrying or self._gate or self._stopping is not None:
+    def dispatch_next(self, key: str) -> None:
+        """Start the lane's queue head if the lane is idle and the gateway dispatches, and the
+        ownership lets it run here now."""
+        if self.busy(key) or key in self._retrying or not self._phase.dispatching:
             return
-        if self.shared is not None and self.shared.recovering(key):
-            return  # the takeover dispatches the lane once its resumed turn has started
         head = self._queue.head(key)
-        if self.shared is not None and not self.store.holds(key):
-            if head is not None:
-                self.shared.take(key)  # dispatched here once the lease is taken
+        if not self._ownership.claim(key, head is not None) or head is None:
             return
-        if head is None:
-            if self.shared is not None and key not in self._settling:
-                self.shared.release(key)  # (a pending settle releases it or dispatches again)
+        if self._is_command(head.event):
+            self.run_command(key, functools.partial(self._queued_command, key))
             return
-        if self._command(head.event)[0] is not None:
-            self._commands[key] = asyncio.create_task(self._queued_command(key))
-            return
-        if self._connected(head.event.source.platform):
-            self._start_lane(key, None)
+        if self._platforms.connected(head.event.source.platform):
+            self.start(key, None)
 
     async def _run_lane(
         self,
@@ -96,14 +229,14 @@ class LaneRunner(GatewayCore):
             while turn is not None:
                 await self._run_turn(lane, turn)
                 lane.interrupted = False
-                if lane.stop is not None or self._stopping is not None or self._gate:
+                if lane.stop is not None or not self._phase.dispatching:
                     return
                 turn = await self._begin_next(key, None, None)
         finally:
             if self._lanes.get(key) is lane:
                 del self._lanes[key]
                 if lane.stop is None:
-                    self._dispatch_next(key)  # a command at the head, or a retry to schedule
+                    self.dispatch_next(key)  # a command at the head, or a retry to schedule
 
     async def _begin_next(
         self,
@@ -113,15 +246,15 @@ class LaneRunner(GatewayCore):
     ) -> Turn | None:
         """Store the start of the lane's next turn: ``first`` (an idle lane's message, whose
         outcome ``begun`` reports to ``handle_message``, or an internal resume) or the queue
-        head when it can be dispatched now; None when there is nothing to start. On a shared
-        store an idle lane's message may be queued instead (see ``SharedLanes.open``): the
-        lane's queue then runs wherever its lease is held."""
+        head when it can be dispatched now; None when there is nothing to start. The ownership
+        may queue an idle lane's message instead (see ``LaneOwnership.open``): the lane's queue
+        then runs wherever the lane runs."""
         if first is not None:
             try:
-                if begun is not None and self.shared is not None:  # takes the lane's lease
-                    opened = await self.shared.open(key, first, self._pipeline.begin)
+                if begun is not None:
+                    opened = await self._ownership.open(key, first, self._pipeline.begin)
                 else:
-                    opened = await self.store.submit(
+                    opened = await self._store.submit(
                         self._pipeline.begin, key, first, None, lane=key
                     )
             except Exception as exc:
@@ -147,12 +280,12 @@ class LaneRunner(GatewayCore):
                 return None  # a command runs apart; a message waits for its platform
             if not await self._wake_current(key, head.event):
                 logger.warning("dropped an internal wake bound to an earlier session")
-                await self.store.arun(self._take_head, key, lane=key)
+                await self._store.arun(self._take_head, key, lane=key)
                 continue
-            if self.shared is not None and not self.store.holds(key):
-                return None  # the settle released the lease: the lane is taken again first
+            if not self._ownership.holds(key):
+                return None  # the settle let the lane go: it is taken again first
             try:
-                turn = await self.store.submit(self._begin_head, key, lane=key)
+                turn = await self._store.submit(self._begin_head, key, lane=key)
             except LeaseLostError as exc:
                 logger.warning("a lane's turn did not start: %s", exc)
                 return None
@@ -164,27 +297,32 @@ class LaneRunner(GatewayCore):
                 return turn
         return None
 
+    def _begun(self, key: str, event: MessageEvent) -> None:
+        """A turn's first commit is done."""
+        self._seen.remember_event(key, event)
+        crash_point("marker_written")
+
     def _startable(self, event: MessageEvent) -> bool:
         """Whether a queued event starts a turn now: not a command, its platform connected
         (it waits for it, never dropped)."""
-        return self._command(event)[0] is None and self._connected(event.source.platform)
+        return not self._is_command(event) and self._platforms.connected(event.source.platform)
+
+    def _take_head(self, key: str) -> QueuedItem | None:
+        """Remove the lane's queue head, memory and row (writer step)."""
+        item = self._queue.pop_head(key)
+        if item is not None:
+            self._store.queue_remove(item.row_ids)
+        return item
 
     def _begin_head(self, key: str) -> Turn | None:
-        """Take the queue head and store its turn's start (writer step: one commit, which
-        also deletes its rows); a redelivered head is dropped. None if nothing started. On a
-        shared store the lane's durable queue is read first: events other processes queued
-        for it since run in their durable order among this process's own (a head that is
-        then a command, or waits for its platform, is left to the lane's dispatch)."""
-        if self.shared is not None:
-            self._reread(key)
-            head = self._queue.head(key)
-            if head is None or not self._startable(head.event):
-                return None
-        item = self._queue.pop_head(key)
+        """Take the queue head (as the ownership gives it: see ``LaneOwnership.pop_head``) and
+        store its turn's start (writer step: one commit, which also deletes its rows); a
+        redelivered head is dropped. None if nothing started."""
+        item = self._ownership.pop_head(key, self._startable)
         if item is None:
             return None
         turn = self._pipeline.begin(key, item.event, item.event_id)
-        self.store.queue_remove(item.part_ids if turn is not None else item.row_ids)
+        self._store.queue_remove(item.part_ids if turn is not None else item.row_ids)
         return turn
 
     async def _wake_current(self, key: str, event: MessageEvent) -> bool:
@@ -193,9 +331,9 @@ class LaneRunner(GatewayCore):
         bound = event.bound_session_id
         if not (event.internal and bound):
             return True
-        if bound == await asyncio.to_thread(self.store.peek_session_id, key):
+        if bound == await asyncio.to_thread(self._store.peek_session_id, key):
             return True
-        resolver = self.callbacks.wake_allowed
+        resolver = self._callbacks.wake_allowed
         if resolver is None:
             return False
         try:
@@ -209,7 +347,7 @@ class LaneRunner(GatewayCore):
         as a dead letter (the sender is told), else try again after a pause."""
         logger.error("a queued message could not start its turn: %s", error)
         try:
-            dead = await self.store.arun(self._fail_head, key, head, repr(error), lane=key)
+            dead = await self._store.arun(self._fail_head, key, head, repr(error), lane=key)
         except Exception:
             logger.exception("the failed start could not be recorded")
             dead = False
@@ -217,121 +355,25 @@ class LaneRunner(GatewayCore):
             logger.error("a queued message was set aside as a dead letter after %d attempts",
                          head.attempts)  # fmt: skip
             if not head.event.internal:
-                await self._reply(head.event.source, TURN_FAILED)
+                await self._platforms.reply(head.event.source, TURN_FAILED)
             return
         delay = DISPATCH_RETRY_SECS * max(1, head.attempts)
-        self._retrying[key] = self._later(delay, functools.partial(self._retry_dispatch, key))
+        retry = functools.partial(self._retry_dispatch, key)
+        self._retrying[key] = self._background.later(delay, retry)
 
     def _retry_dispatch(self, key: str) -> None:
         self._retrying.pop(key, None)
-        self._dispatch_next(key)
+        self.dispatch_next(key)
 
     def _fail_head(self, key: str, head: QueuedItem, error: str) -> bool:
         """Record a failed start of the head (writer step); True when it became a dead letter
         and left the queue."""
         head.attempts += 1
-        dead = self.store.queue_fail(head.event_id, error)
+        dead = self._store.queue_fail(head.event_id, error)
         for part in head.part_ids:  # a burst's rows count their attempts together
-            self.store.queue_fail(part, error)
+            self._store.queue_fail(part, error)
         if head.event_id is None:  # held in memory only (degraded store)
-            dead = head.attempts >= self.config.gateway.max_dispatch_attempts
+            dead = head.attempts >= self._config.gateway.max_dispatch_attempts
         if dead and self._queue.head(key) is head:
             self._queue.pop_head(key)
         return dead
-
-    async def _run_turn(self, lane: Lane, turn: Turn) -> None:
-        """One begun turn: the agent on the loop, then the reply stored and recorded (one
-        commit), sent, and settled with the turn closed (one commit)."""
-        key = turn.key
-        try:
-            agent = self.cache.get_or_create(
-                key, turn.entry.session_id, lambda: self.agent_factory(turn.entry),
-                begin_turn=True,
-            )  # fmt: skip
-        except Exception:
-            logger.exception("the lane's agent could not be built")
-            await self._turn_failed(turn)
-            return
-        try:
-            await self._agent_turn(lane, turn, agent)
-        finally:
-            self.cache.end_turn(key, agent)
-            # The turn's user message and reply are in the store: nothing held only in memory.
-            self.cache.report_persistence(key, agent, persisted=2, in_memory=2)
-
-    async def _agent_turn(self, lane: Lane, turn: Turn, agent: Agent) -> None:
-        lane.agent = agent
-        reply: str | None = None
-        failed = False
-        lane.in_agent = lane.stop is None
-        try:
-            if lane.stop is not None:  # halted while the turn was being stored
-                raise asyncio.CancelledError
-            request = self._request(turn)
-            if turn.suspended_before and not turn.event.internal:
-                await self._reply(turn.event.source, SUSPENDED_NOTICE)
-            reply = await agent.run_turn(request)
-        except asyncio.CancelledError:
-            if lane.stop == "user":  # stopped by the user: nothing owed, nothing to resume
-                await self._close(turn, success=False)
-            raise  # a drain keeps the marker: the turn resumes after the restart
-        except Exception:
-            logger.exception("a turn failed")
-            failed = True
-            await self._reply(turn.event.source, TURN_FAILED)
-        finally:
-            lane.in_agent = False
-        success = not failed and not lane.interrupted
-        try:
-            owed = await self.store.submit(
-                self._pipeline.finish, turn, None if failed else reply, success, lane=turn.key
-            )
-        except LeaseLostError as exc:  # another gateway took the lane over and resumes it
-            logger.warning("a turn stopped without writing its reply: %s", exc)
-            return
-        except Exception:
-            logger.exception("a turn's reply could not be stored")
-            if not failed:
-                await self._reply(turn.event.source, TURN_FAILED)
-            await self._close(turn, success=False)
-            return
-        if owed is None:
-            crash_point("marker_cleared")
-            return
-        crash_point("reply_stored")
-        await self._deliver(owed.row, turn=turn, success=success, claimed=owed.ledgered)
-
-    async def _turn_failed(self, turn: Turn) -> None:
-        await self._reply(turn.event.source, TURN_FAILED)
-        await self._close(turn, success=False)
-
-    async def _close(self, turn: Turn, *, success: bool) -> None:
-        """Close a turn that owes nothing; a store failure leaves its marker (logged), so the
-        turn is resumed after the next restart rather than lost."""
-        try:
-            close = functools.partial(self.store.close_turn, success=success)
-            await self.store.arun(close, turn.key, turn.token, lane=turn.key)
-        except Exception:
-            logger.exception("a turn could not be closed; its marker stays set")
-
-    def _request(self, turn: Turn) -> TurnRequest:
-        """The agent's input: the session-context prompt (cached per session and source: it is
-        byte-identical from turn to turn) and the message; the history loads on demand."""
-        source, session_id = turn.event.source, turn.entry.session_id
-        # The source stands in the key as its field values (in field order): hashing and
-        # comparing that tuple runs in C, a SessionSource's own __hash__ and __eq__ in Python.
-        prompts, cache_key = self._prompts, (session_id, *_source_values(source))
-        cached = prompts.use(cache_key)
-        if cached is None:
-            context = build_session_context(source, self.config, turn.entry, plugins=self.plugins)
-            cached = (build_session_context_prompt(context, plugins=self.plugins), context)
-            prompts.put(cache_key, cached)
-        prompt, context = cached
-        text = turn.event.text
-        if context.shared_multi_user_session and not turn.event.internal:
-            text = prefix_sender(text, source, context, plugins=self.plugins)
-        store = self.store
-        return TurnRequest(
-            turn.key, session_id, prompt, turn.message(text), turn.event,
-            lambda: store.load_transcript(session_id)[:-1],
-        )  # fmt: skip

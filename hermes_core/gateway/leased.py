@@ -1,5 +1,6 @@
-"""The gateway's side of a store shared by several gateway processes (``storage.instances:
-shared``; ``SessionStore.shared``).
+"""The lane ownership of a store shared by several gateway processes (``storage.instances:
+shared``; ``SessionStore.shared``): :class:`LeasedOwnership`, chosen at start instead of
+:class:`~hermes_core.gateway.ownership.LocalOwnership`.
 
 A lane's turns run only in the process holding the lane's lease. A message for a lane idle here
 takes the lease and, when nothing waits in the lane's durable queue, begins its turn in the
@@ -13,17 +14,14 @@ open: start-up recovery and resumed turns run under leases too), on a thread and
 connection of its own, so a busy writer never delays it; one looks every
 ``storage.lease_scan_secs`` for lanes whose holder let the lease expire (it died or hung).
 
-Such a lane is taken over once, whether the scan finds it or a message for it finds its lease
-expired: crash-left replies recorded, the interrupted turn armed and resumed once, owed replies
-sent (marked where they may be duplicates), then its queued events run. Until the takeover has
-started the resumed turn, nothing else is dispatched on the lane: a queued message run first
-would carry the interrupted turn's resume away with it.
+Such a lane is taken over once (:mod:`hermes_core.gateway.takeover`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 from collections.abc import Callable, Collection, Coroutine
 from concurrent.futures import ThreadPoolExecutor
@@ -31,11 +29,13 @@ from typing import Any
 
 from hermes_core.config.schema import GatewayConfig
 from hermes_core.domain.models import MessageEvent
+from hermes_core.gateway.lifecycle import Phase
+from hermes_core.gateway.ownership import Begin, Kept
+from hermes_core.gateway.takeover import Takeovers
 from hermes_core.store import SessionStore
 from hermes_core.store.backend import LOCKED, LeaseGrant, Locked
 from hermes_core.turns.pipeline import Turn
-from hermes_core.turns.queue import EnqueueResult, TurnQueue
-from hermes_core.turns.recovery import marker_max_age, record_crash_left_replies
+from hermes_core.turns.queue import EnqueueResult, QueuedItem, TurnQueue
 
 logger = logging.getLogger(__name__)
 
@@ -49,54 +49,142 @@ away, so a hand-off waits about that long; a row held longer (a frozen transacti
 retry every quarter second."""
 
 
-class SharedLanes:
-    """Lease renewal, hand-off and takeover for one gateway."""
+class LeasedOwnership:
+    """Lease renewal, hand-off and takeover for one gateway: a lane runs here while this
+    process holds its lease. The lanes, the takeover of a lane and a command woken for it are
+    the gateway's: the callables it is built with."""
 
     def __init__(
         self,
         config: GatewayConfig,
         store: SessionStore,
         queue: TurnQueue,
+        phase: Phase,
         *,
         dispatch: Callable[[str], None],
         take_over: Callable[[str], Coroutine[Any, Any, None]],
+        running: Callable[[str], bool],
+        woken: Callable[[str], None],
         diagnostic_muted: Callable[[str, str], bool] | None = None,
     ) -> None:
         self.config = config
         self.store = store
         self.queue = queue
+        self._phase = phase
         self._dispatch = dispatch
-        self._take_over = take_over
-        self._muted = diagnostic_muted
+        self._running = running
+        self._command_woken = woken
+        self._takeovers = Takeovers(
+            config, store, queue, take_over=take_over, dispatch=dispatch,
+            diagnostic_muted=diagnostic_muted,
+        )  # fmt: skip
         self._busy: set[str] = set()
         self._locked: dict[str, int] = {}  # retries in a row of a lane whose row was locked
-        self._recovering: set[str] = set()
+        self._settling: dict[str, asyncio.Future[bool]] = {}
+        """Lanes whose last turn's settle is pending: it may release the lease."""
         self._tasks: set[asyncio.Task[Any]] = set()
         self._renewal: asyncio.Task[None] | None = None
         self._unlisten: Callable[[], None] | None = None
 
-    def renew(self) -> None:
-        """Start renewing the held leases (as soon as the store is open, until :meth:`close`)."""
+    @property
+    def held(self) -> Callable[[str], bool] | None:
+        """Only the lanes whose lease this process holds (start-up's sweep too)."""
+        return self.store.holds
+
+    def start(self) -> None:
+        """Start renewing the held leases (as soon as the store is open, until :meth:`close`):
+        the leases start-up took are renewed while its turns resume."""
         self._renewal = asyncio.create_task(self._renew_loop())
 
-    def scan(self) -> None:
-        """Start looking for lanes to take over (once the gateway dispatches)."""
-        self._spawn(self._scan_loop())
-
-    def listen(self, woken: Callable[[str], None]) -> None:
-        """Call ``woken(key)`` on the event loop for each lane another process wakes (it queued
-        a command for a lane this process may hold), where the backend offers wake-ups."""
+    def run(self) -> None:
+        """Start looking for lanes to take over, and listen for the lanes other processes
+        wake, where the backend offers wake-ups (once the gateway dispatches)."""
+        self._spawn(self._takeovers.scan())
         loop = asyncio.get_running_loop()
 
         def report(key: str) -> None:  # the backend's listening thread
             with contextlib.suppress(RuntimeError):  # a closed loop: nobody is interested
-                loop.call_soon_threadsafe(woken, key)
+                loop.call_soon_threadsafe(self._woken, key)
 
         self._unlisten = self.store.listen_lanes(report)
 
+    def holds(self, key: str) -> bool:
+        """Whether this process holds the lane's lease."""
+        return self.store.holds(key)
+
     def recovering(self, key: str) -> bool:
         """Whether the lane is being taken over here: nothing may be dispatched on it yet."""
-        return key in self._recovering
+        return self._takeovers.recovering(key)
+
+    def claim(self, key: str, waiting: bool) -> bool:
+        """A lane being taken over is dispatched by its takeover once its resumed turn has
+        started; one held elsewhere with events waiting is taken (dispatched here once the
+        lease is); one held here that ran dry gives its lease up (unless a pending settle
+        does, or dispatches it again)."""
+        if self._takeovers.recovering(key):
+            return False
+        if not self.store.holds(key):
+            if waiting:
+                self.take(key)
+            return False
+        if not waiting and key not in self._settling:
+            self.release(key)
+        return True
+
+    def reread(self, key: str) -> None:
+        """Writer step: the lane's durable queue read again, so that the events other
+        processes queued for it stand in their durable order among this process's own."""
+        self.queue.reload(key)
+
+    def pop_head(self, key: str, startable: Callable[[MessageEvent], bool]) -> QueuedItem | None:
+        """Writer step: the head of the lane's durable queue, read again first (events other
+        processes queued since run in their durable order among this process's own); one that
+        is then not ``startable`` (a command, or waiting for its platform) is left to the
+        lane's dispatch."""
+        self.queue.reload(key)
+        head = self.queue.head(key)
+        if head is None or not startable(head.event):
+            return None
+        return self.queue.pop_head(key)
+
+    def release_in_settle(self, key: str) -> Kept | None:
+        """Writer step: a lane with nothing queued here gives its lease up in the settle's
+        statement, unless events wait in its durable queue (then it is kept and those events
+        are loaded here to run next); a lane being taken over is kept."""
+        if self._takeovers.recovering(key) or self.queue.depth(key) != 0:
+            return None
+        return functools.partial(self.queue.reload, key)
+
+    def settle_pending(self, key: str, settle: asyncio.Future[bool]) -> None:
+        """Until the settle is done, a lane that runs dry leaves its lease alone; once it is,
+        the lane is dispatched again (kept with events to run, or still held)."""
+        self._settling[key] = settle
+        settle.add_done_callback(functools.partial(self._settled, key))
+
+    def _settled(self, key: str, settle: asyncio.Future[bool]) -> None:
+        if self._settling.get(key) is settle:
+            del self._settling[key]
+            self._dispatch(key)
+
+    async def wake(self, key: str) -> None:
+        """Wake the lane's holder, which may be running a turn of it."""
+        try:
+            await self.store.arun(self.store.wake_lane, key, lane=key)
+        except Exception:  # noqa: BLE001 - the holder still runs it after its turn
+            logger.warning("could not wake the holder of a lane for a command")
+
+    def _woken(self, key: str) -> None:
+        """Another process queued a command for the lane: carried out now if a turn of the lane
+        runs here under this process's lease (``/stop`` interrupts the turn, as if it had
+        arrived here). Or another process gave up the lane's lease with events queued (a clean
+        stop): take the lane, to run them (refused if held elsewhere: its holder runs them)."""
+        if self._takeovers.recovering(key):
+            return
+        if not self.store.holds(key):
+            if not self._running(key) and self._phase.dispatching:
+                self.take(key)
+            return
+        self._command_woken(key)
 
     async def stop(self) -> None:
         """Stop everything, renewal included (leases left held expire or are taken back by
@@ -120,7 +208,7 @@ class SharedLanes:
             renewal.cancel()
             await asyncio.gather(renewal, return_exceptions=True)
 
-    async def close(self, keep: Collection[str] = ()) -> None:
+    async def close(self, keep: Collection[str]) -> None:
         """After the drain: stop renewing and give up every held lease but those of ``keep``
         (lanes whose turn was cut short: they are taken back by this instance's next start, or
         taken over once they expire), waking the other processes for the lanes with events
@@ -143,7 +231,7 @@ class SharedLanes:
 
     def take(self, key: str) -> None:
         """Try to take the lane's lease (its queue waits here); on success dispatch its head."""
-        if key not in self._busy and key not in self._recovering:
+        if key not in self._busy and not self._takeovers.recovering(key):
             self._busy.add(key)
             self._spawn(self._take(key))
 
@@ -160,7 +248,7 @@ class SharedLanes:
             return
         self._locked.pop(key, None)
         if grant == "unreleased":  # its holder died or hung: take it over, as the scan would
-            await self._recover_lanes([key])
+            await self._takeovers.recover_lanes([key])
         elif grant is not None:
             self._dispatch(key)
 
@@ -182,7 +270,7 @@ class SharedLanes:
         taken over here since the scan claimed it) nothing, or :data:`LOCKED` (try again). A
         lane it marks as recovering is unmarked if its batch is rolled back (the step then runs
         again)."""
-        if key in self._recovering:
+        if self._takeovers.recovering(key):
             return None
         grant = self.store.take_lease(key)
         if grant is None or grant == LOCKED:
@@ -190,12 +278,11 @@ class SharedLanes:
             return grant
         self.queue.reload(key)
         if grant == "unreleased":
-            self._recovering.add(key)  # before the writer lets anything else near the lane
-            self.store.on_rollback(lambda: self._recovering.discard(key))
+            self._takeovers.mark(key)
         return grant
 
     async def open(
-        self, key: str, event: MessageEvent, begin: Callable[[str, MessageEvent], Turn | None]
+        self, key: str, event: MessageEvent, begin: Begin
     ) -> Turn | EnqueueResult | None:
         """Store a message for a lane idle here, from the lane task just registered for it:
         its turn begun with ``begin`` (None: a redelivery), or the event queued instead (see
@@ -203,7 +290,7 @@ class SharedLanes:
         lane task has returned (a takeover leaves a running lane alone)."""
         opened, then = await self.store.arun(self._open_step, key, event, begin, lane=key)
         if then == "unreleased":  # the task's first step comes after the caller's lane task returns
-            self._spawn(self._recover_lanes([key]))
+            self._spawn(self._takeovers.recover_lanes([key]))
         elif then == LOCKED:
             self._later(key, self.take)
         else:
@@ -211,7 +298,7 @@ class SharedLanes:
         return opened
 
     def _open_step(
-        self, key: str, event: MessageEvent, begin: Callable[[str, MessageEvent], Turn | None]
+        self, key: str, event: MessageEvent, begin: Begin
     ) -> tuple[Turn | EnqueueResult | None, LeaseGrant | Locked | None]:
         """Writer step, one transaction: take the lane's lease and, when nothing waits in its
         durable queue, begin the turn (its one commit stores the message: no queue row is
@@ -223,7 +310,7 @@ class SharedLanes:
         lease was never released). A lane held or being taken over here already just gets the
         event queued."""
         store = self.store
-        if key in self._recovering or store.holds(key):
+        if self._takeovers.recovering(key) or store.holds(key):
             return self.queue.enqueue(key, event), None
         with store.atomically():
             taken = store.take_idle_lease(key)
@@ -235,8 +322,7 @@ class SharedLanes:
                 return queued, taken
             self.queue.reload(key)
             if taken[0] == "unreleased":
-                self._recovering.add(key)
-                store.on_rollback(lambda: self._recovering.discard(key))
+                self._takeovers.mark(key)
             return queued, taken[0]
 
     def release(self, key: str) -> None:
@@ -272,7 +358,7 @@ class SharedLanes:
         self.queue.reload(key, waiting)
         return True
 
-    # -- renewal and takeover ------------------------------------------------------------------
+    # -- renewal -------------------------------------------------------------------------------
 
     async def _renew_loop(self) -> None:
         """Every quarter of the lease, renew the held leases on a thread of their own (not the
@@ -294,59 +380,6 @@ class SharedLanes:
         finally:
             renewer.shutdown(wait=False)
 
-    async def _scan_loop(self) -> None:
-        while True:
-            await asyncio.sleep(self.config.storage.lease_scan_secs)
-            try:
-                taken = await self.store.arun(self._claim_step)
-            except Exception:
-                logger.exception("looking for lanes to take over failed")
-                continue
-            await self._recover_lanes(taken)
-
-    def _claim_step(self) -> list[str]:
-        """Writer step: the leases of the lanes to take over, each marked as recovering (one
-        being taken over here already is left to that takeover; the marks are undone if the
-        batch is rolled back, so the step's next run claims those lanes again)."""
-        claimed = self.store.claim_orphaned_lanes(expired=True)
-        taken = [key for key in claimed if key not in self._recovering]
-        self._recovering.update(taken)
-        self.store.on_rollback(lambda: self._recovering.difference_update(taken))
-        return taken
-
-    async def _recover_lanes(self, keys: list[str]) -> None:
-        """Take over lanes marked as recovering, concurrently; each is dispatched once its
-        takeover has started its resumed turn (or found none to resume)."""
-        await asyncio.gather(*(self._recover_lane(key) for key in keys))
-
-    async def _recover_lane(self, key: str) -> None:
-        try:
-            await self._take_over(key)
-        except Exception:
-            logger.exception("taking over a lane failed; its lease is left to expire")
-            await self._abandon(key)
-            return
-        finally:
-            self._recovering.discard(key)
-        self._dispatch(key)
-
-    async def _abandon(self, key: str) -> None:
-        try:
-            await self.store.arun(self._abandon_step, key, lane=key)
-        except Exception:
-            logger.exception("a lane whose takeover failed could not be let go")
-
-    def _abandon_step(self, key: str) -> None:
-        """Writer step: stop renewing the lane's lease and forget its queue here; once the lease
-        expires the lane is taken over again (by the next scan, here or elsewhere)."""
-        self.store.abandon_lease(key)
-        self.queue.forget(key)
-
     def recover(self, key: str) -> None:
-        """Writer-side recovery of one taken-over lane (in a worker thread): a reply the dead
-        holder stored but never recorded is recorded, the interrupted turn is armed to resume
-        once; then the lane's durable queue is loaded here."""
-        store = self.store
-        record_crash_left_replies(store, self.config, self._muted, lanes=[key])
-        store.recover_turn_markers(marker_max_age(self.config), lanes=[key])
-        store.run(self.queue.reload, key, lane=key)
+        """The store-side recovery of a lane taken over here (see :meth:`Takeovers.recover`)."""
+        self._takeovers.recover(key)

@@ -13,44 +13,195 @@ then acknowledge the platform's message. When it cannot be stored, the sender is
 message unacknowledged for the platform to deliver again. Every later stage of a turn is guarded: a
 failure sends the "something went wrong" notice, keeps the stored state consistent, is logged once
 and never stops the lane.
+
+``Gateway`` is a facade. At start, once the store is open, it builds its parts, each given what
+it needs: the lane ownership (local, or leased on a shared store), the delivery, the turn runner,
+the lanes, the admission of accepted events, the commands, the resumer and the inbound part; its
+public methods delegate to them.
 """
 
 from __future__ import annotations
 
 import asyncio
-import functools
 import logging
 import signal
+from collections.abc import Callable, Coroutine, Sequence
+from dataclasses import dataclass
 from types import TracebackType
-from typing import Any, NoReturn
+from typing import Any
 
-from hermes_core.domain.errors import HermesError, MessageNotStoredError
-from hermes_core.domain.models import MessageEvent
-from hermes_core.gateway.commands import LaneCommands
-from hermes_core.gateway.delivery import Delivery
+from hermes_core.config.schema import GatewayConfig
+from hermes_core.domain.errors import HermesError
+from hermes_core.domain.models import MessageEvent, SessionEntry
+from hermes_core.gateway.agents import Adapter, Agent, HostCallbacks
+from hermes_core.gateway.cache import AgentCache
+from hermes_core.gateway.commands import CommandReader, Commands
+from hermes_core.gateway.delivery import Delivery, Platforms
 from hermes_core.gateway.housekeeping import Housekeeping
-from hermes_core.gateway.lanes import LaneRunner
-from hermes_core.gateway.leased import SharedLanes
-from hermes_core.gateway.texts import (
-    ACK_INTERRUPT,
-    ACK_QUEUED,
-    DRAIN_QUEUED,
-    DRAIN_REFUSED,
-    REFUSED_CAP,
-    REFUSED_FULL,
-    REFUSED_NOT_SAVED,
-)
-from hermes_core.store.turns import AUTO_RESUME_REASONS
+from hermes_core.gateway.inbound import SEEN_MESSAGES, Admission, Inbound
+from hermes_core.gateway.lanes import Lanes
+from hermes_core.gateway.leased import LeasedOwnership
+from hermes_core.gateway.lifecycle import Background, Phase
+from hermes_core.gateway.ownership import LaneOwnership, LocalOwnership
+from hermes_core.gateway.resuming import Resumer
+from hermes_core.gateway.runner import TurnRunner
+from hermes_core.plugins.manager import HermesPluginManager, default_plugin_manager
+from hermes_core.store import SessionStore
 from hermes_core.turns.crashpoints import crash_point
-from hermes_core.turns.pipeline import Turn, TurnPipeline
-from hermes_core.turns.queue import EnqueueResult
-from hermes_core.turns.resume import resume_candidates, resume_event
+from hermes_core.turns.pipeline import TurnPipeline
+from hermes_core.turns.queue import SeenMessages, TurnQueue
+from hermes_core.turns.recovery import GatewayState
 
 logger = logging.getLogger(__name__)
 
+AgentFactory = Callable[[SessionEntry], Agent]
+NOT_STARTED = "the gateway is not started; await gateway.start() first"
 
-class Gateway(LaneCommands, LaneRunner, Delivery):
+
+@dataclass(frozen=True)
+class GatewayParts:
+    """What a start builds over the open store."""
+
+    queue: TurnQueue
+    ownership: LaneOwnership
+    delivery: Delivery
+    runner: TurnRunner
+    lanes: Lanes
+    inbound: Inbound
+    resumer: Resumer
+
+
+class Gateway:
     """Runs turns for inbound events: recovery at start, queueing, commands, drain at stop."""
+
+    def __init__(
+        self,
+        config: GatewayConfig,
+        plugins: HermesPluginManager | None,
+        agent_factory: AgentFactory,
+        adapters: Sequence[Adapter],
+        *,
+        callbacks: HostCallbacks | None = None,
+    ) -> None:
+        self.config = config
+        self.plugins = plugins if plugins is not None else default_plugin_manager(config)
+        self.agent_factory = agent_factory
+        self.adapters = {adapter.platform: adapter for adapter in adapters}
+        self.callbacks = callbacks or HostCallbacks()
+        self.cache: AgentCache[Agent] = AgentCache(
+            config, soft_release=lambda agent: agent.soft_release(),
+            full_cleanup=lambda agent: agent.cleanup(), policy=self.plugins.eviction_policy(),
+            notify=self.plugins.notify if self.plugins.observing else None,
+        )  # fmt: skip
+        self.state = GatewayState(
+            config, plugins=self.plugins,
+            has_active_processes_fn=self.callbacks.has_active_processes,
+            diagnostic_muted=self.callbacks.diagnostic_muted, queue_restore=self._restore_queue,
+        )  # fmt: skip
+        self.queue: TurnQueue | None = None
+        self.pipeline: TurnPipeline | None = None
+        self._reader = CommandReader(config)
+        self._seen = SeenMessages(SEEN_MESSAGES)
+        """The redelivery check in memory; the queue restore fills it before the parts exist."""
+        self._platforms = Platforms(self.adapters)
+        self._phase = Phase()
+        self._background = Background(self._phase)
+        self._parts: GatewayParts | None = None
+        self._ready = asyncio.Event()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._housekeeping: Housekeeping | None = None
+        self._unadapted: set[str] = set()
+        """Platforms without an adapter whose events were already warned about."""
+        self._stop_task: asyncio.Task[bool] | None = None
+        self._cut_drain = asyncio.Event()
+        """Set to end a running drain at once, as if its time had run out."""
+
+    @property
+    def store(self) -> SessionStore:
+        """The open store (after ``start``)."""
+        if self.state.store is None:
+            raise HermesError(NOT_STARTED)
+        return self.state.store
+
+    def _started(self) -> GatewayParts:
+        if self._parts is None:
+            raise HermesError(NOT_STARTED)
+        return self._parts
+
+    def _restore_queue(self) -> int:
+        """The ``queue_restore`` recovery step (in start's worker thread): the queue is made
+        visible only once restored, so nothing enqueued meanwhile is restored twice."""
+        queue = self._new_queue(self.store)
+        restored = queue.restore()
+        for key in queue.lanes():
+            for item in queue.items(key):
+                self._seen.remember_event(key, item.event)
+        self.queue = queue
+        return restored
+
+    def _new_queue(self, store: SessionStore) -> TurnQueue:
+        """The gateway's queue over ``store`` (a command is never merged with other items)."""
+        notify = self.plugins.notify if self.plugins.observing else None
+        return TurnQueue(store, self.config, notify=notify, is_command=self._reader.is_command)
+
+    def _compose(
+        self, store: SessionStore, queue: TurnQueue, pipeline: TurnPipeline
+    ) -> GatewayParts:
+        """The parts over the open store. The lane ownership is chosen here, once: leased on a
+        store shared with other gateway processes, else local. The ownership and the lanes
+        call parts built after them (a lane taken here is dispatched, one taken over resumed,
+        a command woken or at a lane's head carried out): through the functions below."""
+        config, phase, background, seen = self.config, self._phase, self._background, self._seen
+        platforms, reader, callbacks = self._platforms, self._reader, self.callbacks
+        lanes: Lanes
+        commands: Commands
+        resumer: Resumer
+
+        def dispatch(key: str) -> None:
+            lanes.dispatch_next(key)
+
+        def running(key: str) -> bool:
+            return lanes.get(key) is not None
+
+        def take_over(key: str) -> Coroutine[Any, Any, None]:
+            return resumer.take_over(key)
+
+        def woken(key: str) -> None:
+            commands.woken(key)
+
+        def queued_command(key: str) -> Coroutine[Any, Any, None]:
+            return commands.queued(key)
+
+        ownership: LaneOwnership
+        if store.shared:
+            ownership = LeasedOwnership(
+                config, store, queue, phase, dispatch=dispatch, take_over=take_over,
+                running=running, woken=woken, diagnostic_muted=callbacks.diagnostic_muted,
+            )  # fmt: skip
+        else:
+            ownership = LocalOwnership(store, queue)
+        delivery = Delivery(store, pipeline, platforms, ownership, background)
+        runner = TurnRunner(
+            config, self.plugins, store, pipeline, self.cache, self.agent_factory, delivery,
+            platforms,
+        )  # fmt: skip
+        lanes = Lanes(
+            config, store, queue, pipeline, ownership, platforms, phase, background, seen,
+            callbacks, is_command=reader.is_command, run_turn=runner.run,
+            queued_command=queued_command,
+        )  # fmt: skip
+        admission = Admission(config, store, queue, lanes, platforms, phase, seen)
+        commands = Commands(
+            store, queue, ownership, lanes, admission, reader, seen, self.cache, platforms,
+            callbacks,
+        )  # fmt: skip
+        resumer = Resumer(
+            config, store, lanes, delivery, ownership, platforms, background, callbacks
+        )
+        inbound = Inbound(
+            store, seen, phase, admission, is_command=reader.is_command, run_command=commands.run
+        )
+        return GatewayParts(queue, ownership, delivery, runner, lanes, inbound, resumer)
 
     async def __aenter__(self) -> Gateway:
         """``async with Gateway(...) as gateway:`` starts it and stops it (with a drain)."""
@@ -94,7 +245,7 @@ class Gateway(LaneCommands, LaneRunner, Delivery):
                 loop.remove_signal_handler(signum)
 
     async def start(self) -> None:
-        """Lock, store, recovery steps under the gate; ledger sweep; auto-resume;
+        """Lock, store, recovery steps under the gate; the parts; ledger sweep; auto-resume;
         lower the gate when the resumed turns end (or the wait expires); housekeeping."""
         self._loop = asyncio.get_running_loop()
         try:
@@ -102,90 +253,30 @@ class Gateway(LaneCommands, LaneRunner, Delivery):
             self.pipeline = TurnPipeline(store, self.config)
             if self.queue is None:  # the queue_restore step was disabled
                 self.queue = self._new_queue(store)
+            parts = self._parts = self._compose(store, self.queue, self.pipeline)
         finally:
-            self._ready.set()  # messages waiting for the queue go on (or fail, if start did)
-        if store.shared:  # the leases start-up took are renewed while its turns resume
-            self.shared = SharedLanes(
-                self.config, store, self._queue, dispatch=self._dispatch_next,
-                take_over=self._take_over, diagnostic_muted=self.callbacks.diagnostic_muted,
-            )  # fmt: skip
-            self.shared.renew()
-        connected = [name for name, adapter in self.adapters.items() if adapter.is_connected()]
-        await self._send_due("boot", connected)
-        await self._resume(None)
-        await self._resumed(self.config.gateway.startup_restore_timeout_secs)
-        self._gate = False
-        if self.shared is not None:
-            self.shared.scan()
-            self.shared.listen(self._woken)
-        for key in self._queue.lanes():
-            self._dispatch_next(key)
+            self._ready.set()  # messages waiting for the parts go on (or fail, if start did)
+        parts.ownership.start()
+        await parts.delivery.send_due("boot", self._platforms.connected_names())
+        await parts.resumer.resume(None)
+        await parts.resumer.resumed(self.config.gateway.startup_restore_timeout_secs)
+        self._phase.gate = False
+        parts.ownership.run()
+        for key in parts.queue.lanes():
+            parts.lanes.dispatch_next(key)
         for key in store.held_lanes():  # recovered lanes with nothing left to run go back
-            self._dispatch_next(key)
+            parts.lanes.dispatch_next(key)
         self._housekeeping = Housekeeping(self.config, store, self.cache)
         self._housekeeping.start()
-
-    async def _resumed(self, timeout: float) -> None:
-        """Wait (at most ``timeout`` seconds) until the resumed turns have ended, their last
-        commit (the settle of their reply) included."""
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout
-        resuming = [lane.task for lane in self._lanes.values() if lane.task is not None]
-        if resuming:
-            await asyncio.wait(resuming, timeout=timeout)
-        settling = list(self._background)  # the settles the resumed turns left
-        if settling and deadline > loop.time():
-            await asyncio.wait(settling, timeout=deadline - loop.time())
-
-    async def _resume(self, platform: str | None) -> int:
-        """Start one internal resume turn per eligible lane."""
-        entries = await asyncio.to_thread(
-            functools.partial(
-                resume_candidates, self.store, self.config.agent.gateway_auto_continue_freshness,
-                platform=platform, connected=self._connected, busy=self._occupied,
-                authorised=self.callbacks.authorised,
-            )
-        )  # fmt: skip
-        for entry in entries:
-            if not self._occupied(entry.session_key):
-                self._start_lane(entry.session_key, resume_event(entry))
-        return len(entries)
-
-    def _occupied(self, key: str) -> bool:
-        """Busy here, or being taken over here (its takeover resumes it)."""
-        return self._busy(key) or (self.shared is not None and self.shared.recovering(key))
-
-    async def _take_over(self, key: str) -> None:
-        """A lane whose holder let its lease expire, now held here (and kept from dispatch
-        meanwhile): recover it once, send what it owes (marked where it may be a duplicate),
-        resume its interrupted turn once; its queue runs next (see ``sharing``)."""
-        shared = self.shared
-        lane = self._lanes.get(key)
-        if lane is not None and lane.opening and lane.task is not None:
-            # A message for the lane is taking its lease: its step comes after this takeover's
-            # grant, so it only queues the message and the task ends; then recover the lane.
-            await asyncio.gather(lane.task, return_exceptions=True)
-        if shared is None or self._busy(key):  # a lane of ours whose lease was renewed late
-            return
-        await asyncio.to_thread(shared.recover, key)
-        connected = [name for name, adapter in self.adapters.items() if adapter.is_connected()]
-        await self._send_due("takeover", connected, key.__eq__)
-        entry = await asyncio.to_thread(self.store.lookup_by_session_key, key)
-        origin = entry.origin if entry is not None else None
-        if (
-            entry is not None and origin is not None and entry.resume_pending
-            and not entry.suspended and entry.resume_reason in AUTO_RESUME_REASONS
-            and self._connected(origin.platform) and not self._busy(key)
-        ):  # fmt: skip
-            self._start_lane(key, resume_event(entry))
 
     async def platform_connected(self, platform: str) -> None:
         """After (re)connecting a platform: send its owed replies, resume its lanes and
         dispatch the queue heads that waited for it."""
-        await self._send_due("reconnect", [platform])
-        await self._resume(platform)
-        for key in self._queue.lanes():
-            self._dispatch_next(key)
+        parts = self._started()
+        await parts.delivery.send_due("reconnect", [platform])
+        await parts.resumer.resume(platform)
+        for key in parts.queue.lanes():
+            parts.lanes.dispatch_next(key)
 
     async def handle_message(self, event: MessageEvent) -> None:
         """Store an inbound event durably, then run or queue its turn.
@@ -197,7 +288,7 @@ class Gateway(LaneCommands, LaneRunner, Delivery):
         """
         if not self._ready.is_set():
             if self._loop is None:
-                raise HermesError("the gateway is not started; await gateway.start() first")
+                raise HermesError(NOT_STARTED)
             await self._ready.wait()  # start-up has not restored the queue yet
         platform = event.source.platform
         if platform not in self.adapters and platform not in self._unadapted:
@@ -206,122 +297,22 @@ class Gateway(LaneCommands, LaneRunner, Delivery):
                 "no adapter for platform %r: its messages are stored and queued but not answered "
                 "until the gateway is built with an adapter for it", platform,
             )  # fmt: skip
-        key = self.store.session_key_for(event.source)
-        if self._seen.seen_before(key, event):
-            logger.info("ignored a message delivered again")
-            return
-        if self._stopping is not None:
-            await self._enqueue_while_draining(key, event)
-            return
-        if self._gate:
-            await self._enqueue(key, event)  # no acknowledgement yet
-            return
-        if not event.internal and self._command(event)[0] is not None:
-            await self._run_command(key, event)
-            return
-        await self._accept(key, event)
+        await self._started().inbound.handle(event)
 
-    async def _accept(self, key: str, event: MessageEvent) -> None:
-        idle = not self._busy(key) and self._queue.depth(key) == 0
-        if idle and self._connected(event.source.platform):
-            await self._begin_idle(key, event)
+    async def idle(self) -> None:
+        """Wait until no turn, queued command or settling send is running (queued events of
+        connected platforms included). It only waits: cancelling it (``asyncio.wait_for``
+        timing out) leaves those tasks running."""
+        if self._parts is None:
             return
-        result = await self._enqueue(key, event)
-        if not result.accepted:
-            return
-        lane = self._lanes.get(key)
-        if lane is None:
-            self._dispatch_next(key)
-            return
-        if event.internal or result.merged:
-            return
-        interrupting = False
-        if self.config.display.busy_input_mode == "interrupt" and lane.agent is not None:
-            try:
-                interrupting = await lane.agent.interrupt()
-            except Exception:
-                logger.exception("the agent failed to interrupt its turn")
-            lane.interrupted = lane.interrupted or interrupting
-        await self._ack(key, event, ACK_INTERRUPT if interrupting else ACK_QUEUED)
-
-    async def _begin_idle(self, key: str, event: MessageEvent) -> None:
-        """An idle lane: its task stores the turn's start, then runs it; this returns once the
-        start is stored (a message arriving meanwhile queues behind this one, and a drain or
-        ``/stop`` sees the lane from the first moment). On a shared store the event may be
-        queued instead (its lease is held elsewhere, or events wait in its durable queue)."""
-        loop = asyncio.get_running_loop()
-        begun: asyncio.Future[Turn | EnqueueResult | None] = loop.create_future()
-        self._start_lane(key, event, begun)
-        try:
-            turn = await begun  # cancelling this caller cancels ``begun`` only: the lane goes on
-        except Exception as exc:  # noqa: BLE001 - whatever the cause, the message is not stored
-            await self._not_stored(event, exc)
-        if isinstance(turn, EnqueueResult):
-            await self._enqueued(key, event, turn)
-        elif turn is None:  # the platform delivered a message the lane already has
-            logger.info("ignored a message delivered again")
-
-    def _begun(self, key: str, event: MessageEvent) -> None:
-        """A turn's first commit is done."""
-        self._seen.remember_event(key, event)
-        crash_point("marker_written")
-
-    async def _not_stored(self, event: MessageEvent, cause: BaseException | None) -> NoReturn:
-        """Tell the sender their message was not saved, then raise for the adapter."""
-        logger.error("an inbound message could not be stored: %s", cause)
-        if not event.internal:
-            await self._reply(event.source, REFUSED_NOT_SAVED)
-        raise MessageNotStoredError(
-            "the message could not be stored; leave it unacknowledged so that the platform "
-            f"delivers it again ({cause})"
-        ) from cause
-
-    async def _enqueue(self, key: str, event: MessageEvent) -> EnqueueResult:
-        """Queue an event durably; a refusal is answered (and raised when not saved)."""
-        try:
-            result = await self.store.arun(self._queue.enqueue, key, event, lane=key)
-        except HermesError as exc:  # the store is closed or its commit failed twice
-            await self._not_stored(event, exc)
-        await self._enqueued(key, event, result)
-        return result
-
-    async def _enqueued(self, key: str, event: MessageEvent, result: EnqueueResult) -> None:
-        """After an enqueue: a refusal is answered (and raised when not saved)."""
-        if result.refused == "duplicate":
-            logger.info("ignored a message delivered again")
-            self._seen.remember_event(key, event)
-            return
-        if result.refused in ("cap", "full"):
-            if not event.internal:
-                text = (
-                    REFUSED_CAP.format(n=result.depth) if result.refused == "cap" else REFUSED_FULL
-                )
-                await self._reply(event.source, text)
-            return
-        if result.refused is not None:
-            await self._not_stored(event, None)
-        self._seen.remember_event(key, event)
-        crash_point("enqueued")
-
-    async def _ack(self, key: str, event: MessageEvent, text: str) -> None:
-        """Acceptance acknowledgements: at most one per lane per 30 s, and only if enabled."""
-        if not self.config.gateway.busy_ack_enabled or key in self._acked:
-            return
-        self._acked[key] = True  # expires after ACK_INTERVAL_SECS
-        await self._reply(event.source, text)
-
-    async def _enqueue_while_draining(self, key: str, event: MessageEvent) -> None:
-        stopping = self._stopping
-        try:
-            result = await self._enqueue(key, event)
-        except MessageNotStoredError:
-            if stopping is not None and not event.internal:
-                await self._reply(event.source, DRAIN_REFUSED[stopping])
-            raise
-        if event.internal or stopping is None or result.refused == "duplicate":
-            return
-        texts = DRAIN_QUEUED if result.accepted else DRAIN_REFUSED
-        await self._reply(event.source, texts[stopping])
+        lanes, background = self._parts.lanes, self._background
+        while lanes.occupied() or background.tasks:
+            tasks: set[asyncio.Future[Any]] = {*lanes.command_tasks(), *background.tasks}
+            tasks.update(lanes.turn_tasks())
+            if tasks:
+                await asyncio.wait(tasks)
+            else:  # a lane whose task is being created
+                await asyncio.sleep(0)
 
     async def stop(self, restart: bool = False) -> bool:
         """Stop dispatching, mark running turns, drain (bounded), interrupt what is left, clean
@@ -333,38 +324,45 @@ class Gateway(LaneCommands, LaneRunner, Delivery):
 
     async def _stop(self, restart: bool) -> bool:
         mode = "restart" if restart else "shutdown"
-        self._stopping = mode
-        if self.shared is not None:
-            await self.shared.quiesce()
+        self._phase.stopping = mode
+        parts = self._parts
+        if parts is not None:
+            await parts.ownership.quiesce()
         if self._housekeeping is not None:
             await self._housekeeping.stop()
-        for handle in self._timers:  # retries of dispatches and rate-limited replies
-            handle.cancel()
-        self._timers.clear()
-        self._retrying.clear()
-        marked = await self._mark_running(mode)
+        self._background.cancel_timers()  # retries of dispatches and rate-limited replies
+        if parts is None:  # never started (or its start failed): no lane ran
+            crash_point("drain_marked")
+            drained = True
+        else:
+            drained = await self._drain_lanes(parts, mode)
+        await asyncio.to_thread(self.cache.close)
+        return await asyncio.to_thread(self.state.stop, drained=drained)
+
+    async def _drain_lanes(self, parts: GatewayParts, mode: str) -> bool:
+        """Mark the running turns, wait for them (bounded), interrupt what is left and let the
+        ownership go of the lanes; True when the drain finished in time and every mark was
+        stored."""
+        lanes, background = parts.lanes, self._background
+        lanes.stop_retrying()
+        marked = await lanes.mark_running(mode)
         crash_point("drain_marked")
-        tasks: list[asyncio.Future[Any]] = [
-            lane.task for lane in self._lanes.values() if lane.task is not None
-        ]
-        tasks += [*self._commands.values(), *self._background]  # queued commands, retries
+        tasks: list[asyncio.Future[Any]] = [*lanes.turn_tasks(), *lanes.command_tasks()]
+        tasks += background.tasks  # queued commands, retries
         pending: set[asyncio.Future[Any]] = set()
         if tasks:
             await self._drain(tasks)
             pending = {task for task in tasks if not task.done()}
-        cut = {key for key, lane in self._lanes.items() if lane.task in pending}
+        cut = lanes.keys_of(pending)
         if pending:
-            marked = await self._mark_running(mode) and marked
-            for lane in list(self._lanes.values()):
-                lane.halt("drain")
-            for task in self._background:  # a late re-send is swept at the next start
+            marked = await lanes.mark_running(mode) and marked
+            lanes.halt_all("drain")
+            for task in background.tasks:  # a late re-send is swept at the next start
                 task.cancel()
             await asyncio.gather(*pending, return_exceptions=True)
             crash_point("drain_timed_out")
-        if self.shared is not None:  # the other processes run what waits on these lanes now
-            await self.shared.close(keep=cut)
-        await asyncio.to_thread(self.cache.close)
-        return await asyncio.to_thread(self.state.stop, drained=not pending and marked)
+        await parts.ownership.close(keep=cut)  # others run what waits on the lanes let go
+        return not pending and marked
 
     async def _drain(self, tasks: list[asyncio.Future[Any]]) -> None:
         """Wait until ``tasks`` are done, ``agent.restart_drain_timeout`` passes or the drain
@@ -377,21 +375,3 @@ class Gateway(LaneCommands, LaneRunner, Delivery):
         )  # fmt: skip
         done.cancel()
         cut.cancel()
-
-    async def _mark_running(self, mode: str) -> bool:
-        """Flag the lanes whose turn is still running (their marker still set when the flag is
-        written) to resume after the restart; False if a flag could not be stored."""
-        reason = f"{mode}_timeout"
-        stored = True
-        for key, lane in list(self._lanes.items()):
-            if lane.task is None or lane.task.done():
-                continue
-            try:
-                await self.store.arun(
-                    functools.partial(self.store.mark_resume_pending, only_if_running=True),
-                    key, reason, lane=key,
-                )  # fmt: skip
-            except Exception:
-                logger.exception("a running turn could not be flagged to resume")
-                stored = False
-        return stored

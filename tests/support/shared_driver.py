@@ -32,6 +32,7 @@ from typing import Any
 from hermes_core import GatewayConfig, MessageEvent, SessionEntry, SessionSource
 from hermes_core.domain.errors import MessageNotStoredError
 from hermes_core.gateway.agents import EchoAgent, TurnRequest
+from hermes_core.gateway.leased import LeasedOwnership
 from hermes_core.gateway.runtime import Gateway
 from hermes_core.state.instance import instance_id
 from hermes_core.turns.ledger import RESTART_PREFIX, TAKEOVER_PREFIX, SendResult
@@ -74,6 +75,14 @@ class SpanAgent(EchoAgent):
         reply = await super().run_turn(request)
         append_line(self.spans, {"key": request.session_key, "start": started, "end": time.time()})
         return reply
+
+
+def leased(gateway: Gateway) -> LeasedOwnership:
+    """The lane ownership of a started gateway on a shared store."""
+    parts = gateway._parts
+    assert parts is not None
+    assert isinstance(parts.ownership, LeasedOwnership)
+    return parts.ownership
 
 
 def configure(
@@ -273,7 +282,7 @@ def _queue_frozen(
     gateway: Gateway, workdir: Path, name: str, key: str, item: MessageEvent, runs: list[bool]
 ) -> None:
     """Writer step: what ``handle_message`` does with a message for a lane another process
-    holds (``SharedLanes``' open step: the refused grant marks the lane's lease row, locked
+    holds (``LeasedOwnership``'s open step: the refused grant marks the lane's lease row, locked
     until the transaction ends, and the message is queued durably), then say so in
     ``frozen.jsonl`` and wait with that transaction open, stopped by the harness (SIGSTOP),
     until ``thaw-<name>`` exists. Run again because the batch was rolled back (the database
@@ -281,9 +290,8 @@ def _queue_frozen(
     if runs:
         raise FrozenStepLost(f"the frozen transaction that queued {item.message_id} was ended")
     runs.append(True)
-    assert gateway.shared is not None
     assert gateway.pipeline is not None
-    queued, _ = gateway.shared._open_step(key, item, gateway.pipeline.begin)
+    queued, _ = leased(gateway)._open_step(key, item, gateway.pipeline.begin)
     append_line(workdir / "frozen.jsonl", {"name": name, "pid": os.getpid(), "lanes": [key],
                                            "queued": isinstance(queued, EnqueueResult),
                                            "t": time.time()})  # fmt: skip
