@@ -21,16 +21,16 @@ from hermes_core.store import SessionStore
 from hermes_core.store.writer import StoreWriter
 from hermes_core.testing import fresh_plugin_manager, telegram_dm
 
-LANES = 3
+THREADS = 3
 
 
 def _lanes_on_distinct_threads(count: int) -> list[str]:
-    """Session keys that hash to ``count`` different writer threads of :data:`LANES`."""
+    """Session keys that hash to ``count`` different writer threads of :data:`THREADS`."""
     found: dict[int, str] = {}
     number = 0
     while len(found) < count:
         key = f"agent:main:telegram:dm:c={number}"
-        found.setdefault(zlib.crc32(key.encode()) % LANES, key)
+        found.setdefault(zlib.crc32(key.encode()) % THREADS, key)
         number += 1
     return list(found.values())
 
@@ -43,15 +43,15 @@ def _writer(bound: list[tuple[int, str]] | None = None) -> StoreWriter:
         if bound is not None:
             bound.append((index, threading.current_thread().name))
 
-    return StoreWriter(transaction, lambda: None, lanes=LANES, bind=bind)
+    return StoreWriter(transaction, lambda: None, threads=THREADS, bind=bind)
 
 
 def test_each_writer_thread_is_bound_to_its_own_connection() -> None:
     bound: list[tuple[int, str]] = []
     writer = _writer(bound)
     writer.close()
-    assert sorted(index for index, _ in bound) == list(range(LANES))
-    assert len({name for _, name in bound}) == LANES
+    assert sorted(index for index, _ in bound) == list(range(THREADS))
+    assert len({name for _, name in bound}) == THREADS
 
 
 async def test_one_lanes_steps_commit_in_the_order_handed_over() -> None:
@@ -84,7 +84,7 @@ async def test_steps_of_different_lanes_run_at_the_same_time() -> None:
 
 async def test_a_step_without_a_lane_runs_between_every_lanes_earlier_and_later_steps() -> None:
     writer = _writer()
-    lanes = _lanes_on_distinct_threads(LANES)
+    lanes = _lanes_on_distinct_threads(THREADS)
     log: list[str] = []
 
     def slow(tag: str) -> None:
@@ -188,7 +188,7 @@ async def test_a_failing_step_fails_only_its_caller_on_its_lane() -> None:
 
 def _open(url: str, home: Path) -> SessionStore:
     config = GatewayConfig.from_dict(
-        {"storage": {"url": url, "writer_connections": LANES}},
+        {"storage": {"url": url, "writer_connections": THREADS}},
         environ={"HERMES_HOME": str(home)},
     )
     return SessionStore.open(config, plugins=fresh_plugin_manager(home))
@@ -226,13 +226,13 @@ def _write(store: SessionStore, lane: str, chat: str) -> None:
 def test_every_writer_connection_holds_the_lock_and_a_lost_one_comes_back(
     empty_database: str, tmp_path: Path
 ) -> None:
-    lanes = _lanes_on_distinct_threads(LANES)
+    lanes = _lanes_on_distinct_threads(THREADS)
     store = _open(empty_database, tmp_path / "a")
     try:
         for number, lane in enumerate(lanes):
             _write(store, lane, f"1{number}")
         holders = _holders(empty_database)
-        assert len(holders) == LANES
+        assert len(holders) == THREADS
         # One writer connection lost: the others still hold the lock, so no one else writes;
         # the lost one's write is run again on a new connection that joins the lock.
         _terminate(empty_database, holders[-1])
@@ -240,7 +240,7 @@ def test_every_writer_connection_holds_the_lock_and_a_lost_one_comes_back(
             _open(empty_database, tmp_path / "b")
         for number, lane in enumerate(lanes):
             _write(store, lane, f"2{number}")
-        assert len(_holders(empty_database)) == LANES
+        assert len(_holders(empty_database)) == THREADS
         assert store.health()["available"] is True
     finally:
         store.close()
@@ -254,7 +254,7 @@ def test_a_lost_writer_connection_is_reopened_by_another_lanes_write(
 ) -> None:
     """After an outage, a write of any lane reopens every connection found lost, so the store
     is whole again (and says so) while the lane that found the loss writes nothing."""
-    first, second, _ = _lanes_on_distinct_threads(LANES)
+    first, second, _ = _lanes_on_distinct_threads(THREADS)
     with proxied(empty_database) as proxy:
         store = _open(proxy.url, tmp_path)
         try:

@@ -69,13 +69,13 @@ def _open_writer(backing: Backing, cache: EntryCache, read_only: bool) -> StoreW
     """The writer: one thread per writer connection of the backend, each bound to its
     connection (the JSONL fallback, degraded or not, is written by one thread)."""
     bound = backing.bound
-    lanes, bind = 1, _bind_nothing
+    threads, bind = 1, _bind_nothing
     if bound.spec.parallel_writers:
         parallel = cast(ParallelWriters, bound.backend)
-        lanes, bind = parallel.writer_connections(), parallel.bind_writer
+        threads, bind = parallel.writer_connections(), parallel.bind_writer
     return StoreWriter(
         backing.transaction, cache.clear,
-        atomic=lambda: backing.bound.spec.atomic_batches, read_only=read_only, lanes=lanes,
+        atomic=lambda: backing.bound.spec.atomic_batches, read_only=read_only, threads=threads,
         bind=bind, lock_order=bound.leases is not None,
     )  # fmt: skip
 

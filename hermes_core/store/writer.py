@@ -6,8 +6,8 @@ writer thread takes all steps waiting, runs them inside one backend transaction 
 on a lock, the disk or the network on its own thread: an asyncio host awaits
 :meth:`StoreWriter.arun` and its event loop stays free.
 
-A backend with several writer connections (PostgreSQL) gets one writer thread per connection
-(*lanes* of the writer). A step that names its lane (the session key) runs on the thread that
+A backend with several writer connections (PostgreSQL) gets one writer thread per connection.
+A step that names its lane (the session key of a conversation) runs on the writer thread that
 lane hashes to, so one lane's steps stay in order and its read-modify-writes never race, while
 other lanes' steps commit in parallel on other connections. A step without a lane runs alone:
 every writer thread finishes what was handed over before it, one of them runs it while the
@@ -96,11 +96,11 @@ class StoreWriter:
         atomic: Callable[[], bool] = lambda: True,
         name: str = "hermes-store-writer",
         read_only: bool = False,
-        lanes: int = 1,
+        threads: int = 1,
         bind: Callable[[int], None] = lambda index: None,
         lock_order: bool = False,
     ) -> None:
-        """``lanes``: writer threads; thread ``i`` calls ``bind(i)`` first (the backend gives it
+        """``threads``: writer threads; thread ``i`` calls ``bind(i)`` first (the backend gives it
         writer connection ``i``). ``lock_order``: run each batch's steps in the order of their
         lanes (a store that other processes write at the same time: every batch then locks
         its lanes' rows in one order, so two processes' batches never wait for each other in
@@ -113,7 +113,7 @@ class StoreWriter:
         self._on_abort = on_abort
         self._bind = bind
         self._queues: list[queue.SimpleQueue[_Step | None]] = [
-            queue.SimpleQueue() for _ in range(lanes)
+            queue.SimpleQueue() for _ in range(threads)
         ]
         self._local = threading.local()
         """Per thread: ``writer`` (True on a writer thread) and ``step`` (the step it runs)."""
@@ -122,16 +122,16 @@ class StoreWriter:
         threads must reach every queue in the same order, or each writer thread would wait at
         the other step's barrier for good."""
         self._closed = False
-        self._counts = [[0, 0] for _ in range(lanes)]
+        self._counts = [[0, 0] for _ in range(threads)]
         """Batches committed and steps run, per writer thread (each counts its own)."""
         self._read_only = read_only
         """A read-only store's writer runs nothing: every step is refused, no thread runs."""
         self._threads = [
             threading.Thread(
                 target=self._loop, args=(index,), daemon=True,
-                name=name if lanes == 1 else f"{name}-{index}",
+                name=name if threads == 1 else f"{name}-{index}",
             )
-            for index in range(lanes)
+            for index in range(threads)
         ]  # fmt: skip
         if not read_only:
             for thread in self._threads:
