@@ -16,7 +16,7 @@ import pytest
 from hermes_core import GatewayConfig
 from hermes_core.store import SessionStore
 from hermes_core.testing import fresh_plugin_manager, telegram_dm
-from hermes_plugins.sql_store import fts
+from hermes_plugins.sql_store.dialects import sqlite_fts
 from hermes_plugins.sql_store.schema import SCHEMA_VERSION
 
 EVERY = 5
@@ -24,7 +24,7 @@ EVERY = 5
 
 @pytest.fixture(autouse=True)
 def _small_batches(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(fts, "INDEX_EVERY", EVERY)
+    monkeypatch.setattr(sqlite_fts, "INDEX_EVERY", EVERY)
 
 
 def _open(home: Path, *, read_only: bool = False) -> SessionStore:

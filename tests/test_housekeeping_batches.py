@@ -20,7 +20,7 @@ from hermes_core.gateway.agents import EchoAgent, InMemoryAdapter
 from hermes_core.gateway.runtime import Gateway
 from hermes_core.store import SessionStore
 from hermes_core.testing import fresh_plugin_manager, telegram_dm
-from hermes_plugins.sql_store import fts
+from hermes_plugins.sql_store.dialects import sqlite_fts
 
 SEEN_ROWS = 200_000
 """Platform message ids past the redelivery window: what the pass forgets."""
@@ -102,7 +102,7 @@ def _watermark(home: Path) -> int:
 def test_a_search_index_rebuild_goes_in_batches_with_other_steps_between(
     hermes_home: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(fts, "CATCH_UP_MAX", 500)  # a rebuild of 200 steps
+    monkeypatch.setattr(sqlite_fts, "CATCH_UP_MAX", 500)  # a rebuild of 200 steps
     config = _config(hermes_home)
     with SessionStore.open(config) as store:
         session_id = store.get_or_create_session(telegram_dm("1")).session_id
@@ -125,7 +125,7 @@ def test_a_search_index_rebuild_goes_in_batches_with_other_steps_between(
             store.append_to_transcript(other.session_id, {"role": "user", "content": "hello"})
             assert _watermark(hermes_home) < MESSAGES  # they ran between the rebuild's batches
             assert rebuilding.result(timeout=60)
-        assert _watermark(hermes_home) > MESSAGES - fts.INDEX_EVERY
+        assert _watermark(hermes_home) > MESSAGES - sqlite_fts.INDEX_EVERY
         assert store.health()["fts"] == "ok"
         assert [hit.session_id for hit in store.search("note 99999 kiwis")] == [session_id]
         assert len(store.search("kiwis", limit=100)) == 100

@@ -23,11 +23,14 @@ from hermes_core.domain.errors import (
     InvalidValueError,
     MessageRedeliveredError,
     SchemaVersionError,
+    StoreUnavailableError,
     TurnInProgressError,
 )
 from hermes_core.store import SessionStore
 from hermes_core.store.mirror import MIRROR_README
 from hermes_core.testing import LifecycleRecorder, fresh_plugin_manager, telegram_dm
+from hermes_plugins import sql_store
+from hermes_plugins.sql_store.dialects import dialect_for
 from hermes_plugins.sql_store.schema import SCHEMA_VERSION, messages, queued_events
 from hermes_plugins.sql_store.statements import Prepared
 
@@ -654,3 +657,22 @@ def test_prepared_statements_bind_by_position_in_statement_order() -> None:
     assert many.bind({"sid": "s"}) == (0, "s")
     with pytest.raises(KeyError, match="sid"):
         many.bind({"active": 1})
+
+
+@pytest.mark.parametrize("instances", ["single", "shared"])
+def test_each_scheme_of_the_sql_store_opens_the_dialect_its_spec_declares(
+    tmp_path: Path, instances: str
+) -> None:
+    """A URL of every scheme the built-in specs claim finds the dialect of the spec's name,
+    whose flags agree with what the spec declares to the core."""
+    environ = {"HERMES_HOME": str(tmp_path)}
+    config = GatewayConfig.from_dict({"storage": {"instances": instances}}, environ=environ)
+    for spec in sql_store.hermes_register_stores(config):
+        for scheme in spec.schemes:
+            dialect = dialect_for(f"{scheme}://user@host/state")
+            assert dialect.name == spec.name
+            assert dialect.parallel_writers == spec.parallel_writers
+            assert dialect.shared_instances or spec.single_instance
+    assert dialect_for("sqlite").name == "sqlite"  # a SQLAlchemy dialect's name
+    with pytest.raises(StoreUnavailableError, match="knows no database 'mysql'"):
+        dialect_for("mysql+pymysql://host/db")

@@ -18,7 +18,7 @@ from hermes_core.store import SessionStore
 from hermes_core.store.backing import DEGRADED_WARNING
 from hermes_core.testing import fresh_plugin_manager, telegram_dm
 from hermes_core.testing.store_contract import StoreContract, StoreFactory
-from hermes_plugins.sql_store import fts
+from hermes_plugins.sql_store.dialects import sqlite_fts
 
 
 def blocked_store(home: Path) -> SessionStore:
@@ -156,7 +156,7 @@ def test_corruption_detected_mid_operation_switches_to_jsonl(
 def test_broken_fts_index_fails_open_and_is_rebuilt(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(fts, "INDEX_EVERY", 1)  # each commit indexes its messages
+    monkeypatch.setattr(sqlite_fts, "INDEX_EVERY", 1)  # each commit indexes its messages
     home = tmp_path / "home"
     store = sqlite_store(home)
     entry = store.get_or_create_session(telegram_dm())
@@ -182,7 +182,7 @@ def test_broken_fts_index_fails_open_and_is_rebuilt(
 def test_garbled_fts_blocks_are_scanned_around_and_fail_open_on_write(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(fts, "INDEX_EVERY", 1)  # each commit indexes its messages
+    monkeypatch.setattr(sqlite_fts, "INDEX_EVERY", 1)  # each commit indexes its messages
     home = tmp_path / "home"
     store = sqlite_store(home)
     entry = store.get_or_create_session(telegram_dm())

@@ -144,14 +144,15 @@ async def test_a_reply_that_cannot_be_stored_is_reported_and_the_lane_goes_on(
     await gateway.start()
     store = gateway.store
     backend: Any = store._backing.backend
-    insert = backend._insert_message
+    transcripts = backend._transcripts  # every message insert goes through it
+    insert = transcripts.insert
 
     def refuse_bad(cursor: Any, row: Any) -> int:
         if row["content"] == "echo: bad":  # the database refuses this reply, wherever it goes
-            raise backend._driver_error("injected: the reply cannot be stored")
+            raise backend._conn.driver_error("injected: the reply cannot be stored")
         return int(insert(cursor, row))
 
-    monkeypatch.setattr(backend, "_insert_message", refuse_bad)
+    monkeypatch.setattr(transcripts, "insert", refuse_bad)
     await gateway.handle_message(_event("bad"))
     await gateway.idle()
     assert adapter.texts() == [TURN_FAILED]
@@ -372,7 +373,7 @@ async def test_terminated_postgres_connections_are_reopened(
 async def test_messages_during_a_postgres_outage_are_refused_then_stored_once_it_is_back(
     make: Make, empty_database: str, caplog: pytest.LogCaptureFixture
 ) -> None:
-    caplog.set_level(logging.WARNING, logger="hermes_plugins.sql_store.connection")
+    caplog.set_level(logging.WARNING, logger="hermes_plugins.sql_store.writers")
     with proxied(empty_database) as server:  # while ``down``, no connection gets through
         gateway, adapter = make(storage={"url": server.url})
         await gateway.start()

@@ -25,7 +25,7 @@ from hermes_core.gateway.agents import EchoAgent, InMemoryAdapter, TurnRequest
 from hermes_core.gateway.runtime import Gateway
 from hermes_core.store import SessionStore
 from hermes_core.testing import fresh_plugin_manager, telegram_dm
-from hermes_plugins.sql_store import fts
+from hermes_plugins.sql_store.dialects import sqlite_fts
 
 _chats = itertools.count()
 # Any code point, surrogates and NUL included (hypothesis leaves surrogates out by default).
@@ -254,7 +254,7 @@ def _triggers(tmp_path: Path) -> set[str]:
 def test_a_missing_fts_shadow_table_fails_open(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(fts, "INDEX_EVERY", 1)  # each commit indexes its messages
+    monkeypatch.setattr(sqlite_fts, "INDEX_EVERY", 1)  # each commit indexes its messages
     store, raw = _sqlite(tmp_path)
     entry = store.get_or_create_session(telegram_dm())
     raw("DROP TABLE messages_fts_idx")
@@ -268,7 +268,7 @@ def test_a_missing_fts_shadow_table_fails_open(
 def test_an_ordinary_write_error_leaves_the_index_alone(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(fts, "INDEX_EVERY", 1)  # each commit indexes its messages
+    monkeypatch.setattr(sqlite_fts, "INDEX_EVERY", 1)  # each commit indexes its messages
     store, _raw = _sqlite(tmp_path)
     store.get_or_create_session(telegram_dm())
     before = _triggers(tmp_path)

@@ -1,108 +1,113 @@
 """The SQL backend: SQLAlchemy Core over SQLite (default) or PostgreSQL.
 
-Routing rows, transcripts and search; session rows (with the routing writes that go with them)
-live in ``session_rows``, the connections and schema in ``connection``, the delivery ledger in
-``ledger``.
+:class:`SqlBackend` is what the store plugin's ``open`` returns: it implements the backend
+protocols of ``hermes_core.store.backend`` (and the operator interface of
+``hermes_core.store.operator``) by handing each method to the part that owns it. The parts
+share one :class:`SqlConnection` (engine, dialect, writer connections, statements) and own
+their own state: the routing index and a turn's start (``routes``), session rows
+(``session_rows``), messages (``transcripts``), the full-text index (``search``, of the
+dialect's kind), the ledger, the queue, restart counts, turn leases and lane wake-ups, and what
+re-keying and the operator commands need. Each method is documented by its protocol.
 """
 
 from __future__ import annotations
 
-import logging
-import time
-from collections import Counter
-from collections.abc import Iterator, Sequence
-from dataclasses import replace
-from typing import Any
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import AbstractContextManager
+from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import (
-    select,
-    true,
-)
-from sqlalchemy.exc import SQLAlchemyError
-
-from hermes_core.domain.errors import LeaseLostError, shown
+from hermes_core.config.schema import GatewayConfig
 from hermes_core.domain.models import SessionEntry
 from hermes_core.store.backend import (
-    SESSION_ENDED,
+    CounterDelta,
+    DeadLetter,
     EntryDict,
+    KeyMoves,
+    LeaseTaken,
+    Locked,
     Message,
+    Obligation,
     SearchHit,
     SessionRow,
+    StoredKeys,
 )
-from hermes_plugins.sql_store import postgres, search
+from hermes_core.store.operator import TableDigest
+from hermes_plugins.sql_store.connection import SqlConnection
+from hermes_plugins.sql_store.counts import CountRows
 from hermes_plugins.sql_store.leases import LeaseRows
+from hermes_plugins.sql_store.ledger import SqlLedgerRows
 from hermes_plugins.sql_store.operator import OperatorRows
-from hermes_plugins.sql_store.postgres import message_params
+from hermes_plugins.sql_store.queue import QueueRows
 from hermes_plugins.sql_store.rekey import RekeyRows
-from hermes_plugins.sql_store.rows import (
-    ROUTE_READ,
-    marker_params,
-    message_dict,
-    message_row,
-    route_entry,
-    route_params,
-    session_values,
-)
-from hermes_plugins.sql_store.schema import (
-    gateway_routing,
-    messages,
-)
+from hermes_plugins.sql_store.routes import RoutingRows
 from hermes_plugins.sql_store.session_rows import SessionRows
-from hermes_plugins.sql_store.statements import idle_route
+from hermes_plugins.sql_store.transcripts import TranscriptRows
 from hermes_plugins.sql_store.wakeups import WakeupRows
 
-logger = logging.getLogger(__name__)
+if TYPE_CHECKING:
+    from hermes_core.store.backend import (
+        DurableQueue,
+        LaneWakeups,
+        LedgerRows,
+        Maintenance,
+        ParallelWriters,
+        Pruning,
+        RestartCountRows,
+        SearchCapable,
+        StoreBackend,
+        TranscriptEditing,
+        TurnLeases,
+    )
+    from hermes_core.store.operator import OperatorBackend
 
 
-class SqlBackend(RekeyRows, OperatorRows, LeaseRows, WakeupRows, SessionRows):
+class SqlBackend:
     """The canonical store over SQLite or PostgreSQL: the required contract and every
     capability (which ones a dialect offers is declared by its ``StoreSpec``)."""
 
-    # -- routing index --------------------------------------------------------------------------
+    def __init__(self, url: str, config: GatewayConfig, *, read_only: bool = False) -> None:
+        conn = self._conn = SqlConnection(url, config, read_only=read_only)
+        self.name = conn.dialect.name
+        self._index = conn.index
+        self._transcripts = TranscriptRows(conn)
+        self._queue = QueueRows(conn)
+        self._routes = RoutingRows(conn, self._queue, self._transcripts)
+        self._sessions = SessionRows(conn, self._routes)
+        self._ledger = SqlLedgerRows(conn, self._transcripts)
+        self._counts = CountRows(conn)
+        self._leases = LeaseRows(conn)
+        self._wakeups = WakeupRows(conn)
+        self._rekey = RekeyRows(conn)
+        self._operator = OperatorRows(conn)
 
-    def _routes(self, where: Any, what: str, *, limit: int | None = None) -> list[EntryDict]:
-        query = select(*ROUTE_READ).where(where).order_by(gateway_routing.c.session_key)
-        with self._read(what) as conn:
-            rows = conn.execute(query if limit is None else query.limit(limit)).mappings().all()
-        return [route_entry(row) for row in rows]
+    # -- StoreBackend -----------------------------------------------------------------------------
+
+    def close(self) -> None:
+        self._conn.close()
+
+    def stats(self) -> dict[str, int]:
+        return self._conn.stats()
+
+    def transaction(self) -> AbstractContextManager[object]:
+        return self._conn.transaction()
+
+    def health(self) -> dict[str, Any]:
+        return self._conn.health()
 
     def get_route(self, session_key: str) -> EntryDict | None:
-        """The stored entry of a key, or None."""
-        found = self.read_route(session_key)
-        return None if found is None else found[0]
-
-    def read_route(self, session_key: str) -> tuple[EntryDict, int] | None:
-        """The stored entry of a key, with whether its session ended (:data:`SESSION_ENDED`,
-        from the same statement), and its row's revision; or None."""
-        row = self._row(self._sql.select_route, {"session_key": session_key}, "reading a route")
-        if row is None:
-            return None
-        entry = route_entry(row)
-        entry[SESSION_ENDED] = bool(row[SESSION_ENDED])  # NULL: no session row, not ended
-        return entry, int(row["revision"])
+        return self._routes.get_route(session_key)
 
     def get_route_by_session_id(self, session_id: str) -> EntryDict | None:
-        """The entry whose current session id is ``session_id``, or None."""
-        where = gateway_routing.c.session_id == session_id
-        found = self._routes(where, "reading a routing entry", limit=1)
-        return found[0] if found else None
+        return self._routes.get_route_by_session_id(session_id)
 
     def iter_routes(self) -> Iterator[EntryDict]:
-        """Every routing entry, from one consistent read."""
-        return iter(self._routes(true(), "reading the routing index"))
+        return self._routes.iter_routes()
 
     def put_route(self, entry: EntryDict, *, touch: bool = False) -> None:
-        """Upsert one routing row (revision + 1)."""
-        params = route_params(entry)
-        with self._write("writing a routing entry") as cursor:
-            self._write_route(cursor, params)
+        self._routes.put_route(entry, touch=touch)
 
     def clear_turn_marker(self, entry: SessionEntry, token: str) -> bool:
-        """Clear the lane's marker (``entry`` has it cleared) iff the stored marker is still
-        ``token`` (compare-and-swap); only the marker's columns are written."""
-        params = marker_params(entry) | {"token": token}
-        with self._write("clearing a turn marker") as cursor:
-            return bool(self._sql.clear_marker.run(cursor, params).rowcount == 1)
+        return self._routes.clear_turn_marker(entry, token)
 
     def begin_turn(
         self,
@@ -112,187 +117,188 @@ class SqlBackend(RekeyRows, OperatorRows, LeaseRows, WakeupRows, SessionRows):
         seen: str | None = None,
         lease: str | None = None,
     ) -> bool:
-        """Redelivery row, marker, queue dequeue and the user message in one transaction;
-        False (nothing written) when ``seen``, the platform message id, was seen on the lane.
-        ``lease`` (PostgreSQL; SQLite has no leases): raises ``LeaseLostError``, nothing
-        written, unless that token holds the lane's lease (fenced in the same statement)."""
-        marker = marker_params(entry)
-        message = message_row(*user_message) if user_message is not None else None
-        key = entry.session_key
-
-        with self._write("starting a turn") as cursor:
-            if self.name == "postgresql":  # one round trip (see ``postgres``)
-                params = marker | message_params(message) | {
-                    "seen": seen, "seen_at": time.time(), "event_id": consumed_event_id,
-                    "lease": lease,
-                }  # fmt: skip
-                went, marked, held = cursor.execute(postgres.BEGIN_TURN, params).fetchone()
-                if not held:
-                    raise LeaseLostError("the lane's lease is held under another token")
-                if not went:
-                    return False
-            else:
-                if seen is not None and not self._mark_seen(cursor, key, seen):
-                    return False
-                marked = self._sql.set_marker.run(cursor, marker).rowcount
-                if consumed_event_id is not None:
-                    self._sql.delete_queued.run(cursor, {"event_id": consumed_event_id})
-                if message is not None:
-                    self._insert_message(cursor, message)
-            if marked != 1:  # no routing row yet: write the whole entry
-                self._sql.upsert_route.run(cursor, route_params(entry.to_dict()))
-        return True
-
-    def delete_idle_routes(self, session_keys: Sequence[str], cutoff: float) -> list[str]:
-        """Remove the rows of those keys still idle since before ``cutoff`` (unsuspended,
-        without a marker), in one transaction; the keys removed."""
-        if not session_keys:
-            return []
-        statement, removed = self._sql.prune_route, []
-        with self._write("pruning routing entries") as cursor:
-            for key in session_keys:
-                if statement.run(cursor, {"session_key": key, "cutoff": cutoff}).rowcount:
-                    removed.append(key)
-        return removed
+        return self._routes.begin_turn(entry, consumed_event_id, user_message, seen, lease)
 
     def routes_with_markers(self) -> list[EntryDict]:
-        """Every entry whose turn marker is set."""
-        where = gateway_routing.c.active_turn_token.is_not(None)
-        return self._routes(where, "reading turn markers")
+        return self._routes.routes_with_markers()
 
     def put_routes(self, entries: Sequence[EntryDict]) -> None:
-        """Upsert several routing rows in one transaction."""
-        params = [route_params(entry) for entry in entries]
-        with self._write("writing routing entries") as cursor:
-            for values in params:
-                self._write_route(cursor, values)
+        self._routes.put_routes(entries)
 
-    def has_routes(self) -> bool:
-        """Whether any routing row exists."""
-        with self._read("reading the routing index") as conn:
-            return conn.execute(select(gateway_routing.c.session_key).limit(1)).first() is not None
+    def get_session(self, session_id: str) -> SessionRow | None:
+        return self._sessions.get_session(session_id)
 
-    def import_routes(
-        self, entries: Sequence[tuple[EntryDict, SessionRow]], marker: tuple[str, str]
-    ) -> int:
-        """Insert the entries whose key is missing, each with its session row unless one of
-        that id exists, and record ``marker``, in one transaction. A session belongs to one
-        lane: an entry whose session (or parent) is another lane's, or whose session another
-        entry of the batch names too, is skipped with a warning (its parent dropped), so one
-        chat never reads another's history."""
-        query = select(gateway_routing.c.session_key, gateway_routing.c.session_id)
-        with self._read("reading the routing index") as conn:
-            routed: dict[str, str] = {key: session_id for key, session_id in conn.execute(query)}  # noqa: C416
-        named = Counter(row.id for _, row in entries)
-        missing = [(entry, row) for entry, row in entries if entry["session_key"] not in routed]
-        owners = {session_id: key for key, session_id in routed.items()}
-        imported = 0
-        with self._write("importing routing entries") as cursor:
-            for entry, row in missing:
-                key = entry["session_key"]
-                owner = owners.get(row.id) or self._session_owner(cursor, row.id)
-                if named[row.id] > 1 or owner not in (None, key):
-                    logger.warning(
-                        "sessions.json: skipping entry %s: its session %s belongs to %s",
-                        shown(key), shown(row.id),
-                        "several entries" if named[row.id] > 1 else f"lane {shown(owner)}",
-                    )  # fmt: skip
-                    continue
-                if owner is None:
-                    parent = row.parent_session_id
-                    if parent is not None and self._session_owner(cursor, parent) != key:
-                        parent = None
-                    values = session_values(replace(row, parent_session_id=parent))
-                    self._sql.insert_session.run(cursor, values)
-                self._sql.upsert_route.run(cursor, route_params(entry))
-                imported += 1
-            self._set_meta(cursor, *marker)
-        return imported
+    def newest_session(self, session_key: str) -> SessionRow | None:
+        return self._sessions.newest_session(session_key)
 
-    def _session_owner(self, cursor: Any, session_id: str) -> str | None:
-        """The lane of the session row of that id, if one exists (read on the writer's open
-        transaction)."""
-        result = self._sql.select_session.run(cursor, {"session_id": session_id})
-        found = result.fetchone()
-        if found is None:
-            return None
-        return str(found[[column[0] for column in result.description].index("session_key")])
+    def count_sessions(self) -> int:
+        return self._sessions.count_sessions()
 
-    def prune_candidates(self, cutoff: float) -> list[str]:
-        """Keys idle since before ``cutoff`` that are not suspended and have no marker, in key
-        order."""
-        query = (
-            select(gateway_routing.c.session_key)
-            .where(idle_route(cutoff))
-            .order_by(gateway_routing.c.session_key)
-        )
-        with self._read("finding stale routing entries") as conn:
-            return list(conn.execute(query).scalars())
+    def create_session(
+        self, row: SessionRow, entry: EntryDict, end_previous: tuple[str, str] | None
+    ) -> None:
+        self._sessions.create_session(row, entry, end_previous)
 
-    # -- transcripts ----------------------------------------------------------------------------
+    def reopen_session(self, session_id: str, entry: EntryDict) -> None:
+        self._sessions.reopen_session(session_id, entry)
+
+    def update_counters(self, entry: EntryDict, session_id: str, delta: CounterDelta) -> None:
+        self._sessions.update_counters(entry, session_id, delta)
 
     def append_message(self, session_id: str, message: Message) -> int:
-        """Insert one message; returns its id."""
-        row = message_row(session_id, message)
-
-        with self._write("appending a message") as cursor:
-            return self._insert_message(cursor, row)
+        return self._transcripts.append_message(session_id, message)
 
     def load_messages(self, session_id: str) -> list[dict[str, Any]]:
-        """Active messages of a session in insertion order."""
-        query = (
-            select(messages)
-            .where(messages.c.session_id == session_id, messages.c.active == 1)
-            .order_by(messages.c.id)
-        )
-        with self._read("loading a transcript") as conn:
-            return [message_dict(dict(row)) for row in conn.execute(query).mappings()]
+        return self._transcripts.load_messages(session_id)
 
-    def rewrite_messages(self, session_id: str, new_messages: Sequence[Message]) -> int:
-        """Deactivate the active messages and append ``new_messages``, in one transaction."""
-        rows = [message_row(session_id, message) for message in new_messages]
-
-        with self._write("rewriting a transcript") as cursor:
-            self._sql.deactivate_messages.run(cursor, {"session_id": session_id})
-            self._sql.set_message_count.run(cursor, {"session_id": session_id, "message_count": 0})
-            for row in rows:
-                self._insert_message(cursor, row)
-        return len(rows)
-
-    def soft_delete_messages(self, session_id: str, message_ids: Sequence[int]) -> int:
-        """Deactivate messages of the session; never deletes rows."""
-        if not message_ids:
-            return 0
-        count = 0
-        with self._write("deleting messages") as cursor:
-            for message_id in message_ids:
-                params = {"session_id": session_id, "message_id": message_id}
-                count += self._sql.deactivate_message.run(cursor, params).rowcount
-            self._sql.uncount_messages.run(cursor, {"session_id": session_id, "removed": count})
-        return count
+    # -- SearchCapable, TranscriptEditing, Pruning ------------------------------------------------
 
     def search(
         self, query: str, *, session_id: str | None, session_key: str | None, limit: int
     ) -> list[SearchHit]:
-        """Full-text search; a failing index (or a stale one) degrades to a scan."""
-        with self._read("searching transcripts") as conn:
-            if self._fts == "ok":
-                try:
-                    return search.indexed(conn, self.name, query, session_id, session_key, limit)
-                except SQLAlchemyError as exc:
-                    # Only a write marks the index stale (it can tell the index's faults from
-                    # its own); this query is answered by a scan.
-                    conn.rollback()
-                    logger.warning(
-                        "%s: a full-text search failed (%s); answering it by scan",
-                        self.display, self._translate(exc, "searching"),
-                    )  # fmt: skip
-            elif not self._warned_fts:
-                self._warned_fts = True
-                logger.warning("%s: full-text index %s; searching by scan", self.display, self._fts)
-            return search.scan(conn, query, session_id, session_key, limit)
+        return self._index.search(query, session_id=session_id, session_key=session_key,
+                                  limit=limit)  # fmt: skip
 
-    # -- JSONL backlog replay -------------------------------------------------------------------
+    def rebuild_fts(self) -> bool:
+        return self._index.rebuild_fts()
+
+    def reindex_fts(self) -> None:
+        self._index.reindex_fts()
+
+    def start_fts_rebuild(self) -> bool:
+        return self._index.start_fts_rebuild()
+
+    def index_backlog(self) -> bool:
+        return self._index.index_backlog()
+
+    def rewrite_messages(self, session_id: str, messages: Sequence[Message]) -> int:
+        return self._transcripts.rewrite_messages(session_id, messages)
+
+    def soft_delete_messages(self, session_id: str, message_ids: Sequence[int]) -> int:
+        return self._transcripts.soft_delete_messages(session_id, message_ids)
+
+    def prune_candidates(self, cutoff: float) -> list[str]:
+        return self._routes.prune_candidates(cutoff)
+
+    def delete_idle_routes(self, session_keys: Sequence[str], cutoff: float) -> list[str]:
+        return self._routes.delete_idle_routes(session_keys, cutoff)
+
+    # -- LedgerRows -------------------------------------------------------------------------------
+
+    def add_obligation(
+        self,
+        obligation: Obligation,
+        marker: tuple[SessionEntry, str] | None,
+        reply: tuple[str, Message] | None = None,
+        lease: str | None = None,
+    ) -> tuple[bool, bool]:
+        return self._ledger.add_obligation(obligation, marker, reply, lease)
+
+    def obligations(
+        self, states: Sequence[str], platforms: Sequence[str] | None = None
+    ) -> list[Obligation]:
+        return self._ledger.obligations(states, platforms)
+
+    def obligation_since(self, session_key: str, since: float) -> bool:
+        return self._ledger.obligation_since(session_key, since)
+
+    def update_obligation(self, obligation_id: str, changes: Mapping[str, Any]) -> None:
+        self._ledger.update_obligation(obligation_id, changes)
+
+    def delete_obligation(self, obligation_id: str) -> None:
+        self._ledger.delete_obligation(obligation_id)
+
+    def obligations_to_prune(self, terminal_before: float, max_rows: int) -> list[str]:
+        return self._ledger.obligations_to_prune(terminal_before, max_rows)
+
+    def delete_terminal_obligations(self, obligation_ids: Sequence[str]) -> int:
+        return self._ledger.delete_terminal_obligations(obligation_ids)
+
+    # -- DurableQueue, RestartCountRows -----------------------------------------------------------
+
+    def add_queued(
+        self, session_key: str, internal: bool, bound: str | None, event: str,
+        seen: str | None = None,
+    ) -> int | None:  # fmt: skip
+        return self._queue.add_queued(session_key, internal, bound, event, seen)
+
+    def fail_queued(self, event_id: int, error: str, max_attempts: int) -> bool:
+        return self._queue.fail_queued(event_id, error, max_attempts)
+
+    def dead_letters(self) -> list[DeadLetter]:
+        return self._queue.dead_letters()
+
+    def prune_seen(self, before: float, limit: int) -> int:
+        return self._queue.prune_seen(before, limit)
+
+    def remove_queued(self, event_ids: Sequence[int]) -> int:
+        return self._queue.remove_queued(event_ids)
+
+    def queued(self, session_key: str | None = None) -> list[tuple[int, str, str]]:
+        return self._queue.queued(session_key)
+
+    def restart_counts(self, owner: str) -> dict[str, int]:
+        return self._counts.restart_counts(owner)
+
+    def save_restart_counts(self, owner: str, counts: Mapping[str, int]) -> None:
+        self._counts.save_restart_counts(owner, counts)
+
+    def remove_restart_count(self, session_key: str) -> None:
+        self._counts.remove_restart_count(session_key)
+
+    # -- ParallelWriters, TurnLeases, LaneWakeups -------------------------------------------------
+
+    def writer_connections(self) -> int:
+        return self._conn.writer_connections()
+
+    def bind_writer(self, index: int) -> None:
+        self._conn.bind_writer(index)
+
+    def take_lease(
+        self, session_key: str, owner: str, boot: str, token: str, ttl: float,
+        cached: int | None = None, *, reclaim: bool = False,
+    ) -> LeaseTaken | Locked | None:  # fmt: skip
+        return self._leases.take_lease(
+            session_key, owner, boot, token, ttl, cached, reclaim=reclaim
+        )
+
+    def check_lease(self, session_key: str, token: str) -> bool:
+        return self._leases.check_lease(session_key, token)
+
+    def renew_leases(self, tokens: Sequence[str], ttl: float) -> set[str]:
+        return self._leases.renew_leases(tokens, ttl)
+
+    def release_lease(
+        self, session_key: str, token: str, delivered: str | None = None
+    ) -> list[tuple[int, str, str]] | Locked | None:
+        return self._leases.release_lease(session_key, token, delivered)
+
+    def give_up_leases(self, tokens: Sequence[str]) -> list[str]:
+        return self._leases.give_up_leases(tokens)
+
+    def read_route(self, session_key: str) -> tuple[EntryDict, int] | None:
+        return self._routes.read_route(session_key)
+
+    def checked_routes(
+        self, expected: Mapping[str, int | None]
+    ) -> AbstractContextManager[dict[str, int]]:
+        return self._routes.checked_routes(expected)
+
+    def orphaned_lanes(
+        self, owner: str, boot: str, expired: bool, ttl: float
+    ) -> list[tuple[str, int | None]]:
+        return self._leases.orphaned_lanes(owner, boot, expired, ttl)
+
+    def wake_lane(self, session_key: str) -> None:
+        self._wakeups.wake_lane(session_key)
+
+    def listen_lanes(self, woken: Callable[[str], None]) -> Callable[[], None]:
+        return self._wakeups.listen_lanes(woken)
+
+    # -- BacklogTarget, Maintenance ---------------------------------------------------------------
+
+    def get_meta(self, name: str) -> str | None:
+        return self._conn.get_meta(name)
 
     def import_backlog(
         self,
@@ -301,12 +307,88 @@ class SqlBackend(RekeyRows, OperatorRows, LeaseRows, WakeupRows, SessionRows):
         offset: tuple[str, str],
         create_row: SessionRow | None,
     ) -> None:
-        """Create the session row if needed, append messages, store the offset: one transaction."""
-        rows = [message_row(session_id, message) for message in new_messages]
+        self._transcripts.import_backlog(session_id, new_messages, offset, create_row)
 
-        with self._write("replaying the JSONL backlog") as cursor:
-            if create_row is not None:
-                self._sql.insert_session.run(cursor, session_values(create_row))
-            for row in rows:
-                self._insert_message(cursor, row)
-            self._set_meta(cursor, *offset)
+    def set_meta(self, name: str, value: str) -> None:
+        self._rekey.set_meta(name, value)
+
+    def stored_keys(self) -> StoredKeys:
+        return self._rekey.stored_keys()
+
+    def move_keys(self, moves: KeyMoves) -> None:
+        self._rekey.move_keys(moves)
+
+    def has_routes(self) -> bool:
+        return self._routes.has_routes()
+
+    def import_routes(
+        self, entries: Sequence[tuple[EntryDict, SessionRow]], marker: tuple[str, str]
+    ) -> int:
+        return self._routes.import_routes(entries, marker)
+
+    # -- OperatorBackend --------------------------------------------------------------------------
+
+    def integrity_problems(self) -> list[str]:
+        return self._operator.integrity_problems()
+
+    def fts_problems(self) -> list[str]:
+        return self._index.fts_problems()
+
+    def unreadable_rows(self) -> list[str]:
+        return self._operator.unreadable_rows()
+
+    def routing_problems(self) -> list[str]:
+        return self._operator.routing_problems()
+
+    def writer_lock_path(self) -> str | None:
+        return self._operator.writer_lock_path()
+
+    def obligation_counts(self) -> dict[str, int]:
+        return self._operator.obligation_counts()
+
+    def lease_rows(self, session_key: str | None = None) -> list[tuple[str, str, float]]:
+        return self._operator.lease_rows(session_key)
+
+    def revive_queued(self, event_ids: Sequence[int]) -> int:
+        return self._operator.revive_queued(event_ids)
+
+    def table_rows(
+        self, name: str, after: Sequence[Any] | None, limit: int
+    ) -> list[dict[str, Any]]:
+        return self._operator.table_rows(name, after, limit)
+
+    def primary_key(self, name: str, row: Mapping[str, Any]) -> tuple[Any, ...]:
+        return self._operator.primary_key(name, row)
+
+    def insert_missing(self, name: str, rows: Sequence[Mapping[str, Any]]) -> int:
+        return self._operator.insert_missing(name, rows)
+
+    def foreign_rows(self, name: str, rows: Sequence[Mapping[str, Any]]) -> int:
+        return self._operator.foreign_rows(name, rows)
+
+    def set_session_counts(self, rows: Sequence[Mapping[str, Any]]) -> None:
+        self._operator.set_session_counts(rows)
+
+    def finish_transfer(self) -> None:
+        self._operator.finish_transfer()
+
+    def table_digest(self, name: str) -> TableDigest:
+        return self._operator.table_digest(name)
+
+
+if TYPE_CHECKING:
+
+    def _conforms(backend: SqlBackend) -> None:
+        """The facade implements every protocol the core calls it by (checked by mypy)."""
+        _required: StoreBackend = backend
+        _search: SearchCapable = backend
+        _edits: TranscriptEditing = backend
+        _pruning: Pruning = backend
+        _ledger: LedgerRows = backend
+        _queue: DurableQueue = backend
+        _counts: RestartCountRows = backend
+        _writers: ParallelWriters = backend
+        _leases: TurnLeases = backend
+        _wakeups: LaneWakeups = backend
+        _maintenance: Maintenance = backend
+        _operator: OperatorBackend = backend

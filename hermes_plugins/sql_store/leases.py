@@ -8,9 +8,9 @@ lane); the conflicting row is locked by the grant either way (and marked ``waiti
 grant is refused), so a grant and a release of one lane serialise on that row. A turn's writes
 are fenced: the lease row is locked (``FOR KEY SHARE``) in the write's own transaction, by
 :meth:`LeaseRows.check_lease` or by the turn's start and finish statements themselves (see
-``postgres``), and the write goes ahead only if the token still holds it; that lock conflicts
-with a grant that would change the owner, never with the mark of a refused one. Renewals commit
-on a pooled connection and skip the rows locked at that moment.
+``dialects/postgresql_turns.py``), and the write goes ahead only if the token still holds it;
+that lock conflicts with a grant that would change the owner, never with the mark of a refused
+one. Renewals commit on a pooled connection and skip the rows locked at that moment.
 """
 
 from __future__ import annotations
@@ -225,9 +225,12 @@ ORDER BY 1
 # queued elsewhere for it waits for that lease to expire.
 
 
-class LeaseRows(SqlConnection):
+class LeaseRows:
     """The lease table's statements (PostgreSQL); each method is one transaction unless it runs
     inside the store's batch."""
+
+    def __init__(self, conn: SqlConnection) -> None:
+        self._conn = conn
 
     def take_lease(
         self,
@@ -250,7 +253,7 @@ class LeaseRows(SqlConnection):
             "key": session_key, "owner": owner, "boot": boot, "token": token, "ttl": ttl,
             "cached": cached, "reclaim": reclaim,
         }  # fmt: skip
-        with self._write("taking a turn lease") as cursor:
+        with self._conn.write("taking a turn lease") as cursor:
             row = cursor.execute(_TAKE, params).fetchone()
             if row[0] and row[1] is None:  # a row inserted after its snapshot: now in view
                 row = cursor.execute(_TAKE, params).fetchone()
@@ -271,7 +274,7 @@ class LeaseRows(SqlConnection):
         """Whether ``token`` still holds the lane's lease; the row stays locked (``FOR KEY
         SHARE``) until the transaction ends, so no grant can overtake the write it fences (a
         refused grant's mark, which changes no owner, does not wait for it)."""
-        with self._write("checking a turn lease") as cursor:
+        with self._conn.write("checking a turn lease") as cursor:
             row = cursor.execute(_FENCE, {"key": session_key, "token": token}).fetchone()
             return row is not None
 
@@ -281,7 +284,7 @@ class LeaseRows(SqlConnection):
         waits for no writer step (in shared mode no connection holds a writer lock)."""
         if not tokens:
             return set()
-        with self._read("renewing turn leases") as conn:
+        with self._conn.read("renewing turn leases") as conn:
             rows = conn.exec_driver_sql(_RENEW, {"tokens": list(tokens), "ttl": ttl}).fetchall()
             conn.commit()
         return {row[0] for row in rows}
@@ -296,7 +299,7 @@ class LeaseRows(SqlConnection):
         free afterwards. ``delivered``: a ledger row deleted in the same statement (the settle
         of a reply) while ``token`` holds the lease."""
         params = {"key": session_key, "token": token, "delivered": delivered}
-        with self._write("releasing a turn lease") as cursor:
+        with self._conn.write("releasing a turn lease") as cursor:
             rows = cursor.execute(_RELEASE, params).fetchall()
             if rows and rows[0][0] is False and rows[0][1] is None:  # kept, no event in view
                 rows = cursor.execute(_RELEASE, {**params, "delivered": None}).fetchall()
@@ -311,7 +314,7 @@ class LeaseRows(SqlConnection):
         with events queued."""
         if not tokens:
             return []
-        with self._write("giving up turn leases") as cursor:
+        with self._conn.write("giving up turn leases") as cursor:
             return [row[0] for row in cursor.execute(_GIVE_UP, {"tokens": list(tokens)})]
 
     def orphaned_lanes(
@@ -323,5 +326,5 @@ class LeaseRows(SqlConnection):
         its oldest queued event's id when only queued events and no lease row make it so. An
         expiry further than ``ttl`` from now counts as expired (a junk row)."""
         params: dict[str, Any] = {"owner": owner, "boot": boot, "expired": expired, "ttl": ttl}
-        with self._write("looking for lanes without a live lease") as cursor:
+        with self._conn.write("looking for lanes without a live lease") as cursor:
             return [(row[0], row[1]) for row in cursor.execute(_ORPHANS, params).fetchall()]

@@ -7,19 +7,17 @@ from __future__ import annotations
 
 import hashlib
 import json
-import sqlite3
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from sqlalchemy import Table, bindparam, func, insert, select, tuple_, update
 
-from hermes_core.domain.errors import StoreError, shown
+from hermes_core.domain.errors import shown
 from hermes_core.store.operator import TRANSFER_TABLES, TableDigest
-from hermes_plugins.sql_store.exclusive import LOCK_SUFFIX
-from hermes_plugins.sql_store.queue import QueueRows
+from hermes_plugins.sql_store.connection import SqlConnection
+from hermes_plugins.sql_store.dialects.sqlite_fts import WATERMARK
 from hermes_plugins.sql_store.rows import ROUTE_READ, json_object, route_problems
 from hermes_plugins.sql_store.schema import (
-    FTS_WATERMARK,
     gateway_routing,
     metadata,
     queued_events,
@@ -27,17 +25,10 @@ from hermes_plugins.sql_store.schema import (
     sessions,
     state_meta,
 )
-from hermes_plugins.sql_store.statements import Prepared
+from hermes_plugins.sql_store.search import STALE
 
-_FTS_PROBE = "SELECT rowid FROM messages_fts WHERE messages_fts MATCH '\"hermesprobe\"' LIMIT 1"
-_INDEX_META = ("fts_stale", FTS_WATERMARK)
+_INDEX_META = (STALE, WATERMARK)
 """``state_meta`` records of the full-text index: derived, never copied or compared."""
-_FTS_COVERAGE = (
-    "SELECT (SELECT count(*) FROM messages_fts_docsize), (SELECT count(*) FROM messages WHERE "
-    f"id <= (SELECT CAST(value AS INTEGER) FROM state_meta WHERE key = '{FTS_WATERMARK}'))"
-)
-_PG_PROBE = "SELECT id FROM messages WHERE search_tsv @@ plainto_tsquery('simple', 'hermesprobe')"
-_SEQUENCES = ("messages", "queued_events")
 _RECOUNTED = ("message_count", "last_activity_at")
 """Session columns the message-count trigger moves while messages are copied; set afterwards."""
 
@@ -59,66 +50,23 @@ def _canonical(table: Table, row: Mapping[str, Any], *, copied: bool = False) ->
     return json.dumps(values, sort_keys=True)
 
 
-class OperatorRows(QueueRows):
+class OperatorRows:
     """Checks, transfer and dead-letter revival (each write is one transaction)."""
+
+    def __init__(self, conn: SqlConnection) -> None:
+        self._conn = conn
 
     # -- checks ---------------------------------------------------------------------------------
 
     def integrity_problems(self) -> list[str]:
-        """SQLite ``integrity_check`` and ``foreign_key_check`` findings (none on PostgreSQL,
-        whose server keeps its own pages consistent)."""
-        if self.name != "sqlite":
-            return []
-        with self._read("checking the database's integrity") as conn:
-            found = [str(row[0]) for row in conn.exec_driver_sql("PRAGMA integrity_check")]
-            keys = conn.exec_driver_sql("PRAGMA foreign_key_check").all()
-        problems = [line for line in found if line != "ok"]
-        problems += [f"{row[0]} row {row[1]} points at a missing {row[2]} row" for row in keys]
-        return problems
-
-    def fts_problems(self) -> list[str]:
-        """The full-text index's own integrity check and a real MATCH probe; ``[]`` when
-        healthy or when full-text search is unavailable."""
-        if self._fts == "unavailable":
-            return []
-        if self.name != "sqlite":
-            try:
-                with self._read("probing the search index") as conn:
-                    conn.exec_driver_sql(_PG_PROBE).all()
-            except StoreError as exc:  # any failure is the finding
-                return [f"the search index cannot be queried: {exc}"]
-            return []
-        # A connection of its own: the check is an INSERT command that writes nothing, which
-        # the store's read-only connections refuse; it runs in a transaction rolled back.
-        raw = sqlite3.connect(self.path, timeout=5)
-        problems = []
-        try:
-            for what, sql in (
-                # rank 0: the index's own structure (it holds the messages up to its
-                # watermark only, so it is not compared with the whole table here)
-                ("integrity-check", "INSERT INTO messages_fts(messages_fts, rank) "
-                                    "VALUES ('integrity-check', 0)"),
-                ("MATCH probe", _FTS_PROBE),
-                ("watermark", _FTS_COVERAGE),
-            ):  # fmt: skip
-                try:
-                    rows = raw.execute(sql).fetchall()
-                except sqlite3.DatabaseError as exc:
-                    problems.append(f"{what}: {exc}")
-                    continue
-                if what == "watermark" and rows and rows[0][0] != rows[0][1]:
-                    problems.append(
-                        f"the index holds {rows[0][0]} messages, but {rows[0][1]} are at or "
-                        "below its watermark"
-                    )
-            raw.rollback()
-        finally:
-            raw.close()
-        return problems
+        """The database's integrity and foreign-key findings (SQLite's ``integrity_check``
+        and ``foreign_key_check``; none on PostgreSQL, whose server keeps its own pages
+        consistent)."""
+        return self._conn.dialect.integrity_problems(self._conn)
 
     def writer_lock_path(self) -> str | None:
         """The SQLite writer lock file (None on PostgreSQL, whose lock lives on the server)."""
-        return f"{self.path}{LOCK_SUFFIX}" if self.name == "sqlite" else None
+        return self._conn.dialect.writer_lock_path(self._conn.url)
 
     def unreadable_rows(self) -> list[str]:
         """Rows the store passes over, one line each: routing rows with a junk ``entry_json``
@@ -130,7 +78,7 @@ class OperatorRows(QueueRows):
         )
         events = select(queued_events.c.id, queued_events.c.session_key,
                         queued_events.c.event_json).order_by(queued_events.c.id)  # fmt: skip
-        with self._read("checking stored rows") as conn:
+        with self._conn.read("checking stored rows") as conn:
             found = [
                 f"routing row {shown(row['session_key'])}: {'; '.join(problems)}"
                 for row in conn.execute(routes).mappings()
@@ -149,7 +97,7 @@ class OperatorRows(QueueRows):
             "SELECT r.session_key, r.session_id, s.id, s.ended_at FROM gateway_routing r "
             "LEFT JOIN sessions s ON s.id = r.session_id ORDER BY r.session_key"
         )
-        with self._read("checking the routing table") as conn:
+        with self._conn.read("checking the routing table") as conn:
             rows = conn.exec_driver_sql(query).all()
         problems = []
         for key, session_id, found, ended in rows:
@@ -165,7 +113,7 @@ class OperatorRows(QueueRows):
         query = select(table.c.session_key, table.c.owner_instance, table.c.expires_at)
         if session_key is not None:
             query = query.where(table.c.session_key == session_key)
-        with self._read("reading turn leases") as conn:
+        with self._conn.read("reading turn leases") as conn:
             rows = conn.execute(query.order_by(table.c.session_key)).all()
         return [(str(key), str(owner), float(expires)) for key, owner, expires in rows]
 
@@ -173,7 +121,7 @@ class OperatorRows(QueueRows):
         """Ledger rows per state."""
         table = metadata.tables["delivery_obligations"]
         query = select(table.c.state, func.count()).group_by(table.c.state)
-        with self._read("counting ledger rows") as conn:
+        with self._conn.read("counting ledger rows") as conn:
             return {str(state): int(count) for state, count in conn.execute(query).all()}
 
     # -- dead letters ---------------------------------------------------------------------------
@@ -182,14 +130,14 @@ class OperatorRows(QueueRows):
         """Put dead-lettered events back in their lane's queue with no failed attempts."""
         table = queued_events
         revived = 0
-        with self._write("requeueing dead letters") as cursor:
+        with self._conn.write("requeueing dead letters") as cursor:
             for event_id in event_ids:
                 statement = (
                     update(table)
                     .where(table.c.id == event_id, table.c.dead_at.is_not(None))
                     .values(dead_at=None, attempts=0, last_error=None)
                 )
-                revived += self._execute(cursor, statement).rowcount
+                revived += self._conn.execute(cursor, statement).rowcount
         return revived
 
     # -- transfer -------------------------------------------------------------------------------
@@ -207,7 +155,7 @@ class OperatorRows(QueueRows):
             query = query.where(state_meta.c.key.not_in(_INDEX_META))
         if after is not None:
             query = query.where(tuple_(*key) > tuple_(*after))
-        with self._read(f"reading {name}") as conn:
+        with self._conn.read(f"reading {name}") as conn:
             return [dict(row) for row in conn.execute(query).mappings()]
 
     def primary_key(self, name: str, row: Mapping[str, Any]) -> tuple[Any, ...]:
@@ -222,11 +170,11 @@ class OperatorRows(QueueRows):
         columns = tuple(table.primary_key.columns)
         keys = [self.primary_key(name, row) for row in rows]
         present_query = select(*columns).where(tuple_(*columns).in_(keys))
-        statement = Prepared(insert(table), self._dialect)
-        with self._read(f"reading {name}") as conn:
+        statement = self._conn.prepare(insert(table))
+        with self._conn.read(f"reading {name}") as conn:
             present = {tuple(row) for row in conn.execute(present_query).all()}
         missing = [row for row, key in zip(rows, keys, strict=True) if key not in present]
-        with self._write(f"copying {name}") as cursor:
+        with self._conn.write(f"copying {name}") as cursor:
             for row in missing:
                 statement.run(cursor, row)
         return len(missing)
@@ -240,7 +188,7 @@ class OperatorRows(QueueRows):
         table = _table(name)
         keys = [self.primary_key(name, row) for row in rows]
         query = select(table).where(tuple_(*table.primary_key.columns).in_(keys))
-        with self._read(f"reading {name}") as conn:
+        with self._conn.read(f"reading {name}") as conn:
             found = [dict(row) for row in conn.execute(query).mappings()]
         mine = {self.primary_key(name, row): _canonical(table, row, copied=True) for row in found}
         return sum(
@@ -251,28 +199,26 @@ class OperatorRows(QueueRows):
     def set_session_counts(self, rows: Sequence[Mapping[str, Any]]) -> None:
         """Give sessions the message counts and last activity of ``rows`` (the copy's source),
         which the message-count trigger changed while their messages were inserted."""
-        statement = Prepared(
+        statement = self._conn.prepare(
             update(sessions)
             .where(sessions.c.id == bindparam("row_id"))
-            .values({column: bindparam(column) for column in _RECOUNTED}),
-            self._dialect,
+            .values({column: bindparam(column) for column in _RECOUNTED})
         )
-        with self._write("restoring session counts") as cursor:
+        with self._conn.write("restoring session counts") as cursor:
             for row in rows:
                 values = {column: row[column] for column in _RECOUNTED}
                 statement.run(cursor, {"row_id": row["id"], **values})
 
     def finish_transfer(self) -> None:
-        """After a copy: move PostgreSQL's id sequences past the copied ids (SQLite needs
-        nothing; its index is rebuilt next)."""
-        if self.name == "sqlite":
+        """After a copy: the dialect's statements that make the database ready (PostgreSQL's
+        id sequences moved past the copied ids; SQLite needs nothing, its index is rebuilt
+        next)."""
+        statements = self._conn.dialect.after_copy
+        if not statements:
             return
-        with self._write("finishing the copy") as cursor:
-            for name in _SEQUENCES:
-                cursor.execute(
-                    f"SELECT setval(pg_get_serial_sequence('{name}', 'id'), "
-                    f"coalesce((SELECT max(id) FROM {name}), 0) + 1, false)"
-                )
+        with self._conn.write("finishing the copy") as cursor:
+            for statement in statements:
+                cursor.execute(statement)
 
     def table_digest(self, name: str) -> TableDigest:
         """Row count and SHA-256 of a table's rows (primary-key order, canonical JSON)."""

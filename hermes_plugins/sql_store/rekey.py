@@ -9,7 +9,7 @@ from sqlalchemy import delete, exists, select, update
 from sqlalchemy.sql.schema import Table
 
 from hermes_core.store.backend import KeyMoves, StoredKeys
-from hermes_plugins.sql_store.counts import CountRows
+from hermes_plugins.sql_store.connection import SqlConnection
 from hermes_plugins.sql_store.rows import ROUTE_READ, route_entry
 from hermes_plugins.sql_store.schema import (
     delivery_obligations,
@@ -24,19 +24,22 @@ from hermes_plugins.sql_store.schema import (
 _ONE_ROW_PER_KEY = (restart_failure_counts, session_turn_leases)
 
 
-class RekeyRows(CountRows):
+class RekeyRows:
     """What ``SessionStore.rekey`` needs from the SQL store."""
+
+    def __init__(self, conn: SqlConnection) -> None:
+        self._conn = conn
 
     def set_meta(self, name: str, value: str) -> None:
         """Set one ``state_meta`` value."""
-        with self._write("writing state_meta") as cursor:
-            self._set_meta(cursor, name, value)
+        with self._conn.write("writing state_meta") as cursor:
+            self._conn.put_meta(cursor, name, value)
 
     def stored_keys(self) -> StoredKeys:
         """Routes, session rows, queued events and the other tables' keys, from one read."""
         table = sessions.c
         others: set[str] = set()
-        with self._read("reading the stored session keys") as conn:
+        with self._conn.read("reading the stored session keys") as conn:
             routes = [
                 {**route_entry(row), "session_key": row["session_key"]}
                 for row in conn.execute(
@@ -58,33 +61,33 @@ class RekeyRows(CountRows):
     def move_keys(self, moves: KeyMoves) -> None:
         """Apply one batch of a re-key in one transaction."""
         routing = gateway_routing.c
-        with self._write("re-keying session lanes") as cursor:
+        with self._conn.write("re-keying session lanes") as cursor:
             for old, new in moves.lanes.items():
-                found = self._execute(
+                found = self._conn.execute(
                     cursor, select(routing.entry_json).where(routing.session_key == old)
                 ).fetchone()
                 if found is not None:
                     entry = json.loads(found[0])
                     entry["session_key"] = new
                     text = json.dumps(entry, ensure_ascii=False)
-                    self._execute(cursor, update(gateway_routing).where(
+                    self._conn.execute(cursor, update(gateway_routing).where(
                         routing.session_key == old
                     ).values(session_key=new, entry_json=text))  # fmt: skip
                 self._move_seen(cursor, old, new)
-                self._execute(cursor, update(delivery_obligations).where(
+                self._conn.execute(cursor, update(delivery_obligations).where(
                     delivery_obligations.c.session_key == old
                 ).values(session_key=new))  # fmt: skip
                 for table in _ONE_ROW_PER_KEY:
                     self._move_unique(cursor, table, old, new)
             for session_id, new in moves.sessions:
-                self._execute(cursor, update(sessions).where(sessions.c.id == session_id).values(
-                    session_key=new
-                ))  # fmt: skip
+                self._conn.execute(cursor, update(sessions).where(
+                    sessions.c.id == session_id
+                ).values(session_key=new))  # fmt: skip
             for event_id, new in moves.queued:
-                self._execute(cursor, update(queued_events).where(
+                self._conn.execute(cursor, update(queued_events).where(
                     queued_events.c.id == event_id
                 ).values(session_key=new))  # fmt: skip
-            self._set_meta(cursor, "key_schema", moves.key_schema)
+            self._conn.put_meta(cursor, "key_schema", moves.key_schema)
 
     def _move_seen(self, cursor: Any, old: str, new: str) -> None:
         """Move a lane's redelivery records; one already recorded under ``new`` stays."""
@@ -92,20 +95,20 @@ class RekeyRows(CountRows):
         taken = exists().where(
             seen.c.session_key == new, seen.c.message_id == seen_messages.c.message_id
         )
-        self._execute(cursor, update(seen_messages).where(
+        self._conn.execute(cursor, update(seen_messages).where(
             seen_messages.c.session_key == old, ~taken
         ).values(session_key=new))  # fmt: skip
-        self._execute(cursor, delete(seen_messages).where(seen_messages.c.session_key == old))
+        self._conn.execute(cursor, delete(seen_messages).where(seen_messages.c.session_key == old))
 
     def _move_unique(self, cursor: Any, table: Table, old: str, new: str) -> None:
         """Move the one row of ``old`` in a table keyed by session key, unless ``new`` has one."""
-        present = self._execute(
+        present = self._conn.execute(
             cursor, select(table.c.session_key).where(table.c.session_key == new)
         ).fetchone()
         if present is None:
-            self._execute(
+            self._conn.execute(
                 cursor,
                 update(table).where(table.c.session_key == old).values(session_key=new),
             )
         else:
-            self._execute(cursor, delete(table).where(table.c.session_key == old))
+            self._conn.execute(cursor, delete(table).where(table.c.session_key == old))

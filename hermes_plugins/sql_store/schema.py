@@ -1,10 +1,9 @@
 """One SQL schema for SQLite and PostgreSQL, with versioned, idempotent upgrades.
 
 Canonical tables are SQLAlchemy Core ``Table`` objects; the full-text index is derived (SQLite
-FTS5 external content over a view, PostgreSQL ``tsvector`` + GIN) and lives in dialect helpers.
-
-One module on purpose: a table, its indexes and the upgrade steps that shaped it are read
-together; split, a table would sit apart from its migrations.
+FTS5 external content over a view, PostgreSQL ``tsvector`` + GIN) and is the dialects' (an
+upgrade step asks the store's dialect for what differs). A table, its indexes and the upgrade
+steps that shaped it are read together here.
 """
 
 from __future__ import annotations
@@ -12,7 +11,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING
 
 from sqlalchemy import (
     Column,
@@ -25,13 +24,14 @@ from sqlalchemy import (
     String,
     Table,
     Text,
-    delete,
-    insert,
     inspect,
     select,
     update,
 )
 from sqlalchemy.schema import CreateTable
+
+if TYPE_CHECKING:
+    from hermes_plugins.sql_store.dialects.base import Dialect
 
 metadata = MetaData()
 
@@ -181,154 +181,17 @@ restart_failure_counts = Table(
     Column("updated_at", Float, nullable=False),
 )
 
-CANONICAL_TABLES = ("sessions", "messages", "gateway_routing")
-
-# -- full-text search (derived) -------------------------------------------------------------------
-
-FTS_TRIGGERS = ("messages_fts_insert", "messages_fts_delete", "messages_fts_update")
-_PROJECTION = "CASE WHEN {r}.role = 'tool' THEN substr({r}.content, 1, 8192) ELSE {r}.content END"
-
-SQLITE_FTS_VIEW = (
-    "CREATE VIEW IF NOT EXISTS messages_fts_src AS SELECT id, "
-    + _PROJECTION.format(r="messages")
-    + " AS content, tool_name, tool_calls FROM messages"
-)
-SQLITE_FTS_TABLE = (
-    "CREATE VIRTUAL TABLE IF NOT EXISTS messages_fts USING fts5("
-    "content, tool_name, tool_calls, content='messages_fts_src', content_rowid='id')"
-)
-_FTS_INSERT = (
-    "INSERT INTO messages_fts(rowid, content, tool_name, tool_calls) VALUES "
-    "(new.id, " + _PROJECTION.format(r="new") + ", new.tool_name, new.tool_calls);"
-)
-_FTS_DELETE = (
-    "INSERT INTO messages_fts(messages_fts, rowid, content, tool_name, tool_calls) VALUES "
-    "('delete', old.id, " + _PROJECTION.format(r="old") + ", old.tool_name, old.tool_calls);"
-)
-FTS_WATERMARK = "fts_indexed_through"
-"""``state_meta`` key: the highest message id SQLite's full-text index holds (see ``fts.py``)."""
-_INDEXED = (
-    f"old.id <= (SELECT CAST(value AS INTEGER) FROM state_meta WHERE key = '{FTS_WATERMARK}')"
-)
-SQLITE_FTS_TRIGGERS = (
-    f"CREATE TRIGGER IF NOT EXISTS messages_fts_delete AFTER DELETE ON messages WHEN {_INDEXED} "
-    f"BEGIN {_FTS_DELETE} END",
-    "CREATE TRIGGER IF NOT EXISTS messages_fts_update AFTER UPDATE OF content, tool_name, "
-    "tool_calls, role ON messages WHEN (old.content IS NOT new.content OR old.tool_name IS NOT "
-    "new.tool_name OR old.tool_calls IS NOT new.tool_calls OR old.role IS NOT new.role) AND "
-    f"{_INDEXED} BEGIN {_FTS_DELETE} {_FTS_INSERT} END",
-)
-"""Index entries of rows the index already holds follow their updates and deletes; a message
-insert does not touch the index (it is indexed in bulk when the watermark passes it)."""
-TAIL_PROJECTION = _PROJECTION.format(r="m")
-"""What the index holds of a message ``m`` (tool output cut to 8 KiB)."""
-SQLITE_FTS_CATCH_UP = (
-    "INSERT INTO messages_fts(rowid, content, tool_name, tool_calls) SELECT id, "
-    + _PROJECTION.format(r="messages")
-    + ", tool_name, tool_calls FROM messages WHERE id > :after AND id <= :upto ORDER BY id"
-)
-
-POSTGRES_SEARCH = (
-    "ALTER TABLE messages ADD COLUMN IF NOT EXISTS search_tsv tsvector GENERATED ALWAYS AS "
-    "(to_tsvector('simple'::regconfig, left(coalesce(CASE WHEN role = 'tool' THEN "
-    "left(content, 8192) ELSE content END, '') || ' ' || coalesce(tool_name, '') || ' ' || "
-    "coalesce(tool_calls, ''), 65536))) STORED",
-    "CREATE INDEX IF NOT EXISTS ix_messages_search ON messages USING gin (search_tsv)",
-)
-
-
-def sqlite_has_fts5(conn: Connection) -> bool:
-    """Whether this SQLite build has FTS5 (a missing module means ``fts: unavailable``)."""
-    options = {row[0] for row in conn.exec_driver_sql("PRAGMA compile_options")}
-    return "ENABLE_FTS5" in options
-
-
-SQLITE_FTS_SETUP = (
-    SQLITE_FTS_VIEW,
-    SQLITE_FTS_TABLE,
-    "INSERT INTO messages_fts(messages_fts) VALUES ('rebuild')",
-)
-"""View, FTS5 table, and a rebuild that indexes the messages already stored."""
-
-
-FTS_SHADOW_SUFFIXES = ("data", "idx", "docsize", "config")
-_TWIN = "hermes_fts_twin"
-
-
-def reset_sqlite_fts(cursor: Any) -> None:
-    """Return the FTS5 index to the state of a freshly created one (on a DBAPI cursor, inside
-    the caller's transaction), however damaged its shadow tables are, so ``rebuild`` can run.
-
-    A temporary twin table provides SQLite's own empty shadow rows; the damaged index's shadow
-    tables are recreated if missing, emptied and refilled from the twin. Messages are untouched.
-    """
-    have = {row[0] for row in cursor.execute("SELECT name FROM sqlite_master").fetchall()}
-    if "messages_fts" not in have:  # the table itself is gone: clear leftovers and recreate
-        for suffix in FTS_SHADOW_SUFFIXES:
-            cursor.execute(f"DROP TABLE IF EXISTS messages_fts_{suffix}")
-        cursor.execute(SQLITE_FTS_VIEW)
-        cursor.execute(SQLITE_FTS_TABLE)
-        return
-    cursor.execute(SQLITE_FTS_TABLE.replace("IF NOT EXISTS messages_fts", f"temp.{_TWIN}"))
-    try:
-        for suffix in FTS_SHADOW_SUFFIXES:
-            ddl = cursor.execute(
-                "SELECT sql FROM sqlite_temp_master WHERE name = ?", (f"{_TWIN}_{suffix}",)
-            ).fetchone()[0]
-            cursor.execute(
-                ddl.replace(
-                    f"CREATE TABLE '{_TWIN}_", "CREATE TABLE IF NOT EXISTS main.'messages_fts_"
-                )
-            )
-            cursor.execute(f"DELETE FROM main.messages_fts_{suffix}")
-            cursor.execute(
-                f"INSERT INTO main.messages_fts_{suffix} SELECT * FROM temp.{_TWIN}_{suffix}"
-            )
-    finally:
-        cursor.execute(f"DROP TABLE IF EXISTS temp.{_TWIN}")
-
-
-def create_sqlite_fts(conn: Connection) -> None:
-    """Create the FTS5 view, table and triggers (idempotent) and index existing messages."""
-    for statement in (*SQLITE_FTS_SETUP, *SQLITE_FTS_TRIGGERS):
-        conn.exec_driver_sql(statement)
-
-
-# -- message counts (canonical, kept by the database) -------------------------------------------
-
-# Every stored message counts towards its session's ``message_count`` and moves its
-# ``last_activity_at``: a trigger does it inside the insert, so a message costs one statement.
-SQLITE_COUNT_TRIGGER = (
-    "CREATE TRIGGER IF NOT EXISTS messages_count AFTER INSERT ON messages BEGIN "
-    "UPDATE sessions SET message_count = message_count + 1, last_activity_at = new.timestamp "
-    "WHERE id = new.session_id; END"
-)
-POSTGRES_COUNT_TRIGGER = (
-    "CREATE OR REPLACE FUNCTION hermes_count_message() RETURNS trigger LANGUAGE plpgsql AS $$ "
-    "BEGIN UPDATE sessions SET message_count = message_count + 1, "
-    "last_activity_at = NEW.timestamp WHERE id = NEW.session_id; RETURN NULL; END $$",
-    "DROP TRIGGER IF EXISTS messages_count ON messages",
-    "CREATE TRIGGER messages_count AFTER INSERT ON messages FOR EACH ROW "
-    "EXECUTE FUNCTION hermes_count_message()",
-)
-
-
 # -- versions -------------------------------------------------------------------------------------
 
 
-def _v1_canonical(conn: Connection) -> None:
+def _v1_canonical(conn: Connection, dialect: Dialect) -> None:
     """Version 1: every table of the store."""
     metadata.create_all(conn)
 
 
-def _v2_search(conn: Connection) -> None:
+def _v2_search(conn: Connection, dialect: Dialect) -> None:
     """Version 2: the derived full-text index (skipped where SQLite lacks FTS5)."""
-    if conn.dialect.name == "sqlite":
-        if sqlite_has_fts5(conn):
-            create_sqlite_fts(conn)
-    else:
-        for statement in POSTGRES_SEARCH:
-            conn.exec_driver_sql(statement)
+    dialect.create_search_index(conn)
 
 
 def _add_missing_columns(conn: Connection, added: dict[str, tuple[tuple[str, str], ...]]) -> None:
@@ -341,7 +204,7 @@ def _add_missing_columns(conn: Connection, added: dict[str, tuple[tuple[str, str
                 conn.exec_driver_sql(f"ALTER TABLE {table} ADD COLUMN {name} {kind}")
 
 
-def _v3_redelivery_and_dead_letters(conn: Connection) -> None:
+def _v3_redelivery_and_dead_letters(conn: Connection, dialect: Dialect) -> None:
     """Version 3: ``seen_messages`` (the durable redelivery check), the dispatch attempts of
     queued events (dead letters), the marked re-sends of ledger rows, message counts kept by a
     trigger, and a lane's turn marker and activity kept in columns (so a turn does not rewrite
@@ -354,8 +217,7 @@ def _v3_redelivery_and_dead_letters(conn: Connection) -> None:
         "delivery_obligations": (("marked_sends", "INTEGER NOT NULL DEFAULT 0"),),
         "gateway_routing": (("active_turn_started_at", "FLOAT"),),
     })  # fmt: skip
-    sqlite = conn.dialect.name == "sqlite"
-    for statement in (SQLITE_COUNT_TRIGGER,) if sqlite else POSTGRES_COUNT_TRIGGER:
+    for statement in dialect.count_trigger:
         conn.exec_driver_sql(statement)
     routing = gateway_routing.c
     markers = select(routing.session_key, routing.entry_json).where(
@@ -371,30 +233,17 @@ def _v3_redelivery_and_dead_letters(conn: Connection) -> None:
         )
 
 
-def _v4_index_behind_a_watermark(conn: Connection) -> None:
-    """Version 4 (SQLite): the full-text index no longer follows each insert; it holds the
-    messages up to ``fts_indexed_through`` and the writer indexes the rest in bulk. Every
-    message stored so far is indexed (the old insert trigger did it), unless the index is stale,
-    when the rebuild sets the watermark."""
-    if conn.dialect.name != "sqlite" or not sqlite_has_fts5(conn):
-        return
-    meta = state_meta.c
-    stale = conn.execute(select(meta.value).where(meta.key == "fts_stale")).first() is not None
-    for trigger in FTS_TRIGGERS:
-        conn.exec_driver_sql(f"DROP TRIGGER IF EXISTS {trigger}")
-    newest = conn.exec_driver_sql("SELECT coalesce(max(id), 0) FROM messages").scalar()
-    conn.execute(delete(state_meta).where(meta.key == FTS_WATERMARK))
-    conn.execute(insert(state_meta).values(key=FTS_WATERMARK, value=str(newest)))
-    if not stale:
-        for statement in SQLITE_FTS_TRIGGERS:
-            conn.exec_driver_sql(statement)
+def _v4_index_behind_a_watermark(conn: Connection, dialect: Dialect) -> None:
+    """Version 4 (SQLite): the full-text index no longer follows each insert (see
+    ``dialects/sqlite_fts.py``)."""
+    dialect.index_behind_a_watermark(conn)
 
 
 DUPLICATE_OPEN = "duplicate_open"
 """End reason given by version 5 to the older of two sessions open on one key at once."""
 
 
-def _v5_shared_instances(conn: Connection) -> None:
+def _v5_shared_instances(conn: Connection, dialect: Dialect) -> None:
     """Version 5: at most one open (and not expiry-fenced) session per key, enforced by a
     unique partial index (older
     duplicates, which only two writers racing on one database could make, are ended
@@ -437,14 +286,14 @@ def _rebuild_without_rowid(conn: Connection, table: Table) -> None:
     conn.exec_driver_sql(f"ALTER TABLE {staging.name} RENAME TO {table.name}")
 
 
-def _v6_fewer_pages_per_turn(conn: Connection) -> None:
+def _v6_fewer_pages_per_turn(conn: Connection, dialect: Dialect) -> None:
     """Version 6: fewer b-tree pages written per turn. The ledger is scanned by state (it holds
     only outstanding rows and a bounded number of terminal ones), so its state index goes. On
     SQLite the ledger and ``seen_messages`` become ``WITHOUT ROWID`` (their text primary key is
     the table), ``seen_messages`` loses its ``seen_at`` index (the hourly prune scans) and
     ``gateway_routing`` its marker index (one process scans it once, at start-up)."""
     conn.exec_driver_sql("DROP INDEX IF EXISTS ix_delivery_obligations_state")
-    if conn.dialect.name != "sqlite":
+    if not dialect.without_rowid:
         return
     for table in (delivery_obligations, seen_messages):
         _rebuild_without_rowid(conn, table)
@@ -452,7 +301,7 @@ def _v6_fewer_pages_per_turn(conn: Connection) -> None:
         conn.exec_driver_sql(f"DROP INDEX IF EXISTS {index}")
 
 
-def _v7_lease_waiting(conn: Connection) -> None:
+def _v7_lease_waiting(conn: Connection, dialect: Dialect) -> None:
     """Version 7: a lease row says when a process queued an event for the lane while another
     held it (``waiting``), so that the holder's release is one statement (see ``leases``)."""
     _add_missing_columns(
@@ -460,7 +309,7 @@ def _v7_lease_waiting(conn: Connection) -> None:
     )
 
 
-MIGRATIONS: tuple[Callable[[Connection], None], ...] = (
+MIGRATIONS: tuple[Callable[[Connection, Dialect], None], ...] = (
     _v1_canonical, _v2_search, _v3_redelivery_and_dead_letters, _v4_index_behind_a_watermark,
     _v5_shared_instances, _v6_fewer_pages_per_turn, _v7_lease_waiting,
 )  # fmt: skip

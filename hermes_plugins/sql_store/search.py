@@ -1,29 +1,32 @@
-"""Full-text search over active messages: FTS5, tsvector, or a substring scan."""
+"""Full-text search over active messages: through the dialect's derived index (FTS5,
+``tsvector``), or a substring scan while the index is stale or unavailable.
+
+:class:`SearchIndex` is the store's index and its state; each dialect has its own kind
+(``dialects/sqlite_search.py``, ``dialects/postgresql.py``), chosen when the store opens.
+"""
 
 from __future__ import annotations
 
-import sqlite3
-from contextlib import closing
-from typing import Any
+import logging
+from abc import ABC, abstractmethod
+from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import Connection, func, literal_column, select, text
-from sqlalchemy.sql import ColumnElement, Select
+from sqlalchemy import Connection, func, select
+from sqlalchemy.exc import SQLAlchemyError
+from sqlalchemy.sql import Select
 
 from hermes_core.store.backend import SearchHit
-from hermes_plugins.sql_store.schema import (
-    FTS_WATERMARK,
-    TAIL_PROJECTION,
-    messages,
-    sessions,
-    state_meta,
-)
+from hermes_plugins.sql_store.schema import messages, sessions, state_meta
+
+if TYPE_CHECKING:
+    from hermes_plugins.sql_store.connection import SqlConnection
+    from hermes_plugins.sql_store.dialects.base import Dialect
+
+logger = logging.getLogger(__name__)
 
 SNIPPET_CHARS = 200
-
-
-def fts5_query(query: str) -> str:
-    """Every whitespace-separated token quoted (inner quotes doubled); all are required."""
-    return " ".join('"' + token.replace('"', '""') + '"' for token in query.split())
+STALE = "fts_stale"
+"""``state_meta`` key, present while the index is stale (set when a fault disabled it)."""
 
 
 def snippet_around(content: str | None, tokens: list[str]) -> str:
@@ -35,7 +38,8 @@ def snippet_around(content: str | None, tokens: list[str]) -> str:
     return body[start : start + SNIPPET_CHARS]
 
 
-def _scoped(query: Select[Any], session_id: str | None, session_key: str | None) -> Select[Any]:
+def scoped(query: Select[Any], session_id: str | None, session_key: str | None) -> Select[Any]:
+    """``query`` over the active messages of a session, or of a key's sessions, or all."""
     query = query.where(messages.c.active == 1)
     if session_id is not None:
         query = query.where(messages.c.session_id == session_id)
@@ -61,96 +65,13 @@ def _hits(rows: Any, tokens: list[str]) -> list[SearchHit]:
     ]
 
 
-def indexed(
+def scan(
     conn: Connection,
-    dialect: str,
+    dialect: Dialect,
     query: str,
     session_id: str | None,
     session_key: str | None,
     limit: int,
-) -> list[SearchHit]:
-    """Search through the derived index, best rank first."""
-    tokens = query.split()
-    if not tokens:
-        return []
-    if dialect == "sqlite":
-        return _hits(
-            _sqlite_ranked(conn, fts5_query(query), session_id, session_key, limit), tokens
-        )
-    columns = (messages.c.id, messages.c.session_id, messages.c.role, messages.c.timestamp,
-               messages.c.content)  # fmt: skip
-    tsquery = func.plainto_tsquery(literal_column("'simple'::regconfig"), query)
-    search_tsv: ColumnElement[Any] = literal_column("messages.search_tsv")
-    statement = (
-        _scoped(select(*columns), session_id, session_key)
-        .where(search_tsv.op("@@")(tsquery))
-        .order_by(func.ts_rank(search_tsv, tsquery).desc(), messages.c.id)
-        .limit(limit)
-    )
-    return _hits(conn.execute(statement), tokens)
-
-
-def _sqlite_ranked(
-    conn: Connection, match: str, session_id: str | None, session_key: str | None, limit: int
-) -> list[Any]:
-    """FTS5 hits, best first: those of the index (the messages up to its watermark) merged by
-    rank with those of the messages past it, matched through a private in-memory FTS5 table of
-    the same tokenizer, so the newest messages are found exactly as indexed ones are."""
-    scope, params = "", {"match": match, "limit": limit}
-    if session_id is not None:
-        scope += " AND m.session_id = :session_id"
-        params["session_id"] = session_id
-    if session_key is not None:
-        scope += " AND m.session_id IN (SELECT id FROM sessions WHERE session_key = :session_key)"
-        params["session_key"] = session_key
-    # Read before the index: a catch-up committed in between makes rows show twice (merged
-    # below), never not at all.
-    watermark = conn.execute(
-        select(state_meta.c.value).where(state_meta.c.key == FTS_WATERMARK)
-    ).scalar()
-    indexed = conn.execute(
-        text(
-            "SELECT m.id, m.session_id, m.role, m.timestamp, m.content, messages_fts.rank AS rank "
-            "FROM messages_fts JOIN messages m ON m.id = messages_fts.rowid "
-            f"WHERE messages_fts MATCH :match AND m.active = 1{scope} "
-            "ORDER BY messages_fts.rank LIMIT :limit"
-        ),
-        params,
-    ).all()
-    tail = conn.execute(
-        text(
-            "SELECT m.id, m.session_id, m.role, m.timestamp, m.content, "
-            f"{TAIL_PROJECTION} AS indexed, m.tool_name, m.tool_calls FROM messages m "
-            f"WHERE m.id > :after AND m.active = 1{scope}"
-        ),
-        {**params, "after": int(watermark or 0)},
-    ).all()
-    ranked = [(row.rank, row) for row in indexed]
-    known = {row.id for row in indexed}
-    tail = [row for row in tail if row.id not in known]
-    if tail:
-        ranked.extend(_match_in_memory(tail, match, limit))
-    ranked.sort(key=lambda pair: pair[0])
-    return [row for _rank, row in ranked[:limit]]
-
-
-def _match_in_memory(rows: list[Any], match: str, limit: int) -> list[tuple[float, Any]]:
-    """(FTS5 rank, row) of the ``rows`` (past the watermark) that ``match`` finds."""
-    by_id = {row.id: row for row in rows}
-    with closing(sqlite3.connect(":memory:")) as memory:
-        memory.execute("CREATE VIRTUAL TABLE tail USING fts5(content, tool_name, tool_calls)")
-        memory.executemany(
-            "INSERT INTO tail(rowid, content, tool_name, tool_calls) VALUES (?, ?, ?, ?)",
-            [(row.id, row.indexed, row.tool_name, row.tool_calls) for row in rows],
-        )
-        found = memory.execute(
-            "SELECT rowid, rank FROM tail WHERE tail MATCH ? ORDER BY rank LIMIT ?", (match, limit)
-        ).fetchall()
-    return [(rank, by_id[rowid]) for rowid, rank in found]
-
-
-def scan(
-    conn: Connection, query: str, session_id: str | None, session_key: str | None, limit: int
 ) -> list[SearchHit]:
     """Case-insensitive substring scan (no index): every token must occur; newest first."""
     tokens = query.split()
@@ -163,14 +84,139 @@ def scan(
         + " "
         + func.coalesce(messages.c.tool_calls, "")
     )
-    statement = _scoped(
+    statement = scoped(
         select(messages.c.id, messages.c.session_id, messages.c.role, messages.c.timestamp,
                messages.c.content),
         session_id,
         session_key,
     )  # fmt: skip
-    position = func.instr if conn.dialect.name == "sqlite" else func.strpos
     for token in tokens:
-        statement = statement.where(position(haystack, token.lower()) > 0)
+        statement = statement.where(dialect.position(haystack, token.lower()) > 0)
     statement = statement.order_by(messages.c.id.desc()).limit(limit)
     return _hits(conn.execute(statement), tokens)
+
+
+class SearchIndex(ABC):
+    """The store's derived full-text index and its ``state``: ``ok``; ``stale`` (a fault
+    disabled it; search scans until a rebuild); ``unavailable`` (this SQLite lacks FTS5).
+
+    The store's connection tells it of each commit and rollback of a writer connection and of
+    each message inserted without ``RETURNING`` (:meth:`after_commit`, :meth:`rolled_back`,
+    :meth:`inserted`: nothing to do unless the index trails the messages). Each dialect's
+    kind declares every step, if only to say that it needs nothing there."""
+
+    def __init__(self, store: SqlConnection, state: str) -> None:
+        self._store = store
+        self.state = state
+        self._warned = False
+        """Whether the store warned that search scans (once per store)."""
+
+    @staticmethod
+    def stored_state(conn: Connection) -> str:
+        """``stale`` while the database records the index as stale, else ``ok``."""
+        stale = conn.execute(select(state_meta.c.value).where(state_meta.c.key == STALE))
+        return "stale" if stale.first() is not None else "ok"
+
+    # -- search -------------------------------------------------------------------------------
+
+    def search(
+        self, query: str, *, session_id: str | None, session_key: str | None, limit: int
+    ) -> list[SearchHit]:
+        """Full-text search; a failing index (or a stale one) degrades to a scan."""
+        store = self._store
+        with store.read("searching transcripts") as conn:
+            if self.state == "ok":
+                try:
+                    tokens = query.split()
+                    if not tokens:
+                        return []
+                    found = self._ranked(conn, query, session_id, session_key, limit)
+                    return _hits(found, tokens)
+                except SQLAlchemyError as exc:
+                    # Only a write marks the index stale (it can tell the index's faults from
+                    # its own); this query is answered by a scan.
+                    conn.rollback()
+                    logger.warning(
+                        "%s: a full-text search failed (%s); answering it by scan",
+                        store.display, store.translate(exc, "searching"),
+                    )  # fmt: skip
+            elif not self._warned:
+                self._warned = True
+                logger.warning(
+                    "%s: full-text index %s; searching by scan", store.display, self.state
+                )
+            return scan(conn, store.dialect, query, session_id, session_key, limit)
+
+    @abstractmethod
+    def _ranked(
+        self,
+        conn: Connection,
+        query: str,
+        session_id: str | None,
+        session_key: str | None,
+        limit: int,
+    ) -> list[Any]:
+        """The index's matches (message rows), best rank first."""
+
+    # -- rebuilding -----------------------------------------------------------------------------
+
+    def rebuild_fts(self) -> bool:
+        """Rebuild the index and clear its stale record (:meth:`reindex_fts`,
+        :meth:`start_fts_rebuild`, then the whole backlog indexed); False when it is
+        unavailable."""
+        self.reindex_fts()
+        started = self.start_fts_rebuild()
+        while started and self.index_backlog():
+            pass
+        return started
+
+    @abstractmethod
+    def reindex_fts(self) -> None:
+        """Rebuild the index off the writer, where the database can."""
+
+    def start_fts_rebuild(self) -> bool:
+        """Start a rebuild of the index and clear its stale record; False when the index is
+        unavailable. The index is emptied in the same transaction where it is refilled later
+        (:meth:`index_backlog`), or rebuilt already (:meth:`reindex_fts`)."""
+        if self.state == "unavailable":
+            return False
+        store = self._store
+        with store.write("rebuilding the full-text index", ddl=True) as cursor:
+            newest = self._empty(cursor)
+            store.sql.delete_meta.run(cursor, {"key": STALE})
+        store.engine.dispose()  # pooled readers may still hold the broken index's connection
+        self.state = "ok"
+        self._refill(newest)
+        return True
+
+    @abstractmethod
+    def _empty(self, cursor: Any) -> int:
+        """Empty the index for a rebuild (on the rebuild's cursor); the newest message id."""
+
+    @abstractmethod
+    def _refill(self, newest: int) -> None:
+        """After the rebuild's commit: index the messages up to ``newest`` from now on."""
+
+    @abstractmethod
+    def index_backlog(self) -> bool:
+        """Index one batch of the messages the index trails by; True while enough wait for
+        another batch."""
+
+    @abstractmethod
+    def fts_problems(self) -> list[str]:
+        """The index's own integrity check and a real query; ``[]`` when healthy or
+        unavailable."""
+
+    # -- following the writer ---------------------------------------------------------------------
+
+    @abstractmethod
+    def inserted(self, message_id: int) -> None:
+        """A message was inserted on a writer connection (``lastrowid``: ``message_id``)."""
+
+    @abstractmethod
+    def after_commit(self) -> None:
+        """A writer connection committed, on the calling thread (its slot locked)."""
+
+    @abstractmethod
+    def rolled_back(self) -> None:
+        """A writer connection's transaction was rolled back."""

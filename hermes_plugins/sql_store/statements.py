@@ -9,11 +9,10 @@ from __future__ import annotations
 
 import operator
 from collections.abc import Callable, Mapping
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 from sqlalchemy import (
     ColumnElement,
-    Dialect,
     and_,
     bindparam,
     delete,
@@ -22,9 +21,9 @@ from sqlalchemy import (
     select,
     update,
 )
-from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy import Dialect as Compiler
 from sqlalchemy.sql.compiler import SQLCompiler
-from sqlalchemy.sql.expression import ClauseElement, Insert
+from sqlalchemy.sql.expression import ClauseElement
 
 from hermes_core.store.backend import SESSION_ENDED
 from hermes_plugins.sql_store.rows import ROUTE_READ
@@ -37,6 +36,9 @@ from hermes_plugins.sql_store.schema import (
     sessions,
     state_meta,
 )
+
+if TYPE_CHECKING:
+    from hermes_plugins.sql_store.dialects.base import Dialect
 
 ROUTE_COPY_COLUMNS = ("session_id", "updated_at", "suspended", "resume_pending",
                       "active_turn_token", "active_turn_started_at", "entry_json")  # fmt: skip
@@ -61,7 +63,7 @@ def idle_route(cutoff: Any) -> ColumnElement[bool]:
 
 
 class Prepared:
-    """A Core statement compiled once for one dialect, run on a DBAPI cursor.
+    """A Core statement compiled once for one SQLAlchemy dialect, run on a DBAPI cursor.
 
     Values fixed in the statement itself (``.values(active=0)``) become defaults of the
     parameters given at run time.
@@ -69,8 +71,8 @@ class Prepared:
 
     __slots__ = ("defaults", "pick", "sql")
 
-    def __init__(self, statement: ClauseElement, dialect: Dialect) -> None:
-        compiled = cast(SQLCompiler, statement.compile(dialect=dialect))
+    def __init__(self, statement: ClauseElement, compiler: Compiler) -> None:
+        compiled = cast(SQLCompiler, statement.compile(dialect=compiler))
         self.sql = str(compiled)
         required = {bind.key for bind in compiled.binds.values() if bind.required}
         self.defaults: dict[str, Any] = {
@@ -103,29 +105,29 @@ def _picker(names: tuple[str, ...]) -> Callable[[Mapping[str, Any]], tuple[Any, 
     return lambda values: tuple(values[name] for name in names)
 
 
-def _upsert_route(dialect: Dialect) -> Insert:
-    """Single-row routing upsert that increments ``revision`` (dialect-specific ON CONFLICT)."""
-    insert_fn = sqlite.insert if dialect.name == "sqlite" else postgresql.insert
+def _upsert_route(dialect: Dialect) -> ClauseElement:
+    """Single-row routing upsert that increments ``revision`` (the dialect's ON CONFLICT)."""
     values: dict[str, Any] = {
         name: bindparam(name) for name in ("session_key", *ROUTE_COPY_COLUMNS)
     }
     values["revision"] = bindparam("revision")
-    statement = insert_fn(gateway_routing).values(values)
+    statement = dialect.insert(gateway_routing).values(values)
     changes: dict[str, Any] = {name: statement.excluded[name] for name in ROUTE_COPY_COLUMNS}
     changes["revision"] = gateway_routing.c.revision + literal_column("1")
     return statement.on_conflict_do_update(index_elements=["session_key"], set_=changes)
 
 
 class Statements:
-    """Every write statement of the SQL backend, compiled for one dialect."""
+    """Every write statement of the SQL backend, built for the store's ``dialect`` and
+    compiled once with ``compiler``."""
 
-    def __init__(self, dialect: Dialect) -> None:
+    def __init__(self, dialect: Dialect, compiler: Compiler) -> None:
         def prepare(statement: ClauseElement) -> Prepared:
-            return Prepared(statement, dialect)
+            return Prepared(statement, compiler)
 
         routing, by_key = gateway_routing, gateway_routing.c.session_key == bindparam("session_key")
         session = sessions.c.id == bindparam("session_id")
-        insert_fn = sqlite.insert if dialect.name == "sqlite" else postgresql.insert
+        insert_fn = dialect.insert
         self.upsert_route = prepare(_upsert_route(dialect))
         # A shared store's checked routing writes: a new key only if no row appeared, an
         # existing row only at the revision read (``expected``).
@@ -153,7 +155,7 @@ class Statements:
         insert_message = messages.insert().values(
             {name: bindparam(name) for name in MESSAGE_INSERT_COLUMNS}
         )
-        if dialect.name != "sqlite":  # SQLite reports the id through lastrowid
+        if dialect.returning_ids:  # else the id comes through lastrowid
             insert_message = insert_message.returning(messages.c.id)
         self.insert_message = prepare(insert_message)
         self.add_counters = prepare(
@@ -206,7 +208,7 @@ class Statements:
             delete(queued_events).where(queued_events.c.id == bindparam("event_id"))
         )
         queue_columns = ("session_key", "internal", "bound_session_id", "event_json")
-        self.insert_queued = prepare(  # SQLite's (PostgreSQL's: ``postgres.QUEUE_EVENT``)
+        self.insert_queued = prepare(  # or ``postgresql_turns.QUEUE_EVENT`` (one round trip)
             queued_events.insert().values(
                 {name: bindparam(name) for name in (*queue_columns, "enqueued_at", "updated_at")}
             )

@@ -33,22 +33,25 @@ RETRY_SECS = (0.5, 30.0)
 """First and longest pause before the listener opens its connection again after a loss."""
 
 
-class WakeupRows(SqlConnection):
+class WakeupRows:
     """``LaneWakeups`` on PostgreSQL."""
+
+    def __init__(self, conn: SqlConnection) -> None:
+        self._conn = conn
 
     def wake_lane(self, session_key: str) -> None:
         """Notify ``session_key`` on :data:`CHANNEL` once the enclosing write commits."""
         if len(session_key.encode("utf-8", "surrogatepass")) > MAX_PAYLOAD:
             logger.debug("a lane key too long to signal waits for its holder's turn to end")
             return
-        with self._write("waking a lane's holder") as cursor:
+        with self._conn.write("waking a lane's holder") as cursor:
             cursor.execute("SELECT pg_notify(%(channel)s, %(key)s)",
                            {"channel": CHANNEL, "key": session_key})  # fmt: skip
 
     def listen_lanes(self, woken: Callable[[str], None]) -> Callable[[], None]:
         """Listen on a connection of the pool, in a thread, until the returned function is
         called (it waits for the thread, at most :data:`POLL_SECS`)."""
-        listener = _Listener(self._engine.raw_connection, woken, self.display)
+        listener = _Listener(self._conn.engine.raw_connection, woken, self._conn.display)
         listener.start()
         return listener.stop
 

@@ -24,14 +24,14 @@ class Transaction:
         self._conn = conn
 
     def __enter__(self) -> None:
-        conn = self._conn
-        slot = self._slot = conn._slot
+        writers = self._conn.writers
+        slot = self._slot = writers.slot
         slot.lock.acquire()
         try:
             if slot.depth == 0:
-                conn._live()  # reconnected before the batch starts, or the batch is refused
-                if conn._lost_at is not None:
-                    conn._revive()
+                writers.live()  # reconnected before the batch starts, or the batch is refused
+                if writers.lost_at is not None:
+                    writers.revive()
         except BaseException:
             slot.lock.release()
             raise
@@ -56,7 +56,7 @@ class Transaction:
                     try:
                         if slot.spoiled:
                             raise StoreError(f"{conn.display}: a write of the batch failed")
-                        conn._live()[0].commit()
+                        conn.writers.live()[0].commit()
                     except BaseException as error:
                         self._failed(error)
                         raise
@@ -66,7 +66,7 @@ class Transaction:
                 if slot.depth == 0:
                     slot.owner = None
             if slot.depth == 0:
-                conn._index_behind()
+                conn.index.after_commit()
         finally:
             slot.lock.release()
 
@@ -75,13 +75,13 @@ class Transaction:
         a store error."""
         conn = self._conn
         if self._slot.depth == 1:
-            conn._rollback()
-        if isinstance(exc, conn._driver_error):
-            raise conn._translate(exc, "committing") from exc
+            conn.rollback()
+        if isinstance(exc, conn.driver_error):
+            raise conn.translate(exc, "committing") from exc
 
 
 class Write:
-    """The context of :meth:`SqlConnection._write` (a class: a generator-based context costs
+    """The context of :meth:`SqlConnection.write` (a class: a generator-based context costs
     several times as much, on every write). Holds the slot's lock throughout; yields the
     writer's cursor."""
 
@@ -92,14 +92,14 @@ class Write:
 
     def __enter__(self) -> CountingCursor:
         conn = self._conn
-        slot = self._slot = conn._slot
+        slot = self._slot = conn.writers.slot
         slot.lock.acquire()
         try:
-            writer, cursor = conn._live()
+            writer, cursor = conn.writers.live()
             self._writer = None if slot.depth > 0 else writer  # None: the open transaction's
-            if self._writer is not None and self._ddl and conn.name == "sqlite":
-                try:  # DDL does not open pysqlite's implicit transaction
-                    cursor.execute("BEGIN IMMEDIATE")
+            if self._writer is not None and self._ddl:
+                try:
+                    conn.dialect.begin_ddl(cursor)
                 except BaseException as exc:
                     self._failed(exc)
                     raise
@@ -124,7 +124,7 @@ class Write:
                     self._failed(error)
                     raise
                 self._slot.counters["commits"] += 1
-                self._conn._index_behind()
+                self._conn.index.after_commit()
         finally:
             self._slot.lock.release()
 
@@ -136,9 +136,9 @@ class Write:
         if self._writer is None:
             self._slot.spoiled = True
         else:
-            conn._rollback()
-        if isinstance(exc, conn._driver_error):
-            raise conn._translate(exc, self._what) from exc
+            conn.rollback()
+        if isinstance(exc, conn.driver_error):
+            raise conn.translate(exc, self._what) from exc
 
 
 class CountingCursor:

@@ -140,7 +140,7 @@ _SESSION_VALUES = ", ".join(
 @functools.cache
 def create_session(route: str) -> str:
     """A new session in one round trip: ``route`` (the routing row's write, as
-    :meth:`SqlBackend._route_write` chose it) and, only if it wrote the row, the predecessor's
+    ``RoutingRows.route_write`` chose it) and, only if it wrote the row, the predecessor's
     end (``e_id``, ``e_reason``, ``e_at``) and the new session row (``s_<column>``). Returns
     the routing rows written (0: a checked write found the row changed; nothing was written).
     The insert counts ``ended`` first, so the predecessor has ended before the new row goes in
