@@ -29,6 +29,8 @@ from support.gateway_driver import (
 from conftest import CRASH_TABLE
 from hermes_core import MessageEvent
 
+pytestmark = pytest.mark.slow
+
 KILLED = -signal.SIGKILL
 
 

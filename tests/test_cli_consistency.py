@@ -95,6 +95,7 @@ def test_json_times_are_iso_strings_in_ls_show_search_and_export(
     assert "Z] user: hello from alice" in out
 
 
+@pytest.mark.slow
 def test_log_options_choose_the_level_and_lines_carry_it(tmp_path: Path) -> None:
     events = tmp_path / "events.jsonl"
     events.write_text('{"source": {"platform": "telegram", "chat_id": "7"}, "text": "hi"}\n')

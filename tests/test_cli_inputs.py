@@ -70,6 +70,7 @@ def fifo(tmp_path: Path) -> Path:
     return path
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("where", ["before", "after"])
 def test_config_that_is_no_regular_file_is_refused_unread(where: str, fifo: Path) -> None:
     for name in ("/dev/zero", str(fifo), str(fifo.parent)):
@@ -87,6 +88,7 @@ def test_a_config_over_its_bound_is_refused(
     assert f"larger than {MAX_CONFIG_BYTES:,} bytes" in line
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("option", ["--source-json", "--payload"])
 def test_source_and_payload_files_deep_huge_or_special_are_one_line(
     option: str,

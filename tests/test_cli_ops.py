@@ -247,6 +247,7 @@ def test_export_jsonl_and_markdown(
     assert "hello from bob" in text
 
 
+@pytest.mark.slow
 def test_console_script_runs_ls_in_a_subprocess(state: State) -> None:
     home, keys = state
     script = Path(sys.executable).with_name("hermes-sessions")

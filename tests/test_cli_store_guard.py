@@ -73,6 +73,7 @@ def running(tmp_path: Path, url: str | None) -> Iterator[tuple[Path, SessionStor
         yield home, store
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("via", ["path", "symlink", "hardlink"])
 @pytest.mark.parametrize("name", STORE_FILES)
 @pytest.mark.parametrize("command", ["export", "migrate"])
@@ -123,6 +124,7 @@ def _rows(export: str) -> set[tuple[str, str]]:
     return {(r["table"], str(r["row"].get("id", r["row"].get("session_key")))) for r in records}
 
 
+@pytest.mark.slow
 def test_migrate_refuses_a_target_holding_another_store(
     tmp_path: Path, url: str | None, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -146,6 +148,7 @@ def test_migrate_refuses_a_target_holding_another_store(
     assert run(capsys, "export", *there)[1] == target_before
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("value", BAD_NUMBERS)
 def test_numbers_from_the_command_line_must_be_finite(
     tmp_path: Path, url: str | None, value: str, capsys: pytest.CaptureFixture[str]
@@ -166,6 +169,7 @@ def test_numbers_from_the_command_line_must_be_finite(
         assert len(store.list_sessions()) == 3
 
 
+@pytest.mark.slow
 def test_export_output_is_private_and_write_errors_are_one_line(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -328,6 +332,7 @@ WRITERS = (
 )  # fmt: skip
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("linked", ["state.db", "sessions"])
 @pytest.mark.parametrize("argv", WRITERS, ids=[argv[0] for argv in WRITERS])
 def test_writing_commands_refuse_a_store_whose_files_are_symlinks(

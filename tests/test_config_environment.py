@@ -394,6 +394,7 @@ _env_values = st.one_of(st.text(max_size=8), st.sampled_from(["1", "off", "-3", 
 _environ = st.dictionaries(st.sampled_from(CONFIG_VARIABLES), _env_values, max_size=3)
 
 
+@pytest.mark.slow
 @settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(data=st.dictionaries(_keys, _json_like, max_size=6), environ=_environ)
 def test_from_dict_returns_a_config_or_raises_config_error(
@@ -422,6 +423,7 @@ def test_from_dict_returns_a_config_or_raises_config_error(
 _SECTIONS = ["storage", "gateway", "agent", "privacy", "plugins", "platforms", "display"]
 
 
+@pytest.mark.slow
 @settings(max_examples=200, deadline=None)
 @given(data=st.dictionaries(st.sampled_from(_SECTIONS), _json_like, max_size=4))
 def test_section_shaped_inputs_never_raise_other_errors(data: dict[str, Any]) -> None:

@@ -203,6 +203,7 @@ def test_replay_feeds_good_lines_in_order_and_skips_bad_ones_by_number(
     assert "cannot read it (No such file or directory)" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_console_script_chats_with_an_agent_from_the_current_directory(tmp_path: Path) -> None:
     (tmp_path / "shouting.py").write_text(
         "from hermes_core import Agent\n\n"

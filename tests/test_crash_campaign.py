@@ -33,6 +33,8 @@ from support.gateway_driver import (
 from conftest import CRASH_TABLE
 from hermes_core import MessageEvent
 
+pytestmark = pytest.mark.slow
+
 LANES = 6
 KILLS = 30
 GRACEFUL_STOPS = 10

@@ -29,6 +29,8 @@ from hermes_core import MessageEvent
 from hermes_core.turns.crashpoints import CRASH_ALIASES, CRASH_POINTS, arm
 from hermes_core.turns.resume import resume_note
 
+pytestmark = pytest.mark.slow
+
 KILLED = -signal.SIGKILL
 STUCK_KEY = "agent:main:telegram:dm:c=1"
 

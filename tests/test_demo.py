@@ -11,6 +11,7 @@ from hermes_core.gateway.texts import NEW_SESSION
 from hermes_core.turns.ledger import RESTART_PREFIX
 
 
+@pytest.mark.slow
 def test_demo_crashes_and_recovers_the_reply_once(
     tmp_path: Path, capfd: pytest.CaptureFixture[str]
 ) -> None:

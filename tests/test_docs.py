@@ -136,6 +136,7 @@ def _check_printed(block: Block, output: str) -> None:
         )
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("block", RUNNABLE, ids=str)
 def test_code_block_runs(block: Block, environment: dict[str, str], tmp_path: Path) -> None:
     work = tmp_path / "work"
@@ -166,6 +167,7 @@ def test_blocks_that_do_not_run_are_listed() -> None:
     assert marked == NOT_RUN
 
 
+@pytest.mark.slow
 def test_python_blocks_pass_mypy_strict(tmp_path: Path) -> None:
     """Hosts copy these into strictly typed code; blocks that do not run are checked too."""
     pytest.importorskip("mypy", reason="mypy comes with the dev extra")

@@ -81,6 +81,7 @@ async def _answered_mid_pass(
     return gateway
 
 
+@pytest.mark.slow
 async def test_a_turn_is_answered_between_the_batches_of_a_long_housekeeping_pass(
     hermes_home: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -99,6 +100,7 @@ def _watermark(home: Path) -> int:
         return int(db.execute(query).fetchone()[0])
 
 
+@pytest.mark.slow
 def test_a_search_index_rebuild_goes_in_batches_with_other_steps_between(
     hermes_home: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -164,6 +166,7 @@ def _idle_lanes(home: Path, last: str) -> str:
     return session_id
 
 
+@pytest.mark.slow
 async def test_pruning_goes_in_batches_and_never_removes_a_lane_active_since_the_pass_began(
     hermes_home: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -204,6 +207,7 @@ def _fill_ledger(home: Path) -> None:
         )
 
 
+@pytest.mark.slow
 async def test_ledger_retention_goes_in_batches_with_a_turn_between(
     hermes_home: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

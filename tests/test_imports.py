@@ -167,6 +167,7 @@ def test_module_level_imports_form_no_cycle() -> None:
     assert find_cycle(_module_level(import_graph())) is None
 
 
+@pytest.mark.slow
 def test_deferred_imports_close_no_undeclared_cycle() -> None:
     graph = import_graph()
     runtime = {
@@ -203,6 +204,7 @@ def _import_alone(module: str) -> tuple[str, str]:
     return module, result.stderr.strip().splitlines()[-1] if result.returncode else ""
 
 
+@pytest.mark.slow
 def test_every_module_imports_first_in_a_fresh_interpreter() -> None:
     """Each module imported first in its own interpreter, in dependency order: an import cycle
     that only bites when a particular module comes first shows up here."""

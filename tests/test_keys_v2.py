@@ -153,6 +153,7 @@ def components(
 PROFILES = st.sampled_from([None, "default", "main", "coder"])
 
 
+@pytest.mark.slow
 @settings(max_examples=600)
 @given(
     first=sources(), second=sources(), profiles=st.tuples(PROFILES, PROFILES),

@@ -24,6 +24,7 @@ def export(capsys: pytest.CaptureFixture[str], *where: str) -> str:
     return capsys.readouterr().out
 
 
+@pytest.mark.slow
 def test_sqlite_to_postgresql_and_back_keeps_everything(
     tmp_path: Path, empty_database: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -58,6 +59,7 @@ def test_migrate_refuses_an_unreachable_target(
     assert "127.0.0.1" in err
 
 
+@pytest.mark.slow
 def test_a_migration_killed_midway_resumes(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

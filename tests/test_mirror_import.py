@@ -79,6 +79,7 @@ def _write(path: Path, entries: list[dict[str, Any]]) -> Path:
     return path
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("label", "fields", "expected"), CLEANED, ids=[c[0] for c in CLEANED])
 def test_an_entry_with_unstorable_text_is_imported_in_its_normal_form(
     tmp_path: Path, settings: dict[str, Any], capsys: pytest.CaptureFixture[str],
@@ -96,6 +97,7 @@ def test_an_entry_with_unstorable_text_is_imported_in_its_normal_form(
         assert store.peek_session_id(_key("1")) == GOOD["session_id"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("label", "fields"), SKIPPED, ids=[s[0] for s in SKIPPED])
 def test_an_entry_with_an_impossible_value_is_skipped_with_a_warning(
     tmp_path: Path, settings: dict[str, Any], capsys: pytest.CaptureFixture[str],

@@ -339,6 +339,7 @@ def test_a_dotted_disable_must_name_a_platform_of_the_plugin(hermes_home: Path) 
         create_plugin_manager(_disabling(hermes_home, "platforms.matrx"), load_entrypoints=False)
 
 
+@pytest.mark.slow
 def test_conflict_in_a_separate_process(
     hermes_home: Path, fake_distribution: FakeDistribution, installed_plugins: list[str]
 ) -> None:

@@ -27,6 +27,7 @@ WITHOUT_PSYCOPG = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("scheme", ["postgresql", "postgresql+psycopg"])
 def test_a_missing_driver_names_the_extra_to_install(scheme: str) -> None:
     url = f"{scheme}://hermes@127.0.0.1:1/none"

@@ -188,6 +188,7 @@ def test_the_total_across_lanes_is_capped_too(store: SessionStore, clock: Clock)
     assert texts(queue, OTHER) == ["c\nc2", "e"]
 
 
+@pytest.mark.slow
 def test_memory_stays_bounded_however_many_messages_are_queued(
     store: SessionStore, clock: Clock
 ) -> None:

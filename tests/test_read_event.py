@@ -92,6 +92,7 @@ def _read_safely(platform: str, payload: object, manager: HermesPluginManager) -
     assert event is None or isinstance(event, MessageEvent)
 
 
+@pytest.mark.slow
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(platform=st.sampled_from(["telegram", "discord", "slack", "whatsapp"]), payload=JSON)
 def test_arbitrary_json_raises_only_the_named_error(
@@ -112,6 +113,7 @@ def _paths(value: object, prefix: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]
     return found
 
 
+@pytest.mark.slow
 @settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(data=st.data(), sample=st.sampled_from(SAMPLES), replacement=JSON)
 def test_documented_samples_with_one_field_replaced_raise_only_the_named_error(

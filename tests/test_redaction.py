@@ -167,6 +167,7 @@ def _quoted_values(line: str, prefix: str, suffix: str = "") -> str:
     return value
 
 
+@pytest.mark.slow
 @settings(
     max_examples=150,
     deadline=None,

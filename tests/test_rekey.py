@@ -86,6 +86,7 @@ def rekey_cli(*args: str, capsys: pytest.CaptureFixture[str]) -> tuple[int, dict
     return status, json.loads(capsys.readouterr().out)
 
 
+@pytest.mark.slow
 async def test_rekey_then_restart_recovers_everything_under_v2_keys(
     hermes_home: Path, settings: dict[str, Any], v1_store: SessionStore,
     capsys: pytest.CaptureFixture[str],
@@ -147,6 +148,7 @@ async def test_rekey_then_restart_recovers_everything_under_v2_keys(
     await gateway.stop()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("first", [TOPIC, MEMBER], ids=["topic-first", "member-first"])
 def test_dry_run_reports_the_topic_member_collision_when_they_shared_one_session(
     v1_store: SessionStore, first: SessionSource, capsys: pytest.CaptureFixture[str]
@@ -183,6 +185,7 @@ def _set_entry_json(store: SessionStore, key: str, value: str) -> None:
     engine.dispose()
 
 
+@pytest.mark.slow
 def test_an_interrupted_rekey_is_refused_at_start_and_finished_by_running_it_again(
     hermes_home: Path, settings: dict[str, Any], v1_store: SessionStore,
     monkeypatch: pytest.MonkeyPatch,

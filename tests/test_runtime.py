@@ -159,6 +159,7 @@ async def test_a_caller_cancelled_while_its_message_is_stored_leaves_the_turn_ru
     assert await gateway.stop()
 
 
+@pytest.mark.slow
 async def test_cancelling_a_caller_of_idle_leaves_the_turns_running(make_gateway: Any) -> None:
     """``wait_for(idle(), short)`` timing out cancels only the wait: the turn still answers."""
     gateway, adapter, _ = make_gateway(delay=0.5)
@@ -212,6 +213,7 @@ async def test_burst_collapses_into_one_turn(make_gateway: Any) -> None:
     await gateway.stop()
 
 
+@pytest.mark.slow
 async def test_cap_refuses_honestly(make_gateway: Any) -> None:
     gateway, adapter, _ = make_gateway(
         delay=0.3, display={"busy_input_mode": "queue"}, gateway={"busy_queue": {"max_pending": 1}}
@@ -228,6 +230,7 @@ async def test_cap_refuses_honestly(make_gateway: Any) -> None:
     await gateway.stop()
 
 
+@pytest.mark.slow
 async def test_queue_command(make_gateway: Any) -> None:
     gateway, adapter, _ = make_gateway(delay=0.2, display={"busy_input_mode": "queue"})
     await gateway.start()
@@ -385,6 +388,7 @@ async def test_wake_bound_to_an_older_session_needs_the_resolver(make_gateway: A
     await gateway.stop()
 
 
+@pytest.mark.slow
 async def test_acknowledgements_are_rate_limited_and_can_be_disabled(make_gateway: Any) -> None:
     gateway, adapter, _ = make_gateway(delay=0.3, display={"busy_input_mode": "queue"})
     await gateway.start()
@@ -491,6 +495,7 @@ async def test_observers_fire_and_a_failing_one_never_breaks_a_turn(
         assert kind in recorder.kinds, kind
 
 
+@pytest.mark.slow
 async def test_photo_album_merges(make_gateway: Any) -> None:
     gateway, adapter, agents = make_gateway(delay=0.2, display={"busy_input_mode": "queue"})
     await gateway.start()
@@ -504,6 +509,7 @@ async def test_photo_album_merges(make_gateway: Any) -> None:
     await gateway.stop()
 
 
+@pytest.mark.slow
 async def test_startup_gate_holds_messages_until_resumed_turns_end(make_gateway: Any) -> None:
     first, _adapter, _ = make_gateway(delay=30.0, agent={"restart_drain_timeout": 0.1})
     await first.start()
@@ -645,6 +651,7 @@ def _answered_after_the_reset(gateway: Gateway, adapter: InMemoryAdapter, old: s
     assert gateway.queue.depth("agent:main:telegram:dm:c=1") == 0
 
 
+@pytest.mark.slow
 async def test_a_reset_held_by_the_gate_keeps_what_came_after_it(make_gateway: Any) -> None:
     first, _adapter, _ = make_gateway(delay=30.0, agent={"restart_drain_timeout": 0.1})
     await first.start()
@@ -765,6 +772,7 @@ async def test_queued_items_are_capped_across_lanes(hermes_home: Path) -> None:
     await gateway.stop()
 
 
+@pytest.mark.slow
 async def test_the_text_after_a_held_reset_is_the_new_sessions_first_message(
     make_gateway: Any,
 ) -> None:

@@ -47,6 +47,7 @@ def _replies(workdir: Path) -> list[str]:
     return [json.loads(line)["text"] for line in lines]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("crash_at", [None, "enqueued"])
 def test_queued_events_survive_sigkill_and_run_once_in_order(
     tmp_path: Path, crash_at: str | None

@@ -65,6 +65,7 @@ async def test_async_with_starts_and_stops_the_gateway(hermes_home: Path) -> Non
         assert again.store.lookup_by_session_key("agent:main:telegram:dm:c=1") is not None
 
 
+@pytest.mark.slow
 async def test_the_agent_base_class_defaults(hermes_home: Path) -> None:
     agent = ReplyAgent()
     assert isinstance(agent, Agent)
@@ -140,6 +141,7 @@ def _lane(home: Path) -> SessionEntry:
     return entry
 
 
+@pytest.mark.slow
 def test_sigterm_drains_the_running_turn_and_exits_cleanly(
     hermes_home: Path, tmp_path: Path
 ) -> None:
@@ -157,6 +159,7 @@ def test_sigterm_drains_the_running_turn_and_exits_cleanly(
     assert not entry.resume_pending
 
 
+@pytest.mark.slow
 def test_a_second_signal_cuts_the_drain_short(hermes_home: Path, tmp_path: Path) -> None:
     workdir = tmp_path / "work"
     workdir.mkdir()

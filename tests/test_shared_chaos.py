@@ -24,7 +24,7 @@ import pytest
 from sqlalchemy import create_engine, text
 from support.shared_driver import Fleet, event
 
-pytestmark = [pytest.mark.postgres, pytest.mark.multi_process]
+pytestmark = [pytest.mark.postgres, pytest.mark.multi_process, pytest.mark.slow]
 
 
 PROCESSES = 4

@@ -20,7 +20,7 @@ from hermes_core.gateway.agents import EchoAgent, TurnRequest
 from hermes_core.gateway.texts import NEW_SESSION, STOPPED
 from hermes_core.store import SessionStore
 
-pytestmark = [pytest.mark.postgres, pytest.mark.multi_process]
+pytestmark = [pytest.mark.postgres, pytest.mark.multi_process, pytest.mark.slow]
 
 SOURCE = SessionSource(platform="telegram", chat_id="c1", chat_type="dm", user_id="c1")
 

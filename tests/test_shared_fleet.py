@@ -17,7 +17,7 @@ from support.shared_driver import Fleet, event
 
 from hermes_core.gateway.texts import NEW_SESSION, QUEUED_COMMAND
 
-pytestmark = [pytest.mark.postgres, pytest.mark.multi_process]
+pytestmark = [pytest.mark.postgres, pytest.mark.multi_process, pytest.mark.slow]
 
 
 def _query(url: str, sql: str) -> list[tuple[object, ...]]:

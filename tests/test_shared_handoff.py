@@ -56,6 +56,7 @@ QUEUE_ROWS_EVER = "SELECT pg_sequence_last_value(pg_get_serial_sequence('queued_
 """The last queued-event id drawn (NULL: no queue row was ever written)."""
 
 
+@pytest.mark.slow
 def test_an_idle_lanes_message_takes_the_lease_and_begins_its_turn(
     tmp_path: Path, empty_database: str
 ) -> None:
@@ -85,6 +86,7 @@ def test_an_idle_lanes_message_takes_the_lease_and_begins_its_turn(
     assert _scalar(empty_database, "SELECT count(*) FROM session_turn_leases") == 0
 
 
+@pytest.mark.slow
 def test_a_message_for_a_lane_leased_elsewhere_is_queued_and_run_by_the_holder(
     tmp_path: Path, empty_database: str
 ) -> None:
@@ -113,6 +115,7 @@ def test_a_message_for_a_lane_leased_elsewhere_is_queued_and_run_by_the_holder(
     assert asyncio.run(scenario()) == (["echo: first", "echo: second"], [])
 
 
+@pytest.mark.slow
 def test_an_event_waiting_without_a_lease_runs_before_the_message_that_takes_it(
     tmp_path: Path, empty_database: str, stores: Callable[..., SessionStore]
 ) -> None:
@@ -258,6 +261,7 @@ def test_an_enqueuer_meeting_a_release_in_progress_finds_the_lane_free_once_it_c
     assert taken == ("free", False)  # the lane is the enqueuer's: it runs its event itself
 
 
+@pytest.mark.slow
 def test_a_renewal_while_a_grant_is_uncommitted_leaves_that_lease_alone(
     stores: Callable[..., SessionStore],
 ) -> None:
@@ -274,6 +278,7 @@ def test_a_renewal_while_a_grant_is_uncommitted_leaves_that_lease_alone(
     assert other.take_lease(key) == "free"
 
 
+@pytest.mark.slow
 def test_a_grant_after_a_release_in_progress_sees_what_the_release_committed_with_it(
     stores: Callable[..., SessionStore],
 ) -> None:
@@ -298,6 +303,7 @@ def test_a_grant_after_a_release_in_progress_sees_what_the_release_committed_wit
     assert entry.session_id == new.session_id != old.session_id
 
 
+@pytest.mark.slow
 def test_a_turns_start_and_finish_write_nothing_once_the_lease_is_lost(
     stores: Callable[..., SessionStore], empty_database: str
 ) -> None:
@@ -409,6 +415,7 @@ class FollowingUp(InMemoryAdapter):
         return result
 
 
+@pytest.mark.slow
 def test_a_message_arriving_before_the_last_turns_settle_runs_and_the_lane_goes_free(
     tmp_path: Path, empty_database: str
 ) -> None:
@@ -456,6 +463,7 @@ def _two_lanes_on_one_writer_thread(store: SessionStore) -> tuple[str, str]:
     raise AssertionError("no two keys share a writer thread")
 
 
+@pytest.mark.slow
 def test_two_processes_taking_two_lanes_in_opposite_orders_do_not_deadlock(
     stores: Callable[..., SessionStore],
 ) -> None:
@@ -508,6 +516,7 @@ def test_two_processes_taking_two_lanes_in_opposite_orders_do_not_deadlock(
     assert first.holds(high)
 
 
+@pytest.mark.slow
 def test_an_unreadable_queued_event_is_set_aside_and_the_lane_goes_free(
     tmp_path: Path, empty_database: str, stores: Callable[..., SessionStore]
 ) -> None:
@@ -568,6 +577,7 @@ def test_a_lease_released_while_the_renewal_runs_is_not_counted_lost(
     assert holder.holds(keys[1])
 
 
+@pytest.mark.slow
 def test_a_grant_that_waited_for_another_insert_still_runs_its_full_lease(
     stores: Callable[..., SessionStore], empty_database: str
 ) -> None:
@@ -598,6 +608,7 @@ def test_a_grant_that_waited_for_another_insert_still_runs_its_full_lease(
     assert rows[0][1] > lease - 0.5  # a full lease from the grant, not from before the wait
 
 
+@pytest.mark.slow
 def test_a_settle_after_a_takeover_leaves_the_reply_s_ledger_row_to_the_new_holder(
     stores: Callable[..., SessionStore], empty_database: str
 ) -> None:

@@ -12,7 +12,7 @@ from sqlalchemy import create_engine, text
 from support.gateway_driver import read_lines
 from support.shared_driver import SPAWN, Fleet, configure, event, replies, shared_child
 
-pytestmark = [pytest.mark.postgres, pytest.mark.multi_process]
+pytestmark = [pytest.mark.postgres, pytest.mark.multi_process, pytest.mark.slow]
 
 
 def _overlaps(workdir: Path) -> int:

@@ -36,6 +36,7 @@ def _stalled_lane(root: Path, url: str, expiry: str) -> str:
     return key
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("expiry", JUNK)
 def test_a_lane_under_a_junk_lease_is_taken_over_and_its_queue_answered(
     tmp_path: Path, empty_database: str, expiry: str
@@ -56,6 +57,7 @@ def test_a_lane_under_a_junk_lease_is_taken_over_and_its_queue_answered(
     assert run_sql(empty_database, "SELECT count(*) FROM queued_events") == [(0,)]
 
 
+@pytest.mark.slow
 def test_doctor_and_show_see_a_junk_lease_and_the_queue_it_holds(
     tmp_path: Path, empty_database: str, capsys: pytest.CaptureFixture[str]
 ) -> None:

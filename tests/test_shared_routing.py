@@ -51,6 +51,7 @@ EFFECTS: dict[str, Callable[[dict[str, Any]], bool]] = {
 """What each write must leave in the stored entry."""
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("write", list(WRITES))
 def test_a_write_from_a_stale_cache_keeps_the_new_session_made_elsewhere(
     stores: Callable[..., SessionStore], empty_database: str, write: str
@@ -132,6 +133,7 @@ def test_two_processes_opening_a_new_lane_at_once_share_one_session(
     assert sessions == [(ours.session_id, None)]
 
 
+@pytest.mark.slow
 def test_a_lane_changed_elsewhere_on_every_attempt_raises_and_writes_nothing(
     stores: Callable[..., SessionStore], empty_database: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -183,6 +185,7 @@ def _one_turn(store: SessionStore, key: str) -> None:
     assert store.release_lease(key) is None
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("change", ["new", "metadata", "counters"])
 def test_a_lease_taken_again_sees_what_another_process_wrote_in_between(
     stores: Callable[..., SessionStore], change: str

@@ -57,6 +57,7 @@ SOURCE = SessionSource(platform="telegram", chat_id="c1", chat_type="dm", user_i
 OTHER = SessionSource(platform="telegram", chat_id="c2", chat_type="dm", user_id="c2")
 
 
+@pytest.mark.slow
 def test_a_grant_says_whether_it_replaced_a_lease_never_released(
     stores: Callable[..., SessionStore],
 ) -> None:
@@ -70,6 +71,7 @@ def test_a_grant_says_whether_it_replaced_a_lease_never_released(
     assert holder.take_lease(key) == "free"  # released: nothing to take over
 
 
+@pytest.mark.slow
 def test_a_lane_armed_to_resume_is_taken_over_when_its_holder_dies_before_resuming(
     stores: Callable[..., SessionStore],
 ) -> None:
@@ -149,6 +151,7 @@ def _in_a_rolled_back_batch(
     return asyncio.run(run())
 
 
+@pytest.mark.slow
 def test_a_takeover_grant_rolled_back_with_its_batch_is_taken_again(
     stores: Callable[..., SessionStore], empty_database: str
 ) -> None:
@@ -163,6 +166,7 @@ def test_a_takeover_grant_rolled_back_with_its_batch_is_taken_again(
     assert lanes.recovering(key)
 
 
+@pytest.mark.slow
 def test_lanes_claimed_in_a_rolled_back_batch_are_claimed_again(
     stores: Callable[..., SessionStore], empty_database: str
 ) -> None:
@@ -190,6 +194,7 @@ def test_a_scan_rolled_back_with_its_batch_does_not_count_as_a_scan(
     assert scanner.claim_orphaned_lanes(expired=True) == [key]  # the second scan claims it
 
 
+@pytest.mark.slow
 def test_leases_are_renewed_while_every_writer_thread_is_busy(
     stores: Callable[..., SessionStore],
 ) -> None:
@@ -273,6 +278,7 @@ async def _wait(condition: Callable[[], bool], what: str, timeout: float = 15) -
         await asyncio.sleep(0.05)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("first_takeover", ["works", "fails"])
 def test_a_message_for_a_hung_holders_lane_first_resumes_the_cut_turn(
     tmp_path: Path, empty_database: str, first_takeover: str
@@ -323,6 +329,7 @@ def _sending(holder: SessionStore) -> None:
     )  # fmt: skip
 
 
+@pytest.mark.slow
 def test_a_starting_gateway_leaves_the_owed_replies_of_lanes_held_elsewhere_alone(
     tmp_path: Path, empty_database: str, stores: Callable[..., SessionStore]
 ) -> None:
@@ -338,6 +345,7 @@ def test_a_starting_gateway_leaves_the_owed_replies_of_lanes_held_elsewhere_alon
     assert asyncio.run(scenario()) == []
 
 
+@pytest.mark.slow
 def test_a_scan_takeover_racing_a_message_for_the_lane_still_resumes_the_cut_turn(
     tmp_path: Path, empty_database: str
 ) -> None:
@@ -395,6 +403,7 @@ class Resumes(EchoAgent):
         return await super().run_turn(request)
 
 
+@pytest.mark.slow
 def test_a_clean_start_resumes_a_turn_another_process_left_on_a_lane_without_a_lease(
     tmp_path: Path, empty_database: str
 ) -> None:
@@ -430,6 +439,7 @@ def test_a_clean_start_resumes_a_turn_another_process_left_on_a_lane_without_a_l
                    "active_turn_token IS NOT NULL OR resume_pending <> 0") == [(0,)]  # fmt: skip
 
 
+@pytest.mark.slow
 def test_a_reply_re_sent_after_a_takeover_says_another_gateway_took_over(
     tmp_path: Path, empty_database: str, stores: Callable[..., SessionStore]
 ) -> None:

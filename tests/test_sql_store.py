@@ -234,6 +234,7 @@ def test_a_lane_not_cached_is_loaded_from_its_rows(open_store: Opener) -> None:
     assert opened.session_id == entry.session_id
 
 
+@pytest.mark.slow
 def test_a_new_session_on_a_pruned_lane_ends_its_open_session(open_store: Opener) -> None:
     """Pruning keeps the lane's session open; a forced new session then ends it (the key may
     have one open session only) instead of failing."""
@@ -249,6 +250,7 @@ def test_a_new_session_on_a_pruned_lane_ends_its_open_session(open_store: Opener
     assert ended.end_reason == "session_reset"
 
 
+@pytest.mark.slow
 def test_prune_removes_only_idle_unprotected_routes(open_store: Opener) -> None:
     def active(key: str) -> bool:
         if key.endswith(":c=boom"):
@@ -282,6 +284,7 @@ def test_prune_removes_only_idle_unprotected_routes(open_store: Opener) -> None:
         store.close()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("end_reason", "expiry_finalized", "reopened"),
     [
@@ -505,6 +508,7 @@ def _legacy_entry(key: str, session_id: str) -> dict[str, Any]:
             "model_override": "ignored"}  # fmt: skip
 
 
+@pytest.mark.slow
 def test_existing_mirror_is_imported_once(open_store: Opener, tmp_path: Path) -> None:
     mirror = tmp_path / "home" / "sessions" / "sessions.json"
     key = "agent:main:telegram:dm:7"

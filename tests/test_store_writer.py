@@ -133,6 +133,7 @@ async def test_a_batch_runs_in_lane_order_when_asked_each_lane_in_its_own_order(
         assert log == handed
 
 
+@pytest.mark.slow
 def test_steps_without_a_lane_handed_over_by_many_threads_at_once_all_run() -> None:
     """Each such step is put in every writer thread's queue; two put at the same time must
     reach every queue in the same order, or the threads wait at different steps' barriers

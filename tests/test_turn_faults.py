@@ -106,6 +106,7 @@ async def test_a_turn_that_cannot_be_stored_is_refused_and_raised(
     await gateway.stop()
 
 
+@pytest.mark.slow
 async def test_a_locked_database_refuses_without_freezing_the_loop(
     make: Make, hermes_home: Path
 ) -> None:
@@ -408,6 +409,7 @@ async def test_messages_during_a_postgres_outage_are_refused_then_stored_once_it
     assert "is back" in outage[1]
 
 
+@pytest.mark.slow
 async def test_a_stop_while_a_message_is_being_stored_still_answers_it(
     make: Make, hermes_home: Path
 ) -> None:

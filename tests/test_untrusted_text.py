@@ -104,6 +104,7 @@ def test_deeply_nested_metadata_is_a_named_error() -> None:
 # -- through the store, on both backends -----------------------------------------------------------
 
 
+@pytest.mark.slow
 @settings(
     max_examples=40,
     deadline=None,
@@ -170,6 +171,7 @@ def test_unencodable_lookups_find_nothing(store: SessionStore) -> None:
     assert store.load_transcript("20260101_000000_abcdef12") == []
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("chat_id", ["\ud83d", "a\udfff", "1\x00", "\x001", "b\ud83d\ude00"])
 def test_ids_that_cleaning_would_change_are_refused_not_merged(
     store: SessionStore, chat_id: str
@@ -184,6 +186,7 @@ def test_ids_that_cleaning_would_change_are_refused_not_merged(
     assert [entry.session_key for entry in store.list_sessions()] == [lane.session_key]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("message", "match"),
     [
@@ -206,6 +209,7 @@ def test_bad_messages_are_refused_by_name(
     assert store.load_transcript(entry.session_id) == []
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("change", "match"),
     [

@@ -81,6 +81,7 @@ def _open_eventually(home: Path, url: str, timeout: float = 10.0) -> SessionStor
             time.sleep(0.1)
 
 
+@pytest.mark.slow
 async def test_a_second_gateway_on_one_database_is_refused(url: str, tmp_path: Path) -> None:
     configure(tmp_path / "home-a", url)
     first = Holder("gateway", tmp_path / "home-a")
@@ -162,6 +163,7 @@ def test_read_only_needs_a_schema(url: str, tmp_path: Path) -> None:
         _open(tmp_path / "reader", url, read_only=True)
 
 
+@pytest.mark.slow
 def test_four_gateways_starting_on_an_empty_database(url: str, tmp_path: Path) -> None:
     homes = [tmp_path / f"home-{n}" for n in range(4)]
     for home in homes:
@@ -177,6 +179,7 @@ def test_four_gateways_starting_on_an_empty_database(url: str, tmp_path: Path) -
             assert re.search(rf"pid[ =]{writer}\b", detail), detail
 
 
+@pytest.mark.slow
 def test_four_read_only_opens_at_once(url: str, tmp_path: Path) -> None:
     with _open(tmp_path / "writer", url) as writer:  # creates the schema, then keeps writing
         writer.get_or_create_session(telegram_dm())
@@ -187,6 +190,7 @@ def test_four_read_only_opens_at_once(url: str, tmp_path: Path) -> None:
     assert sorted((outcome, detail) for _, outcome, detail in reports) == [("reader", "1")] * 4
 
 
+@pytest.mark.slow
 def test_the_lock_dies_with_a_killed_holder(url: str, tmp_path: Path) -> None:
     configure(tmp_path / "holder", url)
     holder = Holder("store", tmp_path / "holder")
