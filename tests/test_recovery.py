@@ -13,8 +13,16 @@ from typing import Any
 
 import pytest
 
-from hermes_core import GatewayConfig, RecoveryContext, RecoveryStep
-from hermes_core.domain.errors import GatewayLockedError
+from hermes_core import (
+    EchoAgent,
+    Gateway,
+    GatewayConfig,
+    InMemoryAdapter,
+    MessageEvent,
+    RecoveryContext,
+    RecoveryStep,
+)
+from hermes_core.domain.errors import GatewayLockedError, MessageNotStoredError
 from hermes_core.domain.specs import CrashRecoveryResult, StuckLoopResult
 from hermes_core.state.instance import InstanceLock, RestartCounts
 from hermes_core.store import SessionStore
@@ -349,3 +357,19 @@ def test_critical_step_failure_aborts_start_and_releases_the_lock(hermes_home: P
     with pytest.raises(RecoveryAbortedError, match="recovery step vital failed"):
         GatewayState(_config(hermes_home), plugins=plugins).start()
     InstanceLock.acquire(hermes_home).release()  # the failed start let go of the lock
+
+
+async def test_a_message_after_a_failed_start_is_refused_as_not_stored(hermes_home: Path) -> None:
+    """A host that goes on after ``start()`` raised gets the error that tells it to leave the
+    platform's message unacknowledged, and nothing is sent."""
+    plugins = fresh_plugin_manager(hermes_home)
+    vital = RecoveryStep(name="vital", order=350, run=_failing, critical=True)
+    plugins.register(RecoveryStepsPlugin(vital), name="extra")
+    adapter = InMemoryAdapter("telegram")
+    gateway = Gateway(_config(hermes_home), plugins, lambda entry: EchoAgent(), [adapter])
+    with pytest.raises(RecoveryAbortedError):
+        await gateway.start()
+    event = MessageEvent(source=telegram_dm("42"), text="hello", message_id="m1")
+    with pytest.raises(MessageNotStoredError, match="did not start"):
+        await gateway.handle_message(event)
+    assert adapter.sent == []

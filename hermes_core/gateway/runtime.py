@@ -31,7 +31,7 @@ from types import TracebackType
 from typing import Any
 
 from hermes_core.config.schema import GatewayConfig
-from hermes_core.domain.errors import HermesError
+from hermes_core.domain.errors import HermesError, MessageNotStoredError
 from hermes_core.domain.models import MessageEvent, SessionEntry
 from hermes_core.gateway.agents import Adapter, Agent, HostCallbacks
 from hermes_core.gateway.cache import AgentCache
@@ -56,6 +56,10 @@ logger = logging.getLogger(__name__)
 
 AgentFactory = Callable[[SessionEntry], Agent]
 NOT_STARTED = "the gateway is not started; await gateway.start() first"
+START_FAILED = (
+    "the gateway did not start (start() raised), so this message was not stored: leave it "
+    "unacknowledged, fix what start() reported and start the gateway again"
+)
 
 
 @dataclass(frozen=True)
@@ -290,6 +294,8 @@ class Gateway:
             if self._loop is None:
                 raise HermesError(NOT_STARTED)
             await self._ready.wait()  # start-up has not restored the queue yet
+        if self._parts is None:
+            raise MessageNotStoredError(START_FAILED)
         platform = event.source.platform
         if platform not in self.adapters and platform not in self._unadapted:
             self._unadapted.add(platform)
