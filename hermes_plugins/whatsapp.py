@@ -57,11 +57,9 @@ def _existing_mapping_dir(hermes_home: Path | None) -> tuple[Path, int] | None:
     return None
 
 
-def whatsapp_mapping_dir(hermes_home: Path | None = None) -> Path:
-    """``platforms/whatsapp/session`` under the state directory if it exists, else the legacy
-    ``whatsapp/session`` if that exists, else the modern path."""
-    found = _existing_mapping_dir(hermes_home)
-    return found[0] if found else _candidates(hermes_home)[0]
+def whatsapp_state_dirs(hermes_home: Path) -> tuple[Path, ...]:
+    """The mapping directory ``doctor`` checks: ``platforms/whatsapp/session``."""
+    return (_candidates(hermes_home)[0],)
 
 
 def _unusable(path: Path, problem: str) -> None:
@@ -178,5 +176,6 @@ def hermes_register_platforms(config: GatewayConfig) -> list[PlatformSpec]:
             canonical_participant=canonical,
             aliases=functools.partial(whatsapp_aliases, hermes_home=config.hermes_home),
             read_event=read_whatsapp_payload,
+            state_dirs=whatsapp_state_dirs,
         )
     ]

@@ -26,11 +26,12 @@ def hermes_register_stores(config: GatewayConfig) -> list[StoreSpec]:
 
     **Returns:** a list of ``StoreSpec``. A spec names the backend, the URL schemes it serves
     (``sqlite``, ``postgresql+psycopg``, ...), a factory that opens the backend for a URL, and
-    what the backend declares: its ``capabilities`` (search, transcript edits, pruning, ledger,
-    durable queue, restart counts, maintenance), ``atomic_batches``, ``single_instance`` (no turn
-    leases) and ``local`` (a file on this machine: mirror by default, JSONL fallback). Every
-    backend implements ``hermes_core.store.StoreBackend``; each declared capability its protocol
-    in ``hermes_core.store``. A backend with one writer per database takes its writer lock in
+    what the backend declares in its ``capabilities`` (search, transcript edits, pruning, ledger,
+    durable queue, restart counts, maintenance, atomic batches, turn leases, parallel writers,
+    lane wake-ups, local state, the operator interface) and, for a store kept in files on this
+    machine, those ``files``. Every backend implements ``hermes_core.store.StoreBackend``; each
+    declared capability with a protocol implements it too (``hermes_core.store.backend``,
+    ``hermes_core.store.operator``). A backend with one writer per database takes its writer lock in
     ``open`` (raising ``GatewayLockedError`` naming the holder when another process has it) and
     may offer ``open_read_only``, which takes none and refuses every write, for stores opened
     with ``read_only=True``.

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 from support.populate import config_for, populate
 
+from conftest import FakeDistribution
 from hermes_core.cli.main import main
 from hermes_core.store import SessionStore
 from hermes_core.store.replay import encode_message_line
@@ -126,3 +127,44 @@ def test_a_corrupt_database_gets_the_procedure_and_no_change(
     bad = [f for f in report["findings"] if f["status"] == "problem"]
     assert any("state.db.corrupt-" in (f["fix"] or "") for f in bad)
     assert database.read_bytes() == bytes(data)
+
+
+_SECOND_TELEGRAM = """
+from hermes_core import PlatformSpec, hookimpl
+
+@hookimpl
+def hermes_register_platforms(config):
+    return [PlatformSpec(name="telegram")]
+"""
+_SECOND_SQLITE = """
+from hermes_core import StoreSpec, hookimpl
+
+@hookimpl
+def hermes_register_stores(config):
+    return [StoreSpec(name="other", schemes=("sqlite",), open=lambda url, config: None)]
+"""
+
+
+@pytest.mark.parametrize(
+    ("module", "claim"),
+    [(_SECOND_TELEGRAM, "platform 'telegram'"), (_SECOND_SQLITE, "storage scheme 'sqlite'")],
+)
+def test_a_plugin_conflict_is_a_finding_naming_both_plugins_and_the_fix(
+    home: Path, capsys: pytest.CaptureFixture[str], fake_distribution: FakeDistribution,
+    module: str, claim: str,
+) -> None:  # fmt: skip
+    fake_distribution(
+        "hermes-dup", entry_points={"dup": "dup_plugin"}, modules={"dup_plugin": module}
+    )
+    code, report = doctor(capsys, home)
+    assert code == 1
+    conflict = next(f for f in report["findings"] if f["check"] == "plugins")
+    assert conflict["status"] == "problem"
+    assert claim in conflict["detail"]
+    assert "(hermes-sessions)" in conflict["detail"]
+    assert "'dup' (hermes-dup)" in conflict["detail"]
+    assert "plugins.disable: [" in conflict["detail"]
+    assert main(["doctor", "--state-dir", str(home)]) == 1
+    out = capsys.readouterr().out
+    assert f"problem  plugins: {claim} is registered by plugin" in out
+    assert out.endswith("problem(s)\n")

@@ -81,31 +81,46 @@ def test_required_protocol_only_turns_features_off_with_one_warning_each(
     assert len(warned) == len(off)  # restart counts stay in a file for one instance: no warning
 
 
-def test_a_shared_backend_must_implement_turn_leases(hermes_home: Path) -> None:
+@pytest.mark.parametrize(
+    ("capability", "methods"),
+    [
+        ("turn_leases",
+         ("check_lease", "orphaned_lanes", "release_lease", "renew_leases", "take_lease")),
+        ("parallel_writers", ("bind_writer", "writer_connections")),
+        ("lane_wakeups", ("listen_lanes", "wake_lane")),
+        ("operator", ("integrity_problems", "record_kinds", "table_digest", "table_rows")),
+    ],
+)  # fmt: skip
+def test_a_backend_declaring_a_capability_must_implement_its_protocol(
+    hermes_home: Path, capability: str, methods: tuple[str, ...]
+) -> None:
     with pytest.raises(StoreContractError) as info:
-        _open(hermes_home, _Backends(hermes_home, single_instance=False))
+        _open(hermes_home, _Backends(hermes_home, capabilities=frozenset({capability})))
     message = str(info.value)
-    for name in ("check_lease", "orphaned_lanes", "release_lease", "renew_leases", "take_lease"):
-        assert f"{name} (turn leases)" in message
-    assert "StoreSpec.single_instance" in message
+    for name in methods:
+        assert f"{name} ({capability})" in message
+    assert "remove the capability from its StoreSpec.capabilities" in message
 
 
-def test_a_backend_declaring_parallel_writers_must_implement_them(hermes_home: Path) -> None:
-    with pytest.raises(StoreContractError) as info:
-        _open(hermes_home, _Backends(hermes_home, parallel_writers=True))
-    message = str(info.value)
-    for name in ("bind_writer", "writer_connections"):
-        assert f"{name} (parallel writers)" in message
-    assert "StoreSpec.parallel_writers" in message
+def test_the_older_boolean_spelling_declares_capabilities() -> None:
+    def spec(**older: Any) -> StoreSpec:
+        return StoreSpec(name="x", schemes=("x",), open=lambda url, config: None, **older)
 
-
-def test_a_backend_declaring_lane_wakeups_must_implement_them(hermes_home: Path) -> None:
-    with pytest.raises(StoreContractError) as info:
-        _open(hermes_home, _Backends(hermes_home, lane_wakeups=True))
-    message = str(info.value)
-    for name in ("listen_lanes", "wake_lane"):
-        assert f"{name} (lane wake-ups)" in message
-    assert "LaneWakeups with StoreSpec.lane_wakeups" in message
+    default = spec()
+    assert default.capabilities == frozenset()
+    assert (default.single_instance, default.atomic_batches, default.local) == (True, False, False)
+    older = spec(atomic_batches=True, single_instance=False, parallel_writers=True,
+                 lane_wakeups=True, local=True, capabilities={"search"})  # fmt: skip
+    assert older.capabilities == {
+        "search", "atomic_batches", "turn_leases", "parallel_writers", "lane_wakeups",
+        "local_state",
+    }  # fmt: skip
+    assert (older.single_instance, older.parallel_writers, older.lane_wakeups) == (
+        False, True, True,
+    )  # fmt: skip
+    assert spec(single_instance=True, local=False).capabilities == frozenset()
+    with pytest.raises(ValueError, match="single_instance=True contradicts the capability"):
+        spec(single_instance=True, capabilities={"turn_leases"})
 
 
 def test_a_missing_required_method_is_an_error_naming_the_plugin(hermes_home: Path) -> None:

@@ -1,8 +1,10 @@
 """A third-party storage backend kept in memory: the required contract plus transcript edits.
 
 ``storage.url: memory://<name>`` selects it; stores opened with the same name share one
-database for the life of the process. Everything else (search, pruning, the ledger, durable
-queues, restart counts in the store, maintenance) is left out, so the store turns those off.
+database for the life of the process. Every other capability (search, pruning, the ledger,
+durable queues, restart counts in the store, maintenance, atomic batches, turn leases, the
+operator interface, ...) is left out: the store turns those features off, and runs one writer
+for one gateway.
 """
 
 from __future__ import annotations
@@ -38,7 +40,7 @@ class MemoryBackend:
         return {}
 
     def transaction(self) -> AbstractContextManager[object]:
-        return nullcontext()  # each write stands alone (atomic_batches=False)
+        return nullcontext()  # each write stands alone (no capability "atomic_batches")
 
     def health(self) -> dict[str, Any]:
         return {}

@@ -47,7 +47,6 @@ SORTS = {
 }
 SEARCH_LIMIT = 100
 """The most hits ``search`` returns (the store's own bound)."""
-EXPORT_TABLES = ("sessions", "messages", "gateway_routing", "queued_events", "delivery_obligations")
 
 
 def register(commands: Any, parents: list[argparse.ArgumentParser]) -> None:
@@ -318,12 +317,13 @@ def _table(backend: OperatorBackend, name: str) -> Iterator[dict[str, Any]]:
 
 
 def export_jsonl(backend: OperatorBackend, out: TextIO) -> int:
-    """Every row of the exported tables as ``{"table": ..., "row": ...}`` lines in primary-key
-    order, times as ISO strings (byte-identical for the same state in SQLite and PostgreSQL);
-    the line count."""
+    """Every record of the kinds the backend exports (``RecordKinds.export``) as
+    ``{"table": ..., "row": ...}`` lines in primary-key order, times as ISO strings
+    (byte-identical for the same state in SQLite and PostgreSQL); the line count."""
     lines = 0
-    with progress("export", len(EXPORT_TABLES)) as bar:
-        for name in EXPORT_TABLES:
+    kinds = backend.record_kinds().export
+    with progress("export", len(kinds)) as bar:
+        for name in kinds:
             for row in _table(backend, name):
                 out.write(json_text({"table": name, "row": iso_times(row)}) + "\n")
                 lines += 1
@@ -333,7 +333,7 @@ def export_jsonl(backend: OperatorBackend, out: TextIO) -> int:
 
 def export_markdown(store: SessionStore, backend: OperatorBackend, out: TextIO) -> int:
     """One section per session (oldest first) with its active transcript; the session count."""
-    sessions = list(_table(backend, "sessions"))
+    sessions = list(_table(backend, backend.record_kinds().sessions))
     with progress("export", len(sessions)) as bar:
         for row in sessions:
             ended = stamp(row["ended_at"])

@@ -24,6 +24,7 @@ from hermes_core.domain.specs import StoreSpec
 from hermes_core.domain.terminal import inert_json, safe_text
 from hermes_core.plugins.manager import HermesPluginManager, create_plugin_manager
 from hermes_core.store import SessionStore
+from hermes_core.store.capabilities import bind_backend
 from hermes_core.store.leases import CLOCK_SLACK_SECS, lease_state
 from hermes_core.store.operator import OperatorBackend
 
@@ -87,10 +88,12 @@ def with_url(config: GatewayConfig, url: str) -> GatewayConfig:
     return config.model_copy(update={"storage": config.storage.model_copy(update={"url": url})})
 
 
-def open_store(config: GatewayConfig, *, write: bool) -> SessionStore:
+def open_store(
+    config: GatewayConfig, *, write: bool, plugins: HermesPluginManager | None = None
+) -> SessionStore:
     """The store of ``config``: read-only (works beside a running gateway) or for writing (refused
     with ``GatewayLockedError`` naming the gateway that holds it)."""
-    plugins = create_plugin_manager(config)
+    plugins = plugins or create_plugin_manager(config)
     store = SessionStore.open(config, plugins=plugins, read_only=not write)
     if store.degraded:
         reason = store.health().get("degraded_reason") or "the SQL store cannot be opened"
@@ -116,17 +119,25 @@ def store_spec(config: GatewayConfig, plugins: HermesPluginManager | None = None
 def open_operator(
     config: GatewayConfig, *, write: bool, plugins: HermesPluginManager | None = None
 ) -> OperatorBackend:
-    """The SQL backend of ``config`` with its operator interface, opened directly (no routing
-    import, no key-schema check): for ``doctor`` and ``migrate``."""
+    """The backend of ``config`` with its operator interface (capability ``operator``), opened
+    directly (no routing import, no key-schema check): for ``doctor``, ``migrate``, ``export``
+    and the dead-letter commands."""
+    plugins = plugins or create_plugin_manager(config)
     spec = store_spec(config, plugins)
     opener = spec.open if write or spec.open_read_only is None else spec.open_read_only
     backend = opener(config.storage_url, config)
-    if not hasattr(backend, "table_rows"):
+    try:
+        operator = bind_backend(spec, backend, plugins.store_plugin(spec), warn=False).operator
+    except BaseException:
+        backend.close()
+        raise
+    if operator is None:
         backend.close()
         raise StoreUnavailableError(
-            f"the {spec.name} store has no operator interface; this command needs a SQL store."
+            f"the {spec.name} store has no operator interface (its StoreSpec does not declare "
+            "the capability 'operator'); this command needs a store that does, such as SQLite "
+            "or PostgreSQL."
         )
-    operator: OperatorBackend = backend
     return operator
 
 

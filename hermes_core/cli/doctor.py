@@ -1,12 +1,14 @@
 """``hermes-sessions doctor [--fix] [--json]``: check a gateway's state and repair what is safe.
 
-Checks (read-only): file types and modes, the instance lock, the store (reachable, schema,
-integrity, foreign keys), the full-text index (its own check and a real query), routing rows
-against sessions, the ``sessions.json`` mirror against the routing table, the degraded-mode
-backlog, the delivery ledger, the counter and clean-shutdown files, the PII key and the WhatsApp
-mapping directory. ``--fix`` (the gateway stopped) tightens modes, rebuilds the index, rewrites
-the mirror, replays the backlog and replaces an invalid PII key; it never touches messages, and
-for a corrupt database it prints the recovery procedure and changes nothing.
+Checks (read-only): file types and modes, the instance lock, the plugins (a conflict, or an
+essential plugin disabled, is a finding naming the plugins and the fix; the checks it stops say
+so), the store (reachable, schema, integrity, foreign keys), the full-text index (its own check
+and a real query), routing rows against sessions, the ``sessions.json`` mirror against the
+routing table, the degraded-mode backlog, the delivery ledger, the counter and clean-shutdown
+files, the PII key and the directories platforms declare (``PlatformSpec.state_dirs``, such as
+WhatsApp's mapping directory). ``--fix`` (the gateway stopped) tightens modes, rebuilds the
+index, rewrites the mirror, replays the backlog and replaces an invalid PII key; it never touches
+messages, and for a corrupt database it prints the recovery procedure and changes nothing.
 Exit status: 0 healthy (or fixed), 1 problems remain, 2 could not run.
 """
 
@@ -24,10 +26,19 @@ from pathlib import Path
 from typing import Any
 
 from hermes_core.cli.common import open_operator, open_store, print_json, store_spec
-from hermes_core.cli.outputs import store_files
+from hermes_core.cli.outputs import backend_files, gateway_files
 from hermes_core.config.schema import GatewayConfig
-from hermes_core.domain.errors import CorruptDatabaseError, GatewayLockedError, StoreError, shown
+from hermes_core.domain.errors import (
+    ConfigError,
+    CorruptDatabaseError,
+    GatewayLockedError,
+    PluginConflictError,
+    PluginError,
+    StoreError,
+    shown,
+)
 from hermes_core.gateway.redaction import load_hmac_key
+from hermes_core.plugins.manager import HermesPluginManager, create_plugin_manager
 from hermes_core.state.instance import (
     CLEAN_SHUTDOWN_FILE,
     RESTART_COUNTS_FILE,
@@ -46,6 +57,9 @@ PROCEDURE = (
     "backup are lost)."
 )
 _PII_KEY = re.compile(rb"[0-9a-f]{64}\n?")
+_PLUGIN_PROBLEM = (PluginConflictError, ConfigError)
+"""What the plugin manager's getters raise for the problems of the ``plugins`` finding."""
+_NOT_CHECKED = "not checked: the plugins' problem above stops it"
 
 
 @dataclass
@@ -70,7 +84,13 @@ def register(commands: Any, parents: list[argparse.ArgumentParser]) -> None:
     doctor.set_defaults(handler=doctor_command)
 
 
-def _file_findings(config: GatewayConfig) -> list[Finding]:
+def _plugin_findings(plugins: HermesPluginManager) -> list[Finding]:
+    """A plugin conflict or a lost essential plugin, each a problem whose detail names the
+    plugins and the fix (nothing when there is none)."""
+    return [Finding("plugins", "problem", message) for message in plugins.problems()]
+
+
+def _file_findings(config: GatewayConfig, plugins: HermesPluginManager) -> list[Finding]:
     home, sessions = config.hermes_home, config.sessions_dir
     found = []
     for directory in (home, sessions):
@@ -85,7 +105,9 @@ def _file_findings(config: GatewayConfig) -> list[Finding]:
             mode = stat.S_IMODE(directory.stat().st_mode)
             found.append(Finding("files", "problem", f"{directory} has mode {mode:04o}, not 0700",
                                  "--fix tightens it"))  # fmt: skip
-    paths = store_files(config)
+    paths = gateway_files(config)
+    with contextlib.suppress(*_PLUGIN_PROBLEM):  # no store chosen: no store files to check
+        paths += backend_files(config, plugins)
     if sessions.is_dir() and not sessions.is_symlink():
         paths += sorted(sessions.glob("*.json")) + sorted(sessions.glob("*.jsonl*"))
     for path in paths:
@@ -103,11 +125,11 @@ def _file_findings(config: GatewayConfig) -> list[Finding]:
     return found or [Finding("files", "ok", "directories 0700, files regular and 0600")]
 
 
-def _tighten_modes(config: GatewayConfig) -> None:
+def _tighten_modes(config: GatewayConfig, plugins: HermesPluginManager) -> None:
     """chmod what :func:`_file_findings` found too open, through a descriptor opened without
     following a symlink (but for ``$HERMES_HOME``, which may be one): a link planted since the
     check is never followed out of the state directory."""
-    for finding in _file_findings(config):
+    for finding in _file_findings(config, plugins):
         if finding.fix == "--fix tightens it":
             path = Path(finding.detail.split(" has mode ", 1)[0])
             follow = 0 if path == config.hermes_home else os.O_NOFOLLOW
@@ -187,17 +209,22 @@ def _lease_finding(backend: OperatorBackend, config: GatewayConfig) -> Finding:
     return Finding("leases", "ok", f"{len(leases)} lease(s), {live} live; {waiting}")
 
 
-def _mirror_finding(config: GatewayConfig, routes: dict[str, str], running: bool) -> Finding:
+def _mirror_finding(
+    config: GatewayConfig, plugins: HermesPluginManager, routes: dict[str, str], running: bool
+) -> Finding:
     path = config.sessions_dir / "sessions.json"
     if config.sessions_dir.is_symlink():
         return Finding("mirror", "warn", "not read: the sessions directory is a symlink")
-    if not writes_mirror(config, store_spec(config)):
-        return Finding("mirror", "ok", "not written (gateway.write_sessions_json is off)")
+    try:
+        if not writes_mirror(config, store_spec(config, plugins)):
+            return Finding("mirror", "ok", "not written (gateway.write_sessions_json is off)")
+        mirror = load_mirror(path, plugins)  # a missing file loads as empty, without a warning
+    except _PLUGIN_PROBLEM:
+        return Finding("mirror", "warn", _NOT_CHECKED)
     if not path.exists():
         if not routes:
             return Finding("mirror", "ok", "no lanes yet")
         return Finding("mirror", "problem", f"{path} is missing", "--fix rewrites it")
-    mirror = load_mirror(path)
     if mirror.problem is not None:
         return Finding("mirror", "problem", f"{path} {mirror.problem}", "--fix rewrites it")
     mirrored = {key: entry.session_id for key, entry in mirror.entries.items()}
@@ -217,7 +244,7 @@ def _backlog(config: GatewayConfig) -> list[Path]:
     )
 
 
-def _other_files(config: GatewayConfig) -> list[Finding]:
+def _other_files(config: GatewayConfig, plugins: HermesPluginManager) -> list[Finding]:
     home, found = config.hermes_home, []
     for name in (RESTART_COUNTS_FILE, CLEAN_SHUTDOWN_FILE):
         path = home / name
@@ -233,31 +260,38 @@ def _other_files(config: GatewayConfig) -> list[Finding]:
     if key.is_file() and not key.is_symlink() and not _PII_KEY.fullmatch(key.read_bytes()):
         found.append(Finding("pii key", "problem", f"{key} does not hold 64 lowercase hex digits",
                              "--fix replaces it (pseudonyms change)"))  # fmt: skip
-    whatsapp = home / "platforms" / "whatsapp" / "session"
-    if whatsapp.exists() and not os.access(whatsapp, os.R_OK | os.X_OK):
-        found.append(Finding("whatsapp", "problem", f"{whatsapp} is not readable",
-                             "make it readable by the gateway's user"))  # fmt: skip
+    with contextlib.suppress(*_PLUGIN_PROBLEM):  # no platforms known: none of their files
+        for spec in plugins.platforms().values():
+            for directory in spec.state_dirs(home) if spec.state_dirs is not None else ():
+                if directory.exists() and not os.access(directory, os.R_OK | os.X_OK):
+                    found.append(Finding(spec.name, "problem", f"{directory} is not readable",
+                                         "make it readable by the gateway's user"))  # fmt: skip
     return found or [Finding("state files", "ok", "counter, clean-shutdown and PII key files")]
 
 
-def run_checks(config: GatewayConfig) -> tuple[list[Finding], int | None]:
+def run_checks(
+    config: GatewayConfig, plugins: HermesPluginManager
+) -> tuple[list[Finding], int | None]:
     """Every check, read-only; also the pid of a running gateway (None when stopped)."""
     running = lock_holder(config.hermes_home)
-    findings = _file_findings(config)
+    findings = _file_findings(config, plugins)
     findings.append(
         Finding("lock", "ok", "no gateway is running")
         if running is None
         else Finding("lock", "warn", f"a gateway (pid {running}) is running")
     )
+    findings += _plugin_findings(plugins)
     routes: dict[str, str] = {}
     try:
-        backend = open_operator(config, write=False)
+        backend = open_operator(config, write=False, plugins=plugins)
     except CorruptDatabaseError:
         return [
             *findings,
             Finding("store", "problem", "the database is corrupt", PROCEDURE),
         ], running
-    except StoreError as exc:
+    except _PLUGIN_PROBLEM:
+        return [*findings, Finding("store", "warn", _NOT_CHECKED)], running
+    except (StoreError, PluginError) as exc:  # PluginError: a backend lacking what it declares
         return [*findings, Finding("store", "problem", str(exc))], running
     try:
         findings.append(Finding("store", "ok", f"{backend.name} reachable, schema current"))
@@ -267,13 +301,13 @@ def run_checks(config: GatewayConfig) -> tuple[list[Finding], int | None]:
         except CorruptDatabaseError:
             findings.append(Finding("integrity", "problem", "the database is corrupt", PROCEDURE))
             return findings, running
-        after = None
-        while rows := backend.table_rows("gateway_routing", after, 1000):
+        kind, after = backend.record_kinds().routes, None
+        while rows := backend.table_rows(kind, after, 1000):
             routes.update((row["session_key"], row["session_id"]) for row in rows)
-            after = backend.primary_key("gateway_routing", rows[-1])
+            after = backend.primary_key(kind, rows[-1])
     finally:
         backend.close()
-    findings.append(_mirror_finding(config, routes, running is not None))
+    findings.append(_mirror_finding(config, plugins, routes, running is not None))
     backlog = _backlog(config)
     findings.append(
         Finding(
@@ -285,15 +319,17 @@ def run_checks(config: GatewayConfig) -> tuple[list[Finding], int | None]:
         if backlog
         else Finding("backlog", "ok", "no degraded-mode backlog")
     )
-    return findings + _other_files(config), running
+    return findings + _other_files(config, plugins), running
 
 
-def apply_fixes(config: GatewayConfig, findings: list[Finding]) -> list[str]:
+def apply_fixes(
+    config: GatewayConfig, findings: list[Finding], plugins: HermesPluginManager
+) -> list[str]:
     """Repair what ``findings`` mark fixable by ``--fix``; what was done, one line each."""
     wanted = {finding.check for finding in findings if (finding.fix or "").startswith("--fix")}
     done = []
     if "files" in wanted:
-        _tighten_modes(config)
+        _tighten_modes(config, plugins)
         done.append("tightened file and directory modes")
     if "pii key" in wanted:
         key = config.pii_hmac_key_file
@@ -304,7 +340,7 @@ def apply_fixes(config: GatewayConfig, findings: list[Finding]) -> list[str]:
         load_hmac_key(key)
         done.append(f"replaced the PII key (the old one is {aside.name}; pseudonyms change)")
     if wanted & {"fts", "mirror", "backlog"}:
-        with open_store(config, write=True) as store:
+        with open_store(config, write=True, plugins=plugins) as store:
             if "backlog" in wanted:
                 report = store.replay_backlog()
                 replayed = report.messages_imported if report is not None else 0
@@ -318,8 +354,10 @@ def apply_fixes(config: GatewayConfig, findings: list[Finding]) -> list[str]:
 
 
 def doctor_command(args: argparse.Namespace, config: GatewayConfig) -> int:
-    """``doctor [--fix] [--json]``."""
-    findings, running = run_checks(config)
+    """``doctor [--fix] [--json]``: the plugins are loaded without :meth:`check
+    <HermesPluginManager.check>`, so that their problems are findings."""
+    plugins = create_plugin_manager(config, check=False)
+    findings, running = run_checks(config, plugins)
     done: list[str] = []
     if args.fix:
         if running is not None:
@@ -328,13 +366,14 @@ def doctor_command(args: argparse.Namespace, config: GatewayConfig) -> int:
                 "`hermes-sessions doctor --fix` (plain `doctor` may run beside it)."
             )
         # Another writer holding the store refuses this (GatewayLockedError, exit 2); an
-        # unreachable or corrupt store is in the findings already, and no fix opens it.
-        with contextlib.suppress(StoreError):
-            open_operator(config, write=True).close()
+        # unreachable or corrupt store, or the plugins' problem, is in the findings already,
+        # and no fix opens it.
+        with contextlib.suppress(StoreError, PluginError, ConfigError):
+            open_operator(config, write=True, plugins=plugins).close()
         before = {(f.check, f.detail) for f in findings if f.status == "problem"}
-        done = apply_fixes(config, findings)
+        done = apply_fixes(config, findings, plugins)
         if done:
-            findings, running = run_checks(config)
+            findings, running = run_checks(config, plugins)
             fixed = {f.check for f in findings if f.status == "problem"}
             findings += [Finding(check, "fixed", detail) for check, detail in sorted(before)
                          if check not in fixed]  # fmt: skip

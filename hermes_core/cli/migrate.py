@@ -1,23 +1,24 @@
-"""``hermes-sessions migrate --to URL``: copy every table of stored state to another store
-(SQLite to PostgreSQL or back), in batches keyed by primary key, so a run that was interrupted
-resumes where it stopped; then rebuild the full-text index there and verify each table by row
-count and checksum.
+"""``hermes-sessions migrate --to URL``: copy every kind of stored record (every table, for a SQL
+store) to another store (SQLite to PostgreSQL or back), in batches keyed by primary key, so a run
+that was interrupted resumes where it stopped; then rebuild the full-text index there and verify
+each kind by record count and checksum. The source backend names the kinds
+(:class:`~hermes_core.store.operator.RecordKinds`); the target must keep the same ones.
 
-Before writing anything it refuses a target that is one of the source's own files (a SQLite
-path) or that holds anything but part of this source's copy: another store, or this store's copy
-from before the source changed. A resumed migration of the same source is allowed."""
+Before writing anything it refuses a target that is one of the source's own files (those its
+``StoreSpec.files`` declares) or that holds anything but part of this source's copy: another
+store, or this store's copy from before the source changed. A resumed migration of the same
+source is allowed."""
 
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 from typing import Any
 
 from hermes_core.cli.common import open_operator, print_json, progress, with_url
-from hermes_core.cli.outputs import SQLITE_FILES, refuse_store_file, sqlite_path
+from hermes_core.cli.outputs import backend_files, refuse_store_file
 from hermes_core.config.schema import GatewayConfig
 from hermes_core.domain.errors import InvalidValueError, StoreError
-from hermes_core.store.operator import TRANSFER_TABLES, OperatorBackend
+from hermes_core.store.operator import OperatorBackend
 
 BATCH_ROWS = 500
 
@@ -44,7 +45,14 @@ def register(commands: Any, parents: list[argparse.ArgumentParser]) -> None:
 def check_target(source: OperatorBackend, target: OperatorBackend) -> None:
     """Raise :class:`ForeignTargetError` unless every row of ``target`` is a row of ``source``
     (an empty target, or one an interrupted migration of this source filled in part)."""
-    for name in TRANSFER_TABLES:
+    kinds = source.record_kinds().transfer
+    if target.record_kinds().transfer != kinds:
+        raise ForeignTargetError(
+            f"the target's {target.name} store keeps other kinds of record than this "
+            f"{source.name} store; nothing was copied. Migrate into a store of a backend that "
+            "keeps the same ones."
+        )
+    for name in kinds:
         after = None
         while rows := target.table_rows(name, after, BATCH_ROWS):
             foreign = source.foreign_rows(name, rows)
@@ -72,28 +80,29 @@ def _check_before_writing(source: OperatorBackend, target_config: GatewayConfig)
 
 
 def copy_tables(source: OperatorBackend, target: OperatorBackend) -> dict[str, int]:
-    """Copy the rows ``target`` lacks, table by table; rows inserted per table."""
+    """Copy the records ``target`` lacks, kind by kind; records inserted per kind."""
+    kinds = source.record_kinds()
     inserted = {}
-    with progress("migrate", len(TRANSFER_TABLES)) as bar:
-        for name in TRANSFER_TABLES:
+    with progress("migrate", len(kinds.transfer)) as bar:
+        for name in kinds.transfer:
             inserted[name], after = 0, None
             while rows := source.table_rows(name, after, BATCH_ROWS):
                 inserted[name] += target.insert_missing(name, rows)
                 after = source.primary_key(name, rows[-1])
             bar.advance()
     after = None
-    while sessions := source.table_rows("sessions", after, BATCH_ROWS):
+    while sessions := source.table_rows(kinds.sessions, after, BATCH_ROWS):
         target.set_session_counts(sessions)  # the count trigger moved them during the copy
-        after = source.primary_key("sessions", sessions[-1])
+        after = source.primary_key(kinds.sessions, sessions[-1])
     target.finish_transfer()
     target.rebuild_fts()
     return inserted
 
 
 def verify(source: OperatorBackend, target: OperatorBackend) -> dict[str, int]:
-    """Row counts per table, once each table's count and checksum agree in both stores."""
+    """Record counts per kind, once each kind's count and checksum agree in both stores."""
     counts = {}
-    for name in TRANSFER_TABLES:
+    for name in source.record_kinds().transfer:
         mine, theirs = source.table_digest(name), target.table_digest(name)
         if mine != theirs:
             raise MigrationMismatchError(
@@ -108,9 +117,8 @@ def verify(source: OperatorBackend, target: OperatorBackend) -> dict[str, int]:
 def migrate_command(args: argparse.Namespace, config: GatewayConfig) -> int:
     """``migrate --to URL``: both stores are opened for writing, so neither may be in use."""
     target_config = with_url(config, args.to)
-    database = sqlite_path(target_config)
-    for suffix in SQLITE_FILES if database is not None else ():
-        refuse_store_file(Path(f"{database}{suffix}"), config, "to")
+    for path in backend_files(target_config):
+        refuse_store_file(path, config, "to")
     if target_config.storage_url == config.storage_url:  # not echoed: it may hold a password
         raise InvalidValueError("to", "--to names the store to migrate from; name another one.")
     source = open_operator(config, write=True)
@@ -128,7 +136,7 @@ def migrate_command(args: argparse.Namespace, config: GatewayConfig) -> int:
     if args.json:
         print_json({"copied": inserted, "verified": counts})
         return 0
-    for name in TRANSFER_TABLES:
-        print(f"{name}: {counts[name]} rows ({inserted[name]} copied now)")
+    for name, count in counts.items():
+        print(f"{name}: {count} rows ({inserted[name]} copied now)")
     print("verified: row counts and checksums match; point storage.url at the new store")
     return 0

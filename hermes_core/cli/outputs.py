@@ -2,11 +2,11 @@
 
 ``export --output FILE`` and ``migrate --to sqlite:///FILE`` name paths. A path that leads, as it
 is, through a symlink or as a hard link, to one of the store's own files is refused before
-anything is opened for writing: the SQLite database and its ``-wal``, ``-shm``, ``-journal`` and
-``.lock`` files, anything in the sessions directory (``sessions.json``, the degraded-mode
-transcripts), the gateway's lock, counter, clean-shutdown and instance-id files, the PII key and
-the configuration. Truncating one of them would empty the store, or a running gateway's
-write-ahead log.
+anything is opened for writing: the files its ``StoreSpec.files`` declares (a SQLite database
+and its ``-wal``, ``-shm``, ``-journal`` and ``.lock`` files), anything in the sessions
+directory (``sessions.json``, the degraded-mode transcripts), the gateway's lock, counter,
+clean-shutdown and instance-id files, the PII key and the configuration. Truncating one of them
+would empty the store, or a running gateway's write-ahead log.
 
 An output is opened after the store (so a store that cannot be opened leaves no file behind),
 created 0600 like the store's own files, and opened without blocking: a FIFO that nothing reads
@@ -25,6 +25,7 @@ from typing import TextIO
 
 from hermes_core.config.schema import GatewayConfig
 from hermes_core.domain.errors import InvalidValueError, shown
+from hermes_core.plugins.manager import HermesPluginManager, default_plugin_manager
 from hermes_core.state.instance import (
     CLEAN_SHUTDOWN_FILE,
     INSTANCE_ID_FILE,
@@ -32,29 +33,27 @@ from hermes_core.state.instance import (
     RESTART_COUNTS_FILE,
 )
 
-SQLITE_FILES = ("", "-wal", "-shm", "-journal", ".lock")
-"""Suffixes of the files of a SQLite store: the database, its journals and the writer lock."""
 PRIVATE_FILES = (LOCK_FILE, CLEAN_SHUTDOWN_FILE, RESTART_COUNTS_FILE, INSTANCE_ID_FILE)
 """The gateway's own files in its state directory."""
 _OPEN_FLAGS = os.O_WRONLY | os.O_CREAT | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
 
 
-def sqlite_path(config: GatewayConfig) -> Path | None:
-    """The database file of a SQLite ``storage.url`` (None for another scheme)."""
-    url = config.storage_url
-    if not url.startswith("sqlite"):
-        return None
-    return Path(url.split(":///", 1)[1]) if ":///" in url else None
+def backend_files(config: GatewayConfig, plugins: HermesPluginManager | None = None) -> list[Path]:
+    """The files of the store ``storage.url`` names, as its ``StoreSpec.files`` declares them
+    (none when no plugin serves the scheme): a SQLite database, its journals and its lock."""
+    scheme = config.storage_url.split("://", 1)[0]
+    spec = (plugins or default_plugin_manager(config)).stores().get(scheme)
+    return [] if spec is None or spec.files is None else list(spec.files(config.storage_url))
 
 
-def store_files(config: GatewayConfig) -> list[Path]:
+def gateway_files(config: GatewayConfig) -> list[Path]:
+    """The gateway's own files in its state directory and the PII key."""
+    return [config.hermes_home / name for name in PRIVATE_FILES] + [config.pii_hmac_key_file]
+
+
+def store_files(config: GatewayConfig, plugins: HermesPluginManager | None = None) -> list[Path]:
     """The store's own files outside the sessions directory, whether they exist or not."""
-    home = config.hermes_home
-    paths = [home / name for name in PRIVATE_FILES] + [config.pii_hmac_key_file]
-    database = sqlite_path(config)
-    if database is not None:
-        paths += [Path(f"{database}{suffix}") for suffix in SQLITE_FILES]
-    return paths
+    return gateway_files(config) + backend_files(config, plugins)
 
 
 def _identity(path: Path) -> tuple[int, int] | None:

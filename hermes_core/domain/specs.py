@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, Literal
+from pathlib import Path
+from typing import Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
@@ -74,6 +75,9 @@ class PlatformSpec(BaseModel):
     ``Local (the machine running this agent)``, lists the platform first among the connected ones
     as ``<name> (files on this machine)``, sends scheduled output of its sessions to local files and
     offers ``"<name>"`` as the local-files delivery target."""
+    state_dirs: Callable[[Path], Sequence[Path]] | None = None
+    """Directories of the platform's own files under a state directory (the argument), such as
+    WhatsApp's lid-mapping files: ``doctor`` reports one that exists but that it cannot read."""
 
     @field_validator("name")
     @classmethod
@@ -89,25 +93,48 @@ class PlatformSpec(BaseModel):
 
 
 StoreCapability = Literal[
-    "search", "transcript_edits", "pruning", "ledger", "queue", "restart_counts", "maintenance"
-]
-"""An optional part of the storage contract (``hermes_core.store.backend`` has one protocol per
-capability): full-text search; transcript rewrites and soft deletes; pruning idle routing entries;
-the delivery ledger; durable queues with dead letters and redelivery records; restart counts kept
-in the store, tagged per instance (without it they live in ``$HERMES_HOME/restart_counts.json``);
-maintenance (``state_meta``, sessions.json and JSONL backlog imports, re-keying)."""
+    "search", "transcript_edits", "pruning", "ledger", "queue", "restart_counts", "maintenance",
+    "atomic_batches", "turn_leases", "parallel_writers", "lane_wakeups", "local_state", "operator",
+]  # fmt: skip
+"""What a storage backend declares it offers beyond the required ``StoreBackend`` protocol (most
+have a protocol of their own in ``hermes_core.store.backend``): full-text search; transcript
+rewrites and soft deletes; pruning idle routing entries; the delivery ledger; durable queues with
+dead letters and redelivery records; restart counts kept in the store, tagged per instance
+(without it they live in ``$HERMES_HOME/restart_counts.json``); maintenance (``state_meta``,
+sessions.json and JSONL backlog imports, re-keying); ``atomic_batches`` (``transaction()`` rolls
+back every write inside it together, so the store's writer may commit several callers' steps at
+once); ``turn_leases`` (gateways share the store under lane leases; without it one gateway uses
+it at a time); ``parallel_writers`` (several writer connections commit in parallel);
+``lane_wakeups`` (with ``turn_leases``: a process wakes the holder of a lane's lease at once);
+``local_state`` (the state is a file on this machine: the sessions.json mirror is written by
+default, and a backend that cannot be opened falls back to the core's JSONL store); ``operator``
+(what ``doctor``, ``migrate``, ``export`` and the dead-letter commands need, ``OperatorBackend``
+in ``hermes_core.store.operator``)."""
 
-STORE_CAPABILITIES: tuple[StoreCapability, ...] = (
-    "search", "transcript_edits", "pruning", "ledger", "queue", "restart_counts", "maintenance"
+STORE_CAPABILITIES: tuple[StoreCapability, ...] = get_args(StoreCapability)
+
+_OLDER_SPELLING: tuple[tuple[str, StoreCapability, bool], ...] = (
+    ("atomic_batches", "atomic_batches", True), ("single_instance", "turn_leases", False),
+    ("parallel_writers", "parallel_writers", True), ("lane_wakeups", "lane_wakeups", True),
+    ("local", "local_state", True),
 )  # fmt: skip
+"""The boolean keyword arguments of earlier releases: (keyword, capability, the value that
+declares it)."""
 
 
 class StoreSpec(BaseModel):
-    """A storage backend serving the URL schemes it names, and what it declares it offers.
+    """A storage backend serving the URL schemes it names, and the capabilities it declares.
 
     The store checks the backend against this declaration when it opens it: a missing method of
     the required ``StoreBackend`` protocol, or of a declared capability, is a ``PluginError``
-    naming the plugin; an undeclared capability turns its feature off (one warning each).
+    naming the plugin; an undeclared capability turns its feature off (one warning each for the
+    features of ``search`` to ``maintenance``).
+
+    The keyword arguments ``atomic_batches``, ``single_instance``, ``parallel_writers``,
+    ``lane_wakeups`` and ``local`` are the older spelling of capabilities, still accepted and
+    readable: ``atomic_batches=True`` declares ``atomic_batches``, ``single_instance=False``
+    declares ``turn_leases``, ``local=True`` declares ``local_state``, and so on. A keyword that
+    contradicts ``capabilities`` is a ``ValueError``.
     """
 
     model_config = _SPEC_CONFIG
@@ -122,22 +149,68 @@ class StoreSpec(BaseModel):
     """Opens the backend to read only: no writer lock, no schema changes, every write refused
     (``ReadOnlyStoreError``); None when the backend cannot be opened that way."""
     capabilities: frozenset[StoreCapability] = frozenset()
-    """The optional parts of the contract the backend implements (see :data:`StoreCapability`)."""
-    atomic_batches: bool = False
-    """``transaction()`` rolls back every write inside it together, so the store's writer may
-    group several callers' steps into one commit; otherwise each step commits on its own."""
-    single_instance: bool = True
-    """True when the backend has no turn leases, so one gateway may use it at a time."""
-    parallel_writers: bool = False
-    """The backend implements ``ParallelWriters``: it may commit on several writer connections
-    in parallel (one writer thread each, different lanes' steps) and says how many."""
-    lane_wakeups: bool = False
-    """The backend implements ``LaneWakeups`` (with ``single_instance`` false): a process can
-    wake the holder of a lane's lease at once, so that a ``/stop`` sent through another process
-    interrupts the running turn instead of waiting for it to end."""
-    local: bool = False
-    """The state is a file on this machine: the sessions.json mirror is written by default, and
-    when the backend cannot be opened the store falls back to the core's JSONL store."""
+    """What the backend offers beyond the required protocol (see :data:`StoreCapability`)."""
+    files: Callable[[str], Sequence[Path]] | None = None
+    """The files on this machine holding the store that a URL names (a database, its journals,
+    its writer lock), whether they exist or not: the operator commands never write over them
+    and ``doctor`` checks their modes. None: the store keeps no files on this machine."""
+
+    def __init__(
+        self,
+        *,
+        name: str,
+        schemes: tuple[str, ...],
+        open: Callable[[str, GatewayConfig], Any],
+        open_read_only: Callable[[str, GatewayConfig], Any] | None = None,
+        capabilities: Iterable[StoreCapability] = frozenset(),
+        files: Callable[[str], Sequence[Path]] | None = None,
+        atomic_batches: bool | None = None,
+        single_instance: bool | None = None,
+        parallel_writers: bool | None = None,
+        lane_wakeups: bool | None = None,
+        local: bool | None = None,
+    ) -> None:
+        declared = set(capabilities)
+        older = (atomic_batches, single_instance, parallel_writers, lane_wakeups, local)
+        for (keyword, capability, declares), value in zip(_OLDER_SPELLING, older, strict=True):
+            if value is None:
+                continue
+            if value == declares:
+                declared.add(capability)
+            elif capability in declared:
+                raise ValueError(
+                    f"StoreSpec {name!r}: {keyword}={value} contradicts the capability "
+                    f"{capability!r} it lists; declare it once, in capabilities."
+                )
+        super().__init__(
+            name=name, schemes=schemes, open=open, open_read_only=open_read_only,
+            capabilities=frozenset(declared), files=files,
+        )  # fmt: skip
+
+    @property
+    def atomic_batches(self) -> bool:
+        """The older spelling of the capability ``atomic_batches``."""
+        return "atomic_batches" in self.capabilities
+
+    @property
+    def single_instance(self) -> bool:
+        """The older spelling of the capability ``turn_leases``, negated."""
+        return "turn_leases" not in self.capabilities
+
+    @property
+    def parallel_writers(self) -> bool:
+        """The older spelling of the capability ``parallel_writers``."""
+        return "parallel_writers" in self.capabilities
+
+    @property
+    def lane_wakeups(self) -> bool:
+        """The older spelling of the capability ``lane_wakeups``."""
+        return "lane_wakeups" in self.capabilities
+
+    @property
+    def local(self) -> bool:
+        """The older spelling of the capability ``local_state``."""
+        return "local_state" in self.capabilities
 
 
 @dataclass(frozen=True)

@@ -261,6 +261,11 @@ class HermesPluginManager(pluggy.PluginManager):
         for concern in ("platforms", "stores", "recovery_steps", "eviction_policy"):
             self._raise_for(concern)
 
+    def problems(self) -> list[str]:
+        """Every problem :meth:`check` would raise (the first concern's), one message each,
+        naming the plugins concerned and the change that fixes it; ``[]`` when there is none."""
+        return [problem.message for problem in self._offers().problems]
+
     # -- typed getters ----------------------------------------------------------------------------
 
     def platforms(self) -> PlatformRegistry:

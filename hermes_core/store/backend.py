@@ -136,9 +136,6 @@ class CounterDelta:
     last_activity_at: float | None = None
 
 
-OBLIGATION_STATES = ("pending", "attempting", "delivered", "failed", "abandoned")
-
-
 @dataclass(frozen=True, slots=True)
 class Obligation:
     """One row of the delivery ledger: a reply owed to a chat. Epoch-second times."""
@@ -258,7 +255,7 @@ class StoreBackend(Protocol):
     def transaction(self) -> AbstractContextManager[object]:
         """One transaction around several write methods (the store's group commit): their
         writes join it and commit together when it exits, or none of them if it raises (with
-        ``StoreSpec.atomic_batches``; otherwise a null context)."""
+        the capability ``atomic_batches``; otherwise a null context)."""
 
     def health(self) -> dict[str, Any]:
         """Backend-specific details for ``SessionStore.health()``: ``fts`` (``ok``/``stale``/
@@ -468,7 +465,7 @@ class RestartCountRows(Protocol):
 
 
 class ParallelWriters(Protocol):
-    """What a backend with ``StoreSpec.parallel_writers`` implements: a writer connection per
+    """What a backend with the capability ``parallel_writers`` implements: a writer connection per
     writer thread, each carrying its own transactions."""
 
     def writer_connections(self) -> int:
@@ -511,7 +508,7 @@ class LeaseTaken:
 
 
 class TurnLeases(Protocol):
-    """What a backend without ``StoreSpec.single_instance`` implements: lane leases shared by
+    """What a backend with the capability ``turn_leases`` implements: lane leases shared by
     every process using the store (times on the backend's clock), and routing rows read with
     their revision and written only at the revision read (the store's cache may be stale)."""
 
@@ -585,7 +582,7 @@ class TurnLeases(Protocol):
 
 
 class LaneWakeups(Protocol):
-    """What a backend with ``StoreSpec.lane_wakeups`` implements: a signal from one process to
+    """What a backend with the capability ``lane_wakeups`` implements: a signal from one process to
     every other process sharing the store that a lane has something for its lease holder.
     Signals may be lost (a connection cut); the holder then sees the lane's queued events when
     its turn ends."""

@@ -124,8 +124,8 @@ class Backing:
             raise
 
     def _open(self) -> BoundBackend:
-        """The backend for ``storage.url``; a local store (``StoreSpec.local``) that cannot be
-        used falls back to JSONL (unless read-only: there is nothing to fall back for). A
+        """The backend for ``storage.url``; a local store (capability ``local_state``) that
+        cannot be used falls back to JSONL (unless read-only: there is nothing to fall back for). A
         database whose writer lock another process holds is never a reason to fall back: that
         raises ``GatewayLockedError``."""
         url = self._config.storage_url
@@ -142,7 +142,7 @@ class Backing:
         except SchemaVersionError:
             raise
         except StoreError as exc:
-            if self._read_only or not spec.local:
+            if self._read_only or "local_state" not in spec.capabilities:
                 raise  # a shared store (PostgreSQL) never falls back to local files
             return self._degrade(str(exc))
         return self.bind(spec, backend)
@@ -177,9 +177,8 @@ class Backing:
         logger.warning("%s%s", DEGRADED_WARNING, reason)
         self.degraded_reason = reason
         spec = StoreSpec(
-            name="jsonl", schemes=("jsonl",), open=self._open_jsonl,
-            local=True,
-        )  # fmt: skip
+            name="jsonl", schemes=("jsonl",), open=self._open_jsonl, capabilities={"local_state"}
+        )
         return bind_backend(spec, spec.open("", self._config), "hermes_core", warn=False)
 
     def _open_jsonl(self, url: str, config: GatewayConfig) -> JsonlBackend:
@@ -187,7 +186,7 @@ class Backing:
 
     def corrupt(self, error: CorruptDatabaseError) -> None:
         """A local canonical database found corrupt: continue degraded (see :attr:`canonical`)."""
-        if not self.degraded and self.bound.spec.local:
+        if not self.degraded and "local_state" in self.bound.spec.capabilities:
             self._enter_degraded(error)
 
     def _enter_degraded(self, error: CorruptDatabaseError) -> None:

@@ -1,10 +1,12 @@
 """What the store may ask of its backend: the backend checked against its ``StoreSpec``.
 
 :func:`bind_backend` runs once per opened backend. A method missing from the required
-:class:`~hermes_core.store.backend.StoreBackend` protocol, or from a capability the spec declares,
-is a :class:`~hermes_core.domain.errors.StoreContractError` naming the plugin; a capability the spec
-does not declare turns its feature off, with one warning each (none for the core's own JSONL
-fallback, whose one degraded-mode warning says it all).
+:class:`~hermes_core.store.backend.StoreBackend` protocol, or from the protocol of a capability
+the spec declares, is a :class:`~hermes_core.domain.errors.StoreContractError` naming the plugin;
+each capability with a protocol is then bound (None when not declared), so callers ask the
+:class:`BoundBackend` instead of probing the backend. A feature the spec does not declare
+(:data:`WITHOUT`) is turned off, with one warning each (none for the core's own JSONL fallback,
+whose one degraded-mode warning says it all).
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from hermes_core.store.backend import (
     TranscriptEditing,
     TurnLeases,
 )
+from hermes_core.store.operator import OperatorBackend
 
 logger = logging.getLogger(__name__)
 
@@ -40,8 +43,13 @@ PROTOCOLS: dict[StoreCapability, type] = {
     "queue": DurableQueue,
     "restart_counts": RestartCountRows,
     "maintenance": Maintenance,
+    "turn_leases": TurnLeases,
+    "parallel_writers": ParallelWriters,
+    "lane_wakeups": LaneWakeups,
+    "operator": OperatorBackend,
 }
-"""The protocol a backend implements for each capability it declares."""
+"""The protocol a backend implements for each capability it declares (``atomic_batches`` and
+``local_state`` change how the store uses the required protocol, and have none)."""
 
 WITHOUT: dict[StoreCapability, str] = {
     "search": "search() returns no hits",
@@ -54,7 +62,8 @@ WITHOUT: dict[StoreCapability, str] = {
     "maintenance": "the key schema is not recorded; sessions.json imports, the JSONL backlog "
     "replay and re-keying are unavailable",
 }
-"""What the store does without each capability (the warning's text)."""
+"""The features the store turns off without a capability (the warning's text); the other
+capabilities' absence is a choice (one gateway at a time, one writer, state elsewhere)."""
 
 
 def protocol_methods(protocol: type) -> list[str]:
@@ -83,9 +92,11 @@ class BoundBackend:
     counts: RestartCountRows | None = None
     maintenance: Maintenance | None = None
     leases: TurnLeases | None = None
-    """Set when the spec is not ``single_instance``: several gateways share the store."""
+    """Set with ``turn_leases``: several gateways share the store."""
+    writers: ParallelWriters | None = None
     wakeups: LaneWakeups | None = None
-    """Set when the spec declares ``lane_wakeups`` on a shared store."""
+    """Set with ``lane_wakeups`` on a shared store (``turn_leases``)."""
+    operator: OperatorBackend | None = None
 
     def offers(self) -> dict[str, bool]:
         """Each capability, and whether this backend offers it."""
@@ -94,63 +105,49 @@ class BoundBackend:
 
 def bind_backend(spec: StoreSpec, backend: Any, plugin: str, *, warn: bool = True) -> BoundBackend:
     """Check ``backend`` (opened by ``spec`` of ``plugin``) against what the spec declares."""
-    missing = [name for name in protocol_methods(StoreBackend) if not _has(backend, name)]
+    required = protocol_methods(StoreBackend)
+    missing = [name for name in required if not _has(backend, name)]
     for capability in sorted(spec.capabilities):
-        missing += [
-            f"{name} ({capability})"
-            for name in protocol_methods(PROTOCOLS[capability])
-            if not _has(backend, name) and name not in protocol_methods(StoreBackend)
-        ]
-    if not spec.single_instance:
-        missing += [
-            f"{name} (turn leases)"
-            for name in protocol_methods(TurnLeases)
-            if not _has(backend, name)
-        ]
-    if spec.parallel_writers:
-        missing += [
-            f"{name} (parallel writers)"
-            for name in protocol_methods(ParallelWriters)
-            if not _has(backend, name)
-        ]
-    if spec.lane_wakeups:
-        missing += [
-            f"{name} (lane wake-ups)"
-            for name in protocol_methods(LaneWakeups)
-            if not _has(backend, name)
-        ]
+        if capability in PROTOCOLS:
+            missing += [
+                f"{name} ({capability})"
+                for name in protocol_methods(PROTOCOLS[capability])
+                if not _has(backend, name) and name not in required
+            ]
     if missing:
         raise StoreContractError(
             f"storage plugin {plugin!r} opened a {spec.name!r} backend that lacks "
             f"{', '.join(missing)}: implement them in the backend (or remove the capability from "
-            "its StoreSpec.capabilities; turn leases are needed unless "
-            "StoreSpec.single_instance, ParallelWriters with StoreSpec.parallel_writers, "
-            "LaneWakeups with StoreSpec.lane_wakeups), or disable the plugin and choose another "
-            "storage.url."
+            "its StoreSpec.capabilities), or disable the plugin and choose another storage.url."
         )
     if warn:
-        for capability in STORE_CAPABILITIES:
-            quiet = capability == "restart_counts" and spec.single_instance
+        for capability, without in WITHOUT.items():
+            quiet = capability == "restart_counts" and "turn_leases" not in spec.capabilities
             if capability not in spec.capabilities and not quiet:
                 logger.warning(
                     "storage backend %r (plugin %r) does not offer %s: %s",
-                    spec.name, plugin, capability, WITHOUT[capability],
+                    spec.name, plugin, capability, without,
                 )  # fmt: skip
     offered = spec.capabilities
+
+    def bound(capability: StoreCapability) -> Any:
+        return backend if capability in offered else None
+
+    shared = "turn_leases" in offered
     return BoundBackend(
         spec=spec,
         backend=cast(StoreBackend, backend),
-        search=cast(SearchCapable, backend) if "search" in offered else None,
-        edits=cast(TranscriptEditing, backend) if "transcript_edits" in offered else None,
-        pruning=cast(Pruning, backend) if "pruning" in offered else None,
-        ledger=cast(LedgerRows, backend) if "ledger" in offered else None,
-        queue=cast(DurableQueue, backend) if "queue" in offered else None,
-        counts=cast(RestartCountRows, backend) if "restart_counts" in offered else None,
-        maintenance=cast(Maintenance, backend) if "maintenance" in offered else None,
-        leases=None if spec.single_instance else cast(TurnLeases, backend),
-        wakeups=cast(LaneWakeups, backend)
-        if spec.lane_wakeups and not spec.single_instance
-        else None,
+        search=bound("search"),
+        edits=bound("transcript_edits"),
+        pruning=bound("pruning"),
+        ledger=bound("ledger"),
+        queue=bound("queue"),
+        counts=bound("restart_counts"),
+        maintenance=bound("maintenance"),
+        leases=bound("turn_leases"),
+        writers=bound("parallel_writers"),
+        wakeups=bound("lane_wakeups") if shared else None,
+        operator=bound("operator"),
     )
 
 

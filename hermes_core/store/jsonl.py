@@ -1,7 +1,7 @@
 """The degraded JSONL store backend, the core's own fallback.
 
 Not a plugin and not selected by a ``storage.url`` scheme: ``SessionStore`` opens
-:class:`JsonlBackend` itself when a local store (``StoreSpec.local``) cannot be used, so new
+:class:`JsonlBackend` itself when a local store (capability ``local_state``) cannot be used, so new
 messages are still stored and can be replayed into SQL later (:mod:`hermes_core.store.replay`).
 
 Routing lives in ``<sessions_dir>/sessions.json``, loaded at construction and rewritten

@@ -1,5 +1,5 @@
-"""Lane leases of a store shared by several gateway processes (``StoreSpec.single_instance``
-false).
+"""Lane leases of a store shared by several gateway processes (the capability
+``turn_leases``).
 
 A process runs a lane's turn only while it holds the lane's lease: :meth:`Leases.take_lease`
 grants it with a new token (and keeps the lane's cached entry only while the routing row still has

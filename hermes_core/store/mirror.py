@@ -193,6 +193,6 @@ def read_mirror(path: Path, plugins: HermesPluginManager | None = None) -> dict[
 
 def writes_mirror(config: GatewayConfig, spec: StoreSpec) -> bool:
     """Whether ``sessions.json`` is kept: ``gateway.write_sessions_json``, by default for a
-    local store (``StoreSpec.local``) only."""
+    local store (capability ``local_state``) only."""
     explicit = config.gateway.write_sessions_json
-    return spec.local if explicit is None else explicit
+    return "local_state" in spec.capabilities if explicit is None else explicit

@@ -1,5 +1,7 @@
-"""The SQL store's operator interface: what ``doctor``, ``migrate`` and the dead-letter
-commands need beyond the gateway's operations (the built-in SQL backend provides it)."""
+"""The operator interface (capability ``operator``): what ``doctor``, ``migrate``, ``export``
+and the dead-letter commands need beyond the gateway's operations (the built-in SQL backend
+provides it). The commands know no table: the backend names its kinds of record
+(:class:`RecordKinds`), and each method taking a ``name`` takes one of them."""
 
 from __future__ import annotations
 
@@ -9,26 +11,41 @@ from typing import Any, Protocol
 
 from hermes_core.store.backend import DeadLetter, Obligation
 
-TRANSFER_TABLES = (
-    "state_meta", "sessions", "messages", "gateway_routing", "delivery_obligations",
-    "queued_events", "seen_messages", "session_turn_leases", "restart_failure_counts",
-)  # fmt: skip
-"""Every table of stored state, in an order that inserts a row after the rows it points at
-(``schema_version`` is the target's own)."""
+
+@dataclass(frozen=True, slots=True)
+class RecordKinds:
+    """The kinds of record a backend keeps (its tables, for a SQL store), by what the operator
+    commands do with them."""
+
+    transfer: tuple[str, ...]
+    """Every kind of stored state, in an order that inserts a record after the records it points
+    at: what ``migrate`` copies and verifies."""
+    export: tuple[str, ...]
+    """What ``export --format jsonl`` writes, in this order."""
+    sessions: str
+    """The kind whose records are session rows, with the fields of
+    :class:`~hermes_core.store.backend.SessionRow`: ``migrate`` restores their counts after a
+    copy, ``export --format markdown`` writes a section for each."""
+    routes: str
+    """The kind whose records are routing entries, with ``session_key`` and ``session_id``:
+    ``doctor`` compares them with ``sessions.json``."""
 
 
 @dataclass(frozen=True, slots=True)
 class TableDigest:
-    """A table's row count and the SHA-256 of its rows in primary-key order."""
+    """A kind's record count and the SHA-256 of its records in primary-key order."""
 
     rows: int
     sha256: str
 
 
 class OperatorBackend(Protocol):
-    """Checks, table transfer and dead-letter revival of a SQL backend."""
+    """Checks, record transfer and dead-letter revival."""
 
     name: str
+
+    def record_kinds(self) -> RecordKinds:
+        """The kinds of record this backend keeps, by what the commands do with them."""
 
     def close(self) -> None:
         """Close connections and release the writer lock."""
@@ -50,9 +67,6 @@ class OperatorBackend(Protocol):
 
     def routing_problems(self) -> list[str]:
         """Routing rows whose session is missing or ended."""
-
-    def writer_lock_path(self) -> str | None:
-        """The writer lock file, where the lock is a file."""
 
     def obligation_counts(self) -> dict[str, int]:
         """Ledger rows per state."""
@@ -84,16 +98,16 @@ class OperatorBackend(Protocol):
     def table_rows(
         self, name: str, after: Sequence[Any] | None, limit: int
     ) -> list[dict[str, Any]]:
-        """Up to ``limit`` rows of a table in primary-key order after the key ``after``."""
+        """Up to ``limit`` records of a kind in primary-key order after the key ``after``."""
 
     def primary_key(self, name: str, row: Mapping[str, Any]) -> tuple[Any, ...]:
-        """The primary key of a row of the table."""
+        """The primary key of a record of the kind."""
 
     def insert_missing(self, name: str, rows: Sequence[Mapping[str, Any]]) -> int:
-        """Insert the rows the table lacks (by primary key), in one transaction."""
+        """Insert the records the kind lacks (by primary key), in one transaction."""
 
     def foreign_rows(self, name: str, rows: Sequence[Mapping[str, Any]]) -> int:
-        """How many of ``rows`` (another store's) the table lacks or holds otherwise."""
+        """How many of ``rows`` (another store's) the kind lacks or holds otherwise."""
 
     def set_session_counts(self, rows: Sequence[Mapping[str, Any]]) -> None:
         """Set sessions' message counts and last activity to those of ``rows``."""
@@ -105,4 +119,4 @@ class OperatorBackend(Protocol):
         """Rebuild the full-text index; False when it is unavailable."""
 
     def table_digest(self, name: str) -> TableDigest:
-        """Row count and checksum of a table."""
+        """Record count and checksum of a kind."""

@@ -20,7 +20,7 @@ from collections.abc import Callable, Collection
 from contextlib import AbstractContextManager
 from pathlib import Path
 from types import TracebackType
-from typing import Any, TypeVar, cast
+from typing import Any, TypeVar
 
 from hermes_core.config.schema import GatewayConfig
 from hermes_core.domain.errors import StoreError
@@ -35,7 +35,6 @@ from hermes_core.store.backend import (
     Locked,
     Message,
     Obligation,
-    ParallelWriters,
     SearchHit,
     SessionRow,
 )
@@ -70,13 +69,12 @@ def _open_writer(backing: Backing, cache: EntryCache, read_only: bool) -> StoreW
     connection (the JSONL fallback, degraded or not, is written by one thread)."""
     bound = backing.bound
     threads, bind = 1, _bind_nothing
-    if bound.spec.parallel_writers:
-        parallel = cast(ParallelWriters, bound.backend)
-        threads, bind = parallel.writer_connections(), parallel.bind_writer
+    if bound.writers is not None:
+        threads, bind = bound.writers.writer_connections(), bound.writers.bind_writer
     return StoreWriter(
         backing.transaction, cache.clear,
-        atomic=lambda: backing.bound.spec.atomic_batches, read_only=read_only, threads=threads,
-        bind=bind, lock_order=bound.leases is not None,
+        atomic=lambda: "atomic_batches" in backing.bound.spec.capabilities,
+        read_only=read_only, threads=threads, bind=bind, lock_order=bound.leases is not None,
     )  # fmt: skip
 
 

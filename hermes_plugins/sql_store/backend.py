@@ -31,7 +31,7 @@ from hermes_core.store.backend import (
     SessionRow,
     StoredKeys,
 )
-from hermes_core.store.operator import TableDigest
+from hermes_core.store.operator import RecordKinds, TableDigest
 from hermes_plugins.sql_store.connection import SqlConnection
 from hermes_plugins.sql_store.counts import CountRows
 from hermes_plugins.sql_store.leases import LeaseRows
@@ -328,6 +328,9 @@ class SqlBackend:
 
     # -- OperatorBackend --------------------------------------------------------------------------
 
+    def record_kinds(self) -> RecordKinds:
+        return self._operator.record_kinds()
+
     def integrity_problems(self) -> list[str]:
         return self._operator.integrity_problems()
 
@@ -339,9 +342,6 @@ class SqlBackend:
 
     def routing_problems(self) -> list[str]:
         return self._operator.routing_problems()
-
-    def writer_lock_path(self) -> str | None:
-        return self._operator.writer_lock_path()
 
     def obligation_counts(self) -> dict[str, int]:
         return self._operator.obligation_counts()

@@ -13,7 +13,7 @@ from typing import Any
 from sqlalchemy import Table, bindparam, func, insert, select, tuple_, update
 
 from hermes_core.domain.errors import shown
-from hermes_core.store.operator import TRANSFER_TABLES, TableDigest
+from hermes_core.store.operator import RecordKinds, TableDigest
 from hermes_plugins.sql_store.connection import SqlConnection
 from hermes_plugins.sql_store.dialects.sqlite_fts import WATERMARK
 from hermes_plugins.sql_store.rows import ROUTE_READ, json_object, route_problems
@@ -27,6 +27,18 @@ from hermes_plugins.sql_store.schema import (
 )
 from hermes_plugins.sql_store.search import STALE
 
+TRANSFER_TABLES = (
+    "state_meta", "sessions", "messages", "gateway_routing", "delivery_obligations",
+    "queued_events", "seen_messages", "session_turn_leases", "restart_failure_counts",
+)  # fmt: skip
+"""Every table of stored state, in an order that inserts a row after the rows it points at
+(``schema_version`` is the target's own)."""
+RECORD_KINDS = RecordKinds(
+    transfer=TRANSFER_TABLES,
+    export=("sessions", "messages", "gateway_routing", "queued_events", "delivery_obligations"),
+    sessions="sessions",
+    routes="gateway_routing",
+)
 _INDEX_META = (STALE, WATERMARK)
 """``state_meta`` records of the full-text index: derived, never copied or compared."""
 _RECOUNTED = ("message_count", "last_activity_at")
@@ -56,6 +68,10 @@ class OperatorRows:
     def __init__(self, conn: SqlConnection) -> None:
         self._conn = conn
 
+    def record_kinds(self) -> RecordKinds:
+        """The tables, by what the operator commands do with them."""
+        return RECORD_KINDS
+
     # -- checks ---------------------------------------------------------------------------------
 
     def integrity_problems(self) -> list[str]:
@@ -63,10 +79,6 @@ class OperatorRows:
         and ``foreign_key_check``; none on PostgreSQL, whose server keeps its own pages
         consistent)."""
         return self._conn.dialect.integrity_problems(self._conn)
-
-    def writer_lock_path(self) -> str | None:
-        """The SQLite writer lock file (None on PostgreSQL, whose lock lives on the server)."""
-        return self._conn.dialect.writer_lock_path(self._conn.url)
 
     def unreadable_rows(self) -> list[str]:
         """Rows the store passes over, one line each: routing rows with a junk ``entry_json``

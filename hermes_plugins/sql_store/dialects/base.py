@@ -67,10 +67,6 @@ class Dialect(ABC):
         (see :meth:`prepare_writer`); None where they do."""
 
     @abstractmethod
-    def writer_lock_path(self, url: URL) -> str | None:
-        """The file of the one-writer lock, where the lock is a file."""
-
-    @abstractmethod
     def prepare_writer(
         self, writer: Any, display: str, *, first: bool, ours: set[int],
         shared_lease: float | None,

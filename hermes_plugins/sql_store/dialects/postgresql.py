@@ -119,10 +119,6 @@ class PostgresqlDialect(Dialect):
         """None: the writer connections hold the lock (:meth:`prepare_writer`)."""
         return
 
-    def writer_lock_path(self, url: URL) -> None:
-        """None: the lock lives on the server."""
-        return
-
     def prepare_writer(
         self, writer: Any, display: str, *, first: bool, ours: set[int],
         shared_lease: float | None,

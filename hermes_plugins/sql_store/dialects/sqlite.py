@@ -117,9 +117,6 @@ class SqliteDialect(Dialect):
         """``<database>.lock`` (see ``exclusive``)."""
         return exclusive.lock_sqlite(database_file(url), display, config)
 
-    def writer_lock_path(self, url: URL) -> str:
-        return f"{database_file(url)}{exclusive.LOCK_SUFFIX}"
-
     def prepare_writer(
         self, writer: Any, display: str, *, first: bool, ours: set[int],
         shared_lease: float | None,
