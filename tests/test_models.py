@@ -177,14 +177,16 @@ def test_from_dict_on_arbitrary_input_returns_source_or_named_error(data: object
 
 _text = st.text(max_size=12)
 _opt = st.none() | _text
-_id = st.text(st.characters(exclude_characters="\x00"), max_size=12)
-"""An id: ids holding NUL (or surrogates, which st.text never draws) are refused."""
+_ID_CHARS = st.characters(exclude_characters="\x00", exclude_categories=("Cs",))
+_id = st.text(_ID_CHARS, max_size=12)
+"""An id: ids holding NUL or a lone surrogate are refused, so neither is drawn (``st.characters``
+can draw a surrogate: a run once drew ``'\\ud800'``)."""
 _opt_id = st.none() | _id
 
 
 @given(
     chat_id=_id, chat_name=_opt, user_id=_opt_id,
-    chat_type=st.text(st.characters(exclude_characters="\x00"), min_size=1, max_size=8),
+    chat_type=st.text(_ID_CHARS, min_size=1, max_size=8),
     user_name=_opt, thread_id=_opt_id, scope_id=_opt_id, guild_id=_opt_id, profile=_opt,
     auto=st.booleans(), prospective=_opt_id,
 )  # fmt: skip
