@@ -27,7 +27,12 @@ from hermes_core.gateway.runtime import Gateway
 from hermes_core.gateway.texts import REFUSED_NOT_SAVED, TURN_FAILED
 from hermes_core.store import SessionStore
 from hermes_core.testing import fresh_plugin_manager, telegram_dm
-from hermes_core.turns.ledger import RATE_LIMIT_PREFIX, RECONNECT_PREFIX, SendResult
+from hermes_core.turns.ledger import (
+    RATE_LIMIT_PREFIX,
+    RECONNECT_PREFIX,
+    RESTART_PREFIX,
+    SendResult,
+)
 from hermes_core.turns.pipeline import Turn
 
 Make = Callable[..., tuple[Gateway, InMemoryAdapter]]
@@ -268,6 +273,26 @@ async def test_a_rate_limited_reply_is_retried_with_its_prefix(
         await asyncio.sleep(0.01)
     assert adapter.texts() == [f"{RATE_LIMIT_PREFIX}\n\necho: question"]
     await gateway.stop()
+
+
+async def test_a_rate_limited_reply_left_by_the_last_process_is_sent_at_start(
+    make: Make, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The retry timer of a rate-limited reply dies with its process: the next start sends the
+    reply (with the restart prefix), rather than leaving it until it is abandoned as stale."""
+    monkeypatch.setattr(delivery, "RATE_LIMIT_RETRY_SECS", 3600.0)
+    gateway, adapter = make()
+    await gateway.start()
+    adapter.fail_with = SendResult(ok=False, failure_kind="rate_limited", error="429")
+    await gateway.handle_message(_event("question"))
+    await gateway.idle()
+    await gateway.stop()
+    assert adapter.texts() == []
+    again, adapter = make()
+    await again.start()
+    await again.idle()
+    assert adapter.texts() == [f"{RESTART_PREFIX}\n\necho: question"]
+    await again.stop()
 
 
 async def test_stop_flags_only_turns_still_running(make: Make) -> None:

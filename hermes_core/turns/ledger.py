@@ -211,12 +211,14 @@ class DeliveryLedger:
         """The rows to send now on ``platforms``, each with the prefix it needs, for one of the
         occasions below; stale rows and rows without an attempt left are abandoned here.
 
-        - ``boot``: what the previous process left; ``attempting`` and ``failed`` rows and
-          crash-recorded replies carry the restart prefix, ``pending`` rows go plainly;
+        - ``boot``: what the previous process left; ``attempting`` and ``failed`` rows
+          (rate-limited ones too: their retry timer died with that process) and crash-recorded
+          replies carry the restart prefix, ``pending`` rows go plainly;
         - ``takeover``: the same for a lane taken over from another process of a shared store
           that let its lease expire, with the takeover prefix (nothing here restarted);
         - ``reconnect``: a platform (re)connected: ``pending`` rows go plainly, ``attempting``
-          and ``failed`` ones (not rate-limited) with the reconnect prefix;
+          and ``failed`` ones (not rate-limited: this process's timer retries those) with the
+          reconnect prefix;
         - ``rate_limit``: rate-limited rows, with the rate-limit prefix.
 
         ``skip`` holds the obligation ids being sent right now (never sent twice at once);
@@ -226,7 +228,9 @@ class DeliveryLedger:
         plan: list[tuple[Obligation, str | None]] = []
         for row in self.rows.obligations(states, list(platforms)):
             limited = row.state == "failed" and row.failure_kind == "rate_limited"
-            if row.obligation_id in skip or limited != (occasion == "rate_limit"):
+            if row.obligation_id in skip or (limited and occasion == "reconnect"):
+                continue
+            if occasion == "rate_limit" and not limited:
                 continue
             if lanes is not None and not lanes(row.session_key):
                 continue
