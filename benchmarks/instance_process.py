@@ -143,10 +143,10 @@ async def _serve(home: Path, setup: Setup, conn: Connection) -> None:
         else:  # "idle": every turn closed, every lease given back
             deadline = time.monotonic() + IDLE_SECS
             await gateway.idle()
-            while (tasks or gateway.store.held_lanes()) and time.monotonic() < deadline:
+            while (tasks or gateway.store._leases.held_lanes()) and time.monotonic() < deadline:
                 await asyncio.sleep(0.01)
                 await gateway.idle()
-            conn.send(("idle", gateway.store.stats(), len(gateway.store.held_lanes())))
+            conn.send(("idle", gateway.store.stats(), len(gateway.store._leases.held_lanes())))
     loop.remove_reader(conn.fileno())
     await gateway.stop()
     conn.send(("done", starts, arrivals))

@@ -31,7 +31,7 @@ logger = logging.getLogger(__name__)
 
 def jsonl_backlog_replay(context: RecoveryContext) -> None:
     """Replay the JSONL backlog into SQL (no-op while still degraded)."""
-    report = context.store.replay_backlog()
+    report = context.store._fallback.replay_backlog()
     if report is not None:
         context.report.backlog = BacklogReplayResult(
             files=report.files_replayed,
@@ -60,12 +60,12 @@ def clean_shutdown(context: RecoveryContext) -> None:
         return
     logger.info("Previous gateway exited cleanly — skipping crash recovery")
     try:
-        discarded = store.discard_active_turn_markers()
+        discarded = store._turns.discard_active_turn_markers()
         marker.unlink()
     except Exception as exc:
         raise RecoveryAbortedError("clean-start recovery cleanup failed") from exc
     report = CrashRecoveryResult(clean=True, markers_discarded=discarded)
-    foreign = store.found_unleased()
+    foreign = store._leases.found_unleased()
     context.report.crash_recovery = _recover(context, foreign, report) if foreign else report
 
 
@@ -76,7 +76,7 @@ def _recover(
     replies, then arm the interrupted turns; ``report`` with what was done."""
     store, config = context.store, context.config
     replies = record_crash_left_replies(store, config, context.diagnostic_muted, lanes=lanes)
-    recovered = store.recover_turn_markers(marker_max_age(config), lanes=lanes)
+    recovered = store._turns.recover_turn_markers(marker_max_age(config), lanes=lanes)
     return replace(
         report,
         crash_left_replies=replies,
@@ -92,7 +92,7 @@ def stuck_loop(context: RecoveryContext) -> None:
     a lane reaching three is suspended so its next message starts a fresh session."""
     crash = context.report.crash_recovery
     interrupted = crash.interrupted if crash is not None else ()
-    counts = context.store.restart_counts()
+    counts = context.store._counts.open()
     previous = counts.load()
     updated = {key: previous.get(key, 0) + 1 for key in interrupted}
     suspended = []
@@ -115,7 +115,7 @@ def stuck_loop(context: RecoveryContext) -> None:
 def queue_restore(context: RecoveryContext) -> None:
     """Reload the events that were queued when the previous process stopped."""
     restore = context.queue_restore
-    restored = restore() if restore is not None else len(context.store.queue_restore())
+    restored = restore() if restore is not None else len(context.store._queue.restore())
     context.report.queued_events_restored = restored
 
 

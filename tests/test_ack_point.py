@@ -74,7 +74,7 @@ def _check_kill_point(
             for m in store.load_transcript(entry.session_id)
             if m.get("role") == "user"
         ]
-        queued = [(k, str(e.message_id)) for _, k, e in store.queue_restore()]
+        queued = [(k, str(e.message_id)) for _, k, e in store._queue.restore()]
     if lane == "idle":
         assert stored == [target.message_id]
         assert queued == []

@@ -128,16 +128,16 @@ def test_requeue_and_drop_dead_letters(state: State, capsys: pytest.CaptureFixtu
     assert out == "requeued 1 event(s)\n"
     with SessionStore.open(config_for(home), read_only=True) as store:
         assert store.dead_letters() == []
-        assert "poison" in [event.text for _, _, event in store.queue_restore()]
+        assert "poison" in [event.text for _, _, event in store._queue.restore()]
         store.close()
     with SessionStore.open(config_for(home)) as store:
         for _ in range(3):
-            store.queue_fail(letter.event_id, "again")
+            store._queue.fail(letter.event_id, "again")
     code, out, _ = run(capsys, "drop", "--all", *args, "--json")
     assert json.loads(out) == {"dropped": [letter.event_id]}
     with SessionStore.open(config_for(home), read_only=True) as store:
         assert store.dead_letters() == []
-        assert "poison" not in [event.text for _, _, event in store.queue_restore()]
+        assert "poison" not in [event.text for _, _, event in store._queue.restore()]
 
 
 def test_writing_commands_refuse_a_held_store_and_reading_ones_work(

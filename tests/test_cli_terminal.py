@@ -28,7 +28,7 @@ def home(tmp_path: Path) -> Path:
     with SessionStore.open(config_for(home)) as store:
         entry = store.get_or_create_session(ALICE)
         store.append_to_transcript(entry.session_id, {"role": "user", "content": HOSTILE})
-        store.queue_add(entry.session_key, MessageEvent(source=ALICE, text=HOSTILE))
+        store._queue.add(entry.session_key, MessageEvent(source=ALICE, text=HOSTILE))
     return home
 
 

@@ -307,9 +307,9 @@ def test_largest_ages_still_prune(home: Path) -> None:
     try:
         store.get_or_create_session(telegram_dm("old"))
         assert store.prune_old_entries(cfg.gateway.session_store_max_age_days) == 0
-        assert store.prune_seen_messages() == 0
-        assert store.ledger is not None
-        assert store.ledger.housekeeping() == 0
+        assert store._queue.prune_seen() == 0
+        assert store._obligations.ledger is not None
+        assert store._obligations.ledger.housekeeping() == 0
     finally:
         store.close()
 

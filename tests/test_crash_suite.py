@@ -149,7 +149,7 @@ def test_resume_note_names_the_interruption() -> None:
 
 def _counts(home: Path) -> dict[str, int]:
     with open_store(home) as store:
-        return store.restart_counts().load()
+        return store._counts.open().load()
 
 
 def test_stuck_loop_suspends_after_three_interrupted_restarts(

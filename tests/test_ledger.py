@@ -35,7 +35,7 @@ def store(hermes_home: Path) -> Iterator[SessionStore]:
 
 
 def _record(store: SessionStore, content: str = "the answer", ref: str = "m1") -> str:
-    recorded = store.record_delivery_obligation(
+    recorded = store._turns.record_delivery_obligation(
         "agent:main:telegram:dm:99", None, "telegram", "99", None, content, ref
     )
     assert recorded is not None
@@ -62,7 +62,7 @@ def test_record_is_idempotent_and_clears_the_owning_marker(store: SessionStore) 
     assert old is not None
     assert token is not None
     expected = hashlib.sha256(f"{entry.session_key}|m1|hi".encode()).hexdigest()
-    stale = store.record_delivery_obligation(
+    stale = store._turns.record_delivery_obligation(
         entry.session_key, entry.session_id, "telegram", "99", None, "hi", "m1", turn_token=old
     )
     assert stale is not None
@@ -70,7 +70,7 @@ def test_record_is_idempotent_and_clears_the_owning_marker(store: SessionStore) 
     lane = store.lookup_by_session_key(entry.session_key)
     assert lane is not None
     assert lane.active_turn_token == token
-    again = store.record_delivery_obligation(
+    again = store._turns.record_delivery_obligation(
         entry.session_key, entry.session_id, "telegram", "99", None, "hi", "m1", turn_token=token
     )
     assert again is not None
@@ -78,14 +78,14 @@ def test_record_is_idempotent_and_clears_the_owning_marker(store: SessionStore) 
     lane = store.lookup_by_session_key(entry.session_key)
     assert lane is not None
     assert lane.active_turn_token is None
-    ledger = store.ledger
+    ledger = store._obligations.ledger
     assert ledger is not None
     assert len(ledger.rows.obligations(("pending",))) == 1
 
 
 def test_claim_and_settle(store: SessionStore) -> None:
     _record(store)
-    ledger = store.ledger
+    ledger = store._obligations.ledger
     assert ledger is not None
     row = ledger.rows.obligations(("pending",))[0]
     claimed = ledger.claim(row)
@@ -105,7 +105,7 @@ def test_claim_and_settle(store: SessionStore) -> None:
 
 
 def test_a_row_without_attempts_left_is_abandoned_when_claimed(store: SessionStore) -> None:
-    ledger = store.ledger
+    ledger = store._obligations.ledger
     assert ledger is not None
     tired = _record(store)
     ledger.rows.update_obligation(tired, {"state": "failed", "attempts": 3})
@@ -114,18 +114,18 @@ def test_a_row_without_attempts_left_is_abandoned_when_claimed(store: SessionSto
 
 
 def _plan(store: SessionStore, occasion: Any, platform: str = "telegram") -> dict[str, str | None]:
-    ledger = store.ledger
+    ledger = store._obligations.ledger
     assert ledger is not None
     return {row.content: prefix for row, prefix in ledger.due(occasion, [platform])}
 
 
 def test_boot_sweep_prefixes_ambiguous_rows(store: SessionStore) -> None:
-    ledger = store.ledger
+    ledger = store._obligations.ledger
     assert ledger is not None
     _pending, attempting, failed = (_record(store, f"reply {i}", f"m{i}") for i in range(3))
     ledger.rows.update_obligation(attempting, {"state": "attempting", "attempts": 1})
     ledger.rows.update_obligation(failed, {"state": "failed", "attempts": 1})
-    crash = store.record_delivery_obligation(
+    crash = store._turns.record_delivery_obligation(
         "agent:main:telegram:dm:99", None, "telegram", "99", None, "crash-left", "crash:t",
         origin_kind="crash",
     )  # fmt: skip
@@ -140,7 +140,7 @@ def test_boot_sweep_prefixes_ambiguous_rows(store: SessionStore) -> None:
 
 
 def test_a_marked_resend_that_may_have_arrived_is_not_sent_again(store: SessionStore) -> None:
-    ledger = store.ledger
+    ledger = store._obligations.ledger
     assert ledger is not None
     _record(store)
     first = ledger.claim(ledger.rows.obligations(("pending",))[0])
@@ -157,7 +157,7 @@ def test_a_marked_resend_that_may_have_arrived_is_not_sent_again(store: SessionS
 def test_stale_and_exhausted_replies_are_abandoned(
     store: SessionStore, caplog: pytest.LogCaptureFixture
 ) -> None:
-    ledger = store.ledger
+    ledger = store._obligations.ledger
     assert ledger is not None
     stale, tired = _record(store, "old", "m1"), _record(store, "tired", "m2")
     ledger.rows.update_obligation(stale, {"created_at": 1.0})
@@ -171,7 +171,7 @@ def test_stale_and_exhausted_replies_are_abandoned(
 
 
 def test_runtime_retries_carry_their_own_prefix(store: SessionStore) -> None:
-    ledger = store.ledger
+    ledger = store._obligations.ledger
     assert ledger is not None
     lost, limited, _owed, claimed = (
         _record(store, text, f"m{n}") for n, text in enumerate(("lost", "limited", "owed", "sent?"))
@@ -191,7 +191,7 @@ def test_housekeeping_applies_retention_and_the_row_cap(hermes_home: Path) -> No
         environ={"HERMES_HOME": str(hermes_home)},
     )
     with SessionStore.open(config, plugins=fresh_plugin_manager(hermes_home)) as store:
-        ledger = store.ledger
+        ledger = store._obligations.ledger
         assert ledger is not None
         ids = [_record(store, f"r{i}", f"m{i}") for i in range(5)]
         for age, obligation in enumerate(ids):
@@ -210,8 +210,11 @@ def test_disabled_ledger_records_nothing(hermes_home: Path) -> None:
     config = GatewayConfig.from_dict({"gateway": {"delivery_ledger": False}},
                                      environ={"HERMES_HOME": str(hermes_home)})  # fmt: skip
     with SessionStore.open(config, plugins=fresh_plugin_manager(hermes_home)) as store:
-        assert store.ledger is None
-        assert store.record_delivery_obligation("k", None, "telegram", "1", None, "x", "m") is None
+        assert store._obligations.ledger is None
+        assert (
+            store._turns.record_delivery_obligation("k", None, "telegram", "1", None, "x", "m")
+            is None
+        )
         assert store.health()["ledger"] == "disabled"
 
 

@@ -137,10 +137,10 @@ def test_a_release_with_nothing_waiting_is_one_statement(
 ) -> None:
     holder = stores("holder", lease_secs=LONG)
     key = holder.session_key_for(SOURCE)
-    assert holder.take_lease(key) == "free"
-    spent, released = _spent(holder, "round_trips", lambda: holder.release_lease(key))
+    assert holder._leases.take_lease(key) == "free"
+    spent, released = _spent(holder, "round_trips", lambda: holder._leases.release_lease(key))
     assert released is None
-    assert not holder.holds(key)
+    assert not holder._leases.holds(key)
     assert spent == 2  # the delete and its commit
 
 
@@ -148,9 +148,9 @@ def _queued_under_a_refused_grant(enqueuer: SessionStore, key: str, words: str, 
     """Another process's grant is refused (the lane is held here), and it queues its event."""
 
     def enqueue() -> int | None:
-        with enqueuer.atomically():
-            assert enqueuer.take_idle_lease(key) is None
-            return enqueuer.queue_add(key, _message(words, mid))
+        with enqueuer._backing.transaction():
+            assert enqueuer._leases.take_idle_lease(key) is None
+            return enqueuer._queue.add(key, _message(words, mid))
 
     assert enqueuer.run(enqueue, lane=key) is not None
 
@@ -161,9 +161,9 @@ def test_a_release_kept_for_a_waiting_event_brings_the_event_with_it(
 ) -> None:
     holder, enqueuer = stores("holder", lease_secs=LONG), stores("enqueuer", lease_secs=LONG)
     key = holder.get_or_create_session(SOURCE).session_key
-    assert holder.take_lease(key) == "free"
+    assert holder._leases.take_lease(key) == "free"
     _queued_under_a_refused_grant(enqueuer, key, "hi", "m1")
-    spent, kept = _spent(holder, "round_trips", lambda: holder.release_lease(key))
+    spent, kept = _spent(holder, "round_trips", lambda: holder._leases.release_lease(key))
     assert isinstance(kept, list)
     assert [event.text for _, _, event in kept] == ["hi"]
     assert spent == 2  # the event came with the keep
@@ -180,16 +180,18 @@ def test_a_turns_settle_with_its_release_is_one_commit(
     recorded first, then the lease goes. One commit either way."""
     holder = stores("holder", lease_secs=LONG)
     key = holder.session_key_for(SOURCE)
-    assert holder.take_lease(key) == "free"
+    assert holder._leases.take_lease(key) == "free"
     row = _turn_with_reply(holder, "hi", "m1")
     result = SendResult(ok=True) if sent else SendResult(ok=False, failure_kind="rejected")
     kept: list[object] = []
-    settle = functools.partial(holder.settle_delivery, row, result, (key, None), kept=kept.append)
+    settle = functools.partial(
+        holder._turns.settle_delivery, row, result, (key, None), kept=kept.append
+    )
     before = holder.stats()
     assert holder.run(settle, lane=key) is sent  # one writer step, as a gateway runs it
     after = holder.stats()
     assert kept == []
-    assert not holder.holds(key)
+    assert not holder._leases.holds(key)
     assert after["statements"] - before["statements"] == statements
     assert after["commits"] - before["commits"] == 1
 
@@ -200,15 +202,15 @@ def test_a_settle_that_keeps_the_lease_is_one_statement(
 ) -> None:
     holder, enqueuer = stores("holder", lease_secs=LONG), stores("enqueuer", lease_secs=LONG)
     key = holder.session_key_for(SOURCE)
-    assert holder.take_lease(key) == "free"
+    assert holder._leases.take_lease(key) == "free"
     row = _turn_with_reply(holder, "hi", "m1")
     _queued_under_a_refused_grant(enqueuer, key, "again", "m2")
     kept: list[object] = []
-    settle = functools.partial(holder.settle_delivery, row, SendResult(ok=True), (key, None))
+    settle = functools.partial(holder._turns.settle_delivery, row, SendResult(ok=True), (key, None))
     spent, delivered = _spent(holder, "statements", lambda: settle(kept=kept.append))
     assert delivered
     assert len(kept) == 1  # the event came with the statement that kept the lease
-    assert holder.holds(key)
+    assert holder._leases.holds(key)
     assert spent == 1
 
 
@@ -230,7 +232,7 @@ def test_a_messages_turn_on_a_free_lane_is_seven_round_trips(
             await gateway.handle_message(_message(words, message_id))
             await _wait(lambda: len(adapter.sent) == replies, f"the reply to {words}")
             await gateway.idle()
-            await _wait(lambda: not store.holds(key), "the lease to be released")
+            await _wait(lambda: not store._leases.holds(key), "the lease to be released")
 
         await turn("first", "m1")
         before = store.stats()["round_trips"]
@@ -253,7 +255,7 @@ def test_a_new_lane_reads_its_routing_row_once(
     store = open_store()
     source = telegram_dm("1")
     key = store.session_key_for(source)
-    spent, _ = _spent(store, "statements", lambda: store.open_lane(key, source))
+    spent, _ = _spent(store, "statements", lambda: store._sessions.open_lane(key, source))
     assert spent == (4 if _on_sqlite(settings) else 3)
 
 
@@ -263,7 +265,7 @@ def test_a_queued_event_and_its_message_id_are_one_statement_on_postgresql(
     store = open_store()
     key = store.session_key_for(telegram_dm("1"))
     event = MessageEvent(source=telegram_dm("1"), text="queued", message_id="m1")
-    spent, event_id = _spent(store, "statements", lambda: store.queue_add(key, event))
+    spent, event_id = _spent(store, "statements", lambda: store._queue.add(key, event))
     assert event_id is not None
     assert spent == (2 if _on_sqlite(settings) else 1)
 
@@ -276,7 +278,9 @@ def test_a_lane_not_cached_is_loaded_in_one_statement(open_store: Opener) -> Non
     first.close()
     store = open_store()
     source = telegram_dm("1")
-    spent, _ = _spent(store, "statements", lambda: store.open_lane(entry.session_key, source))
+    spent, _ = _spent(
+        store, "statements", lambda: store._sessions.open_lane(entry.session_key, source)
+    )
     assert spent == 1
 
 
@@ -312,6 +316,6 @@ def test_a_lease_taken_again_after_a_change_elsewhere_reads_no_entry(
     else:
         there.update_session(key, input_tokens=7)
     reads = _counting_reads(monkeypatch, here)
-    assert here.take_lease(key)
+    assert here._leases.take_lease(key)
     assert here.lookup_by_session_key(key) is not None
     assert reads == []

@@ -101,7 +101,7 @@ def test_the_readers_get_their_connections_beside_the_writers_and_the_listener(
         empty_database, tmp_path / "p1",
         {"read_connections": 1, "writer_connections": 2, "instances": "shared"},
     )  # fmt: skip
-    stop = store.listen_lanes(lambda key: None)
+    stop = store._leases.listen_lanes(lambda key: None)
     try:
         keys = [f"agent:main:telegram:dm:{n}" for n in range(8)]  # on both writer threads
         for key in keys:

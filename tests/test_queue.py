@@ -143,7 +143,7 @@ def test_items_queue_in_arrival_order_with_increasing_ids(
     assert (head.event.text, head.humans, head.restored) == ("a", 1, False)
     ids = event_ids(queue.items(LANE))
     assert ids == sorted(ids)
-    assert ids == [event_id for event_id, _, _ in store.queue_restore()]
+    assert ids == [event_id for event_id, _, _ in store._queue.restore()]
     assert stored(store) == ["a", "b", "c"]
     assert texts(queue) == ["a", "b", "c"]
     assert queue.depth(LANE) == 0
@@ -434,20 +434,20 @@ def test_a_merge_writes_only_the_new_message(
 ) -> None:
     """Each follow-up costs one store call carrying that message alone, never the burst."""
     calls: list[tuple[str, int]] = []
-    for name in ("queue_add", "queue_remove", "queue_fail"):
-        real = getattr(store, name)
+    for name in ("add", "remove", "fail"):
+        real = getattr(store._queue, name)
 
         def spy(*args: Any, _name: str = name, _real: Any = real) -> Any:
             events = [arg for arg in args if isinstance(arg, MessageEvent)]
             calls.append((_name, sum(len(json.dumps(e.to_dict())) for e in events)))
             return _real(*args)
 
-        monkeypatch.setattr(store, name, spy)
+        monkeypatch.setattr(store._queue, name, spy)
     follow_ups, body = 200, "x" * 1000
     queue = make_queue(store, clock, burst_max_parts=1000, burst_max_bytes=16 * 1024 * 1024)
     for n in range(follow_ups + 1):
         assert queue.enqueue(LANE, msg(f"{n:03} {body}")).merged == (n > 0)
-    assert [name for name, _ in calls] == ["queue_add"] * (follow_ups + 1)
+    assert [name for name, _ in calls] == ["add"] * (follow_ups + 1)
     single = len(json.dumps(msg(f"000 {body}").to_dict()))
     assert max(size for _, size in calls) < single + 100  # the follow-up row's marker
     (item,) = queue.items(LANE)
@@ -498,7 +498,7 @@ def test_a_follow_up_row_without_its_item_is_restored_alone(
     head = queue.head(LANE)
     assert head is not None
     assert head.event_id is not None
-    store.queue_remove([head.event_id])
+    store._queue.remove([head.event_id])
     reopened, restored = reopened_queue(hermes_home, store, clock)
     try:
         (item,) = restored.items(LANE)
@@ -564,7 +564,7 @@ def test_failed_discard_keeps_the_items(
     def broken(event_ids: list[int]) -> int:
         raise StoreError("disk full")
 
-    monkeypatch.setattr(store, "queue_remove", broken)
+    monkeypatch.setattr(store._queue, "remove", broken)
     with pytest.raises(StoreError):
         queue.discard_slot(LANE)
     assert queue.depth(LANE) == 1
@@ -667,7 +667,7 @@ def test_a_failed_commit_refuses_as_not_saved(
     def broken(*args: object) -> None:
         raise StoreError("database is locked")
 
-    monkeypatch.setattr(store, "queue_add", broken)
+    monkeypatch.setattr(store._queue, "add", broken)
     result = queue.enqueue(LANE, msg("lost"))
     assert (result.accepted, result.merged, result.depth, result.refused) == (
         False, False, 1, "not_saved",
@@ -691,7 +691,7 @@ def test_degraded_store_keeps_the_queue_in_memory(tmp_path: Path, clock: Clock) 
         head = queue.head(LANE)
         assert head is not None
         assert (head.event_id, head.event.text) == (None, "a\nb")
-        assert degraded.queue_restore() == []
+        assert degraded._queue.restore() == []
         assert queue.discard_slot(LANE) == 2
         assert texts(queue) == ["w"]
         assert queue.restore() == 0
@@ -744,7 +744,7 @@ def test_concurrent_enqueues_keep_each_lane_in_order(store: SessionStore, clock:
     run_threads(produce, threads)
     assert results == [True] * (2 * threads * per_thread)
     assert sorted(queue.lanes()) == sorted([*own, shared])
-    persisted = store.queue_restore()
+    persisted = store._queue.restore()
     for key in [*own, shared]:
         ids = event_ids(queue.items(key))
         assert ids == sorted(ids)

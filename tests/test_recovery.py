@@ -190,7 +190,7 @@ def _fresh_store(home: Path) -> SessionStore:
     return SessionStore.open(_config(home), plugins=fresh_plugin_manager(home))
 
 
-def test_recover_interrupted_turns_arms_fresh_markers_only(hermes_home: Path) -> None:
+def test_recover_turn_markers_arms_fresh_markers_only(hermes_home: Path) -> None:
     store = _fresh_store(hermes_home)
     fresh, _ = _interrupted_turn(store, "1")
     stale, _ = _interrupted_turn(store, "2")
@@ -202,7 +202,7 @@ def test_recover_interrupted_turns_arms_fresh_markers_only(hermes_home: Path) ->
     store.close()
     _age_marker(store, stale, old)
     store = _fresh_store(hermes_home)
-    recovered = store.recover_turn_markers(3600)
+    recovered = store._turns.recover_turn_markers(3600)
     assert recovered.armed == (fresh,)
     assert recovered.kept == (kept,)
     assert recovered.cleared == 4
@@ -217,7 +217,7 @@ def test_recover_interrupted_turns_arms_fresh_markers_only(hermes_home: Path) ->
     suspended_entry = store.lookup_by_session_key(suspended)
     assert suspended_entry is not None
     assert not suspended_entry.resume_pending
-    assert store.recover_interrupted_turns() == 0  # nothing left to recover
+    assert store._turns.recover_turn_markers(3600).armed == ()  # nothing left to recover
     store.close()
 
 
@@ -230,7 +230,7 @@ def test_marker_age_survives_a_time_zone_change(
     store.close()
     local_timezone("America/Los_Angeles")  # 17 hours earlier on the wall clock
     store = _fresh_store(hermes_home)
-    assert store.recover_turn_markers(3600).armed == (key,)
+    assert store._turns.recover_turn_markers(3600).armed == (key,)
     store.close()
 
 
@@ -244,7 +244,7 @@ def test_legacy_naive_marker_is_host_local_time(
     naive_now = datetime.now().replace(tzinfo=None).isoformat()  # an older writer's local time
     _age_marker(store, key, naive_now)
     store = _fresh_store(hermes_home)
-    assert store.recover_turn_markers(3600).armed == (key,)
+    assert store._turns.recover_turn_markers(3600).armed == (key,)
     store.close()
 
 
@@ -297,7 +297,7 @@ def test_crash_left_replies(
     marker = store.lookup_by_session_key(entry.session_key)
     assert marker is not None
     assert (marker.active_turn_token is None) is (outcome is not None)
-    ledger = store.ledger
+    ledger = store._obligations.ledger
     assert ledger is not None
     due = ledger.due("boot", ["telegram"])
     assert [f"{prefix}\n\n{row.content}" for row, prefix in due] == (
@@ -313,8 +313,9 @@ def test_reply_already_ledgered_only_clears_the_marker(hermes_home: Path) -> Non
     entry = store.get_or_create_session(telegram_dm())
     token = store.mark_turn_active(entry.session_key)
     assert token is not None
-    store.record_delivery_obligation(entry.session_key, entry.session_id, "telegram", "99", None,
-                                     "done", "m1")  # fmt: skip
+    store._turns.record_delivery_obligation(
+        entry.session_key, entry.session_id, "telegram", "99", None, "done", "m1"
+    )
     assert record_crash_left_replies(store, store.config) == {entry.session_key: "ledgered"}
     lane = store.lookup_by_session_key(entry.session_key)
     assert lane is not None

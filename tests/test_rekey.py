@@ -66,14 +66,14 @@ def populate(store: SessionStore) -> dict[str, str]:
     dm = store.get_or_create_session(DM)
     store.set_session_metadata(v1(DM), "model", "small")
     token = store.mark_turn_active(v1(DM))
-    store.record_delivery_obligation(
+    store._turns.record_delivery_obligation(
         v1(DM), dm.session_id, "telegram", "99", None, "the owed reply", "m1", None, token,
         reply={"role": "assistant", "content": "the owed reply"},
     )  # fmt: skip
-    store.queue_add(v1(DM), MessageEvent(source=DM, text="waiting in line", message_id="m2"))
+    store._queue.add(v1(DM), MessageEvent(source=DM, text="waiting in line", message_id="m2"))
     quiet = store.get_or_create_session(QUIET)
     store.suspend_session(v1(QUIET))
-    store.counts.save({v1(MEMBER): 1})
+    store._counts.current.save({v1(MEMBER): 1})
     legacy = quiet.to_dict() | {"session_key": "agent:main:telegram:dm:legacy"}
     legacy.pop("origin")  # written by an old gateway: the source is unknown
     store.run(store._backing.backend.put_route, legacy)
@@ -121,10 +121,10 @@ async def test_rekey_then_restart_recovers_everything_under_v2_keys(
         assert quiet is not None
         assert quiet.suspended
         assert store.lookup_by_session_key("agent:main:telegram:dm:legacy") is not None
-        assert [key for _id, key, _event in store.queue_restore()] == [v2(DM)]
+        assert [key for _id, key, _event in store._queue.restore()] == [v2(DM)]
         with pytest.raises(MessageRedeliveredError):  # the redelivery record moved too
-            store.queue_add(v2(DM), MessageEvent(source=DM, text="again", message_id="m2"))
-        assert store.counts.load() == {v2(MEMBER): 1}
+            store._queue.add(v2(DM), MessageEvent(source=DM, text="again", message_id="m2"))
+        assert store._counts.current.load() == {v2(MEMBER): 1}
     status, again = rekey_cli(capsys=capsys)
     assert (status, again["schema_before"], again["moves"]) == (0, "v2", [])
 
@@ -218,7 +218,7 @@ def test_an_interrupted_rekey_is_refused_at_start_and_finished_by_running_it_aga
         assert store.peek_session_id(v2(MEMBER)) == ids["member"]
         assert store.peek_session_id(v2(DM)) == ids["dm"]
         assert store.peek_session_id(v2(QUIET)) == ids["quiet"]
-        assert store.counts.load() == {v2(MEMBER): 1}
+        assert store._counts.current.load() == {v2(MEMBER): 1}
 
 
 def test_rekey_refuses_while_a_writer_holds_the_store(

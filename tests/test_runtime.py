@@ -577,7 +577,7 @@ async def test_stop_during_delivery_lets_the_reply_finish(hermes_home: Path) -> 
     await gateway.handle_message(_event("/stop"))
     await gateway.idle()
     assert adapter.texts() == ["echo: question", "Stopped."]
-    ledger = gateway.store.ledger
+    ledger = gateway.store._obligations.ledger
     assert ledger is not None
     assert ledger.rows.obligations(("pending", "attempting", "failed")) == []
     entry = gateway.store.lookup_by_session_key("agent:main:telegram:dm:c=1")

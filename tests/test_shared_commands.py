@@ -159,7 +159,7 @@ def test_a_reset_another_process_queued_is_carried_out_once_in_its_durable_place
         other = stores("other", 60)
         for words, message_id in [("earlier", "m2"), ("/new hello there", "m3")]:
             message = MessageEvent(text=words, source=SOURCE, message_id=message_id)
-            assert other.queue_add(key, message)
+            assert other._queue.add(key, message)
         for words, message_id in [("/queue later please", "m4"), ("plain", "m5")]:
             message = MessageEvent(text=words, source=SOURCE, message_id=message_id)
             await holder.handle_message(message)

@@ -69,7 +69,7 @@ def test_an_idle_lanes_message_takes_the_lease_and_begins_its_turn(
         store = gateway.store
         key = store.session_key_for(SOURCE)
         await gateway.handle_message(_message("hi", "m1"))
-        assert store.holds(key)
+        assert store._leases.holds(key)
         marker = f"SELECT active_turn_token FROM gateway_routing WHERE session_key = '{key}'"
         assert _scalar(empty_database, marker) is not None  # begun before it returned
         await started.wait()
@@ -77,7 +77,7 @@ def test_an_idle_lanes_message_takes_the_lease_and_begins_its_turn(
         release.set()
         await _wait(lambda: bool(adapter.sent), "the reply")
         await gateway.idle()
-        await _wait(lambda: not store.holds(key), "the lease to be released")
+        await _wait(lambda: not store._leases.holds(key), "the lease to be released")
         await gateway.stop()
         return adapter.texts()
 
@@ -103,11 +103,11 @@ def test_a_message_for_a_lane_leased_elsewhere_is_queued_and_run_by_the_holder(
         await other.handle_message(_message("second", "m2"))
         queued = "SELECT count(*) FROM queued_events"
         assert _scalar(empty_database, queued) == 1  # stored before it returned
-        assert not other.store.holds(other.store.session_key_for(SOURCE))
+        assert not other.store._leases.holds(other.store.session_key_for(SOURCE))
         release.set()
         await _wait(lambda: len(held.sent) == 2, "both replies")
         await holder.idle()
-        await _wait(lambda: not holder.store.held_lanes(), "the lease to be released")
+        await _wait(lambda: not holder.store._leases.held_lanes(), "the lease to be released")
         await holder.stop()
         await other.stop()
         return held.texts(), elsewhere.texts()
@@ -127,7 +127,7 @@ def test_an_event_waiting_without_a_lease_runs_before_the_message_that_takes_it(
     async def scenario() -> list[str]:
         gateway, adapter = _gateway(tmp_path, "taker", empty_database, EchoAgent, lease_secs=LONG)
         await gateway.start()
-        assert enqueuer.queue_add(key, _message("first", "m1"))
+        assert enqueuer._queue.add(key, _message("first", "m1"))
         await gateway.handle_message(_message("second", "m2"))
         await _wait(lambda: len(adapter.sent) == 2, "both replies")
         await gateway.idle()
@@ -186,25 +186,25 @@ def test_a_release_meeting_a_grant_in_progress_waits_for_nothing_and_then_keeps_
     again after the commit, it sees the event and keeps the lease."""
     holder, enqueuer = stores("holder", lease_secs=LONG), stores("enqueuer", lease_secs=LONG)
     key = holder.session_key_for(SOURCE)
-    assert holder.take_lease(key) == "free"
+    assert holder._leases.take_lease(key) == "free"
     refused: list[object] = []
 
     def enqueue_under_the_grant() -> None:
-        with enqueuer.atomically():
-            refused.append(enqueuer.take_idle_lease(key))
-            enqueuer.queue_add(key, _message("hi", "m1"))
+        with enqueuer._backing.transaction():
+            refused.append(enqueuer._leases.take_idle_lease(key))
+            enqueuer._queue.add(key, _message("hi", "m1"))
 
     commit = _held_open(enqueuer, key, enqueue_under_the_grant)
     started = time.monotonic()
-    assert holder.release_lease(key) == LOCKED
+    assert holder._leases.release_lease(key) == LOCKED
     assert time.monotonic() - started < 1.0
-    assert holder.holds(key)
+    assert holder._leases.holds(key)
     commit()
-    kept = holder.release_lease(key)
+    kept = holder._leases.release_lease(key)
     assert refused == [None]
     assert isinstance(kept, list)  # kept: the event waits and the holder runs it
     assert [event.text for _, _, event in kept] == ["hi"]
-    assert holder.holds(key)
+    assert holder._leases.holds(key)
 
 
 def test_a_refused_grant_that_queued_nothing_does_not_keep_the_lease_held(
@@ -214,11 +214,11 @@ def test_a_refused_grant_that_queued_nothing_does_not_keep_the_lease_held(
     queueing an event); with nothing queued, the holder's release still lets the lane go."""
     holder, other = stores("holder", lease_secs=LONG), stores("other", lease_secs=LONG)
     key = holder.session_key_for(SOURCE)
-    assert holder.take_lease(key) == "free"
-    assert other.take_lease(key) is None  # refused, nothing queued
-    assert holder.release_lease(key) is None
-    assert not holder.holds(key)
-    assert other.take_lease(key) == "free"
+    assert holder._leases.take_lease(key) == "free"
+    assert other._leases.take_lease(key) is None  # refused, nothing queued
+    assert holder._leases.release_lease(key) is None
+    assert not holder._leases.holds(key)
+    assert other._leases.take_lease(key) == "free"
 
 
 def test_a_release_after_an_event_was_queued_under_a_refused_grant_keeps_the_lease(
@@ -228,22 +228,22 @@ def test_a_release_after_an_event_was_queued_under_a_refused_grant_keeps_the_lea
     next one (once the event ran) lets the lane go."""
     holder, enqueuer = stores("holder", lease_secs=LONG), stores("enqueuer", lease_secs=LONG)
     key = holder.get_or_create_session(SOURCE).session_key
-    assert holder.take_lease(key) == "free"
+    assert holder._leases.take_lease(key) == "free"
 
     def enqueue_under_the_grant() -> int | None:
-        with enqueuer.atomically():
-            assert enqueuer.take_idle_lease(key) is None
-            return enqueuer.queue_add(key, _message("hi", "m1"))
+        with enqueuer._backing.transaction():
+            assert enqueuer._leases.take_idle_lease(key) is None
+            return enqueuer._queue.add(key, _message("hi", "m1"))
 
     event_id = enqueuer.run(enqueue_under_the_grant, lane=key)
     assert event_id is not None
-    kept = holder.release_lease(key)
+    kept = holder._leases.release_lease(key)
     assert isinstance(kept, list)
     assert [(queued, event.text) for queued, _, event in kept] == [(event_id, "hi")]
-    assert holder.holds(key)
+    assert holder._leases.holds(key)
     assert holder.mark_turn_active(key, consumed_event_id=event_id)  # the event runs, dequeued
-    assert holder.release_lease(key) is None
-    assert enqueuer.take_lease(key) == "free"
+    assert holder._leases.release_lease(key) is None
+    assert enqueuer._leases.take_lease(key) == "free"
 
 
 def test_an_enqueuer_meeting_a_release_in_progress_finds_the_lane_free_once_it_commits(
@@ -251,12 +251,12 @@ def test_an_enqueuer_meeting_a_release_in_progress_finds_the_lane_free_once_it_c
 ) -> None:
     holder, enqueuer = stores("holder", lease_secs=LONG), stores("enqueuer", lease_secs=LONG)
     key = holder.session_key_for(SOURCE)
-    assert holder.take_lease(key) == "free"
+    assert holder._leases.take_lease(key) == "free"
     released: list[object] = []
-    commit = _held_open(holder, key, lambda: released.append(holder.release_lease(key)))
-    assert enqueuer.take_idle_lease(key) == LOCKED  # nothing waited for, nothing marked
+    commit = _held_open(holder, key, lambda: released.append(holder._leases.release_lease(key)))
+    assert enqueuer._leases.take_idle_lease(key) == LOCKED  # nothing waited for, nothing marked
     commit()
-    taken = enqueuer.take_idle_lease(key)
+    taken = enqueuer._leases.take_idle_lease(key)
     assert released == [None]
     assert taken == ("free", False)  # the lane is the enqueuer's: it runs its event itself
 
@@ -269,13 +269,13 @@ def test_a_renewal_while_a_grant_is_uncommitted_leaves_that_lease_alone(
     process would stop renewing and never release it, and the turn's writes would fail)."""
     holder, other = stores("holder", lease_secs=LONG), stores("other", lease_secs=LONG)
     key = holder.session_key_for(SOURCE)
-    waits_for_commit = _while_held_open(holder, key, lambda: holder.take_lease(key))
-    assert holder.renew_leases() == []
-    assert waits_for_commit(lambda: other.take_lease(key)) is None  # held by the holder
-    assert holder.holds(key)
-    assert holder.renew_leases() == []  # renewed, now that it is committed
-    assert holder.release_lease(key) is None
-    assert other.take_lease(key) == "free"
+    waits_for_commit = _while_held_open(holder, key, lambda: holder._leases.take_lease(key))
+    assert holder._leases.renew_leases() == []
+    assert waits_for_commit(lambda: other._leases.take_lease(key)) is None  # held by the holder
+    assert holder._leases.holds(key)
+    assert holder._leases.renew_leases() == []  # renewed, now that it is committed
+    assert holder._leases.release_lease(key) is None
+    assert other._leases.take_lease(key) == "free"
 
 
 @pytest.mark.slow
@@ -287,16 +287,16 @@ def test_a_grant_after_a_release_in_progress_sees_what_the_release_committed_wit
     holder, taker = stores("holder", lease_secs=LONG), stores("taker", lease_secs=LONG)
     old = taker.get_or_create_session(SOURCE)  # cached by the taker, at the row's revision
     key = old.session_key
-    assert holder.take_lease(key) == "free"
+    assert holder._leases.take_lease(key) == "free"
 
     def new_and_release() -> None:  # /new and the release, in one commit
         assert holder.reset_session(key) is not None
-        assert holder.release_lease(key) is None
+        assert holder._leases.release_lease(key) is None
 
     commit = _held_open(holder, key, new_and_release)
-    assert taker.take_lease(key) == LOCKED
+    assert taker._leases.take_lease(key) == LOCKED
     commit()
-    assert taker.take_lease(key) == "free"
+    assert taker._leases.take_lease(key) == "free"
     entry, new = taker.lookup_by_session_key(key), holder.lookup_by_session_key(key)
     assert entry is not None
     assert new is not None
@@ -310,22 +310,22 @@ def test_a_turns_start_and_finish_write_nothing_once_the_lease_is_lost(
     first, second = stores("first"), stores("second")
     entry = first.get_or_create_session(SOURCE)
     key = entry.session_key
-    assert first.take_lease(key)
+    assert first._leases.take_lease(key)
     token = first.mark_turn_active(key, None, {"role": "user", "content": "hi"}, seen="m1")
     assert token is not None
-    _first(lambda: second.take_lease(key), "the first store's lease to expire")
+    _first(lambda: second._leases.take_lease(key), "the first store's lease to expire")
     with pytest.raises(LeaseLostError):
-        first.record_delivery_obligation(
+        first._turns.record_delivery_obligation(
             key, entry.session_id, "telegram", "c1", None, "echo: hi", "m1", turn_token=token,
             claimed=True, reply={"role": "assistant", "content": "echo: hi"},
         )  # fmt: skip
-    assert not first.holds(key)
+    assert not first._leases.holds(key)
     assert _scalar(empty_database, "SELECT count(*) FROM delivery_obligations") == 0
     assert _scalar(empty_database, "SELECT count(*) FROM messages") == 1  # the user's only
 
     other = first.get_or_create_session(OTHER).session_key
-    assert first.take_lease(other)
-    _first(lambda: second.take_lease(other), "the first store's lease to expire")
+    assert first._leases.take_lease(other)
+    _first(lambda: second._leases.take_lease(other), "the first store's lease to expire")
     with pytest.raises(LeaseLostError):
         first.mark_turn_active(other, None, {"role": "user", "content": "yo"}, seen="m2")
     routing = f"SELECT active_turn_token FROM gateway_routing WHERE session_key = '{other}'"
@@ -341,7 +341,7 @@ def _turn_with_reply(store: SessionStore, words: str, message_id: str) -> Obliga
     token = store.mark_turn_active(key, None, {"role": "user", "content": words}, seen=message_id)
     assert token is not None
     reply = f"echo: {words}"
-    row = store.record_delivery_obligation(
+    row = store._turns.record_delivery_obligation(
         key, entry.session_id, "telegram", "c1", None, reply, message_id, turn_token=token,
         claimed=True, reply={"role": "assistant", "content": reply},
     )  # fmt: skip
@@ -357,18 +357,20 @@ def test_a_turns_settle_releases_the_lease(
     as failed and the lease goes all the same."""
     holder, other = stores("holder", lease_secs=LONG), stores("other", lease_secs=LONG)
     key = holder.session_key_for(SOURCE)
-    assert holder.take_lease(key) == "free"
+    assert holder._leases.take_lease(key) == "free"
     row = _turn_with_reply(holder, "hi", "m1")
     result = SendResult(ok=True) if sent else SendResult(ok=False, failure_kind="rejected")
     kept: list[object] = []
-    settle = functools.partial(holder.settle_delivery, row, result, (key, None), kept=kept.append)
+    settle = functools.partial(
+        holder._turns.settle_delivery, row, result, (key, None), kept=kept.append
+    )
     assert holder.run(settle, lane=key) is sent  # one writer step, as a gateway runs it
     assert kept == []
-    assert not holder.holds(key)
+    assert not holder._leases.holds(key)
     ledger = "SELECT count(*) FROM delivery_obligations WHERE state = 'failed'"
     assert _scalar(empty_database, ledger) == (0 if sent else 1)
     assert _scalar(empty_database, "SELECT count(*) FROM delivery_obligations") == int(not sent)
-    assert other.take_lease(key) == "free"
+    assert other._leases.take_lease(key) == "free"
 
 
 def test_a_turns_settle_keeps_the_lease_for_an_event_queued_under_a_refused_grant(
@@ -378,24 +380,24 @@ def test_a_turns_settle_keeps_the_lease_for_an_event_queued_under_a_refused_gran
     process queued keeps the lease here (the reply's row goes all the same)."""
     holder, enqueuer = stores("holder", lease_secs=LONG), stores("enqueuer", lease_secs=LONG)
     key = holder.session_key_for(SOURCE)
-    assert holder.take_lease(key) == "free"
+    assert holder._leases.take_lease(key) == "free"
     row = _turn_with_reply(holder, "hi", "m1")
 
     def enqueue_under_the_grant() -> int | None:
-        with enqueuer.atomically():
-            assert enqueuer.take_idle_lease(key) is None
-            return enqueuer.queue_add(key, _message("again", "m2"))
+        with enqueuer._backing.transaction():
+            assert enqueuer._leases.take_idle_lease(key) is None
+            return enqueuer._queue.add(key, _message("again", "m2"))
 
     event_id = enqueuer.run(enqueue_under_the_grant, lane=key)
     assert event_id is not None
     kept: list[list[QueuedEvent]] = []
-    assert holder.settle_delivery(row, SendResult(ok=True), (key, None), kept=kept.append)
+    assert holder._turns.settle_delivery(row, SendResult(ok=True), (key, None), kept=kept.append)
     assert [[(queued, event.text) for queued, _, event in events] for events in kept] == [
         [(event_id, "again")]
     ]  # the event came with the settle that kept the lease
-    assert holder.holds(key)  # kept: the holder runs the event
+    assert holder._leases.holds(key)  # kept: the holder runs the event
     assert _scalar(empty_database, "SELECT count(*) FROM delivery_obligations") == 0
-    assert enqueuer.take_lease(key) is None
+    assert enqueuer._leases.take_lease(key) is None
 
 
 class FollowingUp(InMemoryAdapter):
@@ -434,11 +436,11 @@ def test_a_message_arriving_before_the_last_turns_settle_runs_and_the_lane_goes_
         await gateway.handle_message(_message("first", "m1"))
         await _wait(lambda: len(adapter.sent) == 2, "both replies")
         await gateway.idle()
-        await _wait(lambda: not store.holds(key), "the lease to be released")
+        await _wait(lambda: not store._leases.holds(key), "the lease to be released")
         await gateway.handle_message(_message("third", "m3"))
         await _wait(lambda: len(adapter.sent) == 3, "the third reply")
         await gateway.idle()
-        await _wait(lambda: not store.holds(key), "the lease to be released again")
+        await _wait(lambda: not store._leases.holds(key), "the lease to be released again")
         await gateway.stop()
         return adapter.texts()
 
@@ -491,9 +493,9 @@ def test_two_processes_taking_two_lanes_in_opposite_orders_do_not_deadlock(
         gated = store.submit(gate, lane=order[0])
         await asyncio.to_thread(started.wait, 10)
         steps: list[asyncio.Future[LeaseGrant | Locked | None] | asyncio.Future[None]] = [
-            store.submit(store.take_lease, order[0], lane=order[0]),
+            store.submit(store._leases.take_lease, order[0], lane=order[0]),
             store.submit(between, lane=order[0]),
-            store.submit(store.take_lease, order[1], lane=order[1]),
+            store.submit(store._leases.take_lease, order[1], lane=order[1]),
         ]
         release.set()
         await gated
@@ -512,8 +514,8 @@ def test_two_processes_taking_two_lanes_in_opposite_orders_do_not_deadlock(
     taken, refused = asyncio.run(scenario())
     assert taken == ["free", None, "free"]
     assert refused == [None, None, None]
-    assert first.holds(low)
-    assert first.holds(high)
+    assert first._leases.holds(low)
+    assert first._leases.holds(high)
 
 
 @pytest.mark.slow
@@ -538,7 +540,7 @@ def test_an_unreadable_queued_event_is_set_aside_and_the_lane_goes_free(
         await gateway.handle_message(_message("hi", "m1"))
         await _wait(lambda: bool(adapter.sent), "the reply")
         await gateway.idle()
-        await _wait(lambda: not store.holds(key), "the lease to be released")
+        await _wait(lambda: not store._leases.holds(key), "the lease to be released")
         before = store.stats()["round_trips"]
         await asyncio.sleep(0.3)
         spent = store.stats()["round_trips"] - before
@@ -562,19 +564,21 @@ def test_a_lease_released_while_the_renewal_runs_is_not_counted_lost(
     holder = stores("holder", lease_secs=LONG)
     keys = [holder.session_key_for(SOURCE), holder.session_key_for(OTHER)]
     for key in keys:
-        assert holder.take_lease(key) == "free"
+        assert holder._leases.take_lease(key) == "free"
     rows = holder._backing.bound.leases
     assert rows is not None
     renew = rows.renew_leases
 
     def release_first(tokens: Sequence[str], ttl: float) -> set[str]:
-        assert holder.release_lease(keys[0]) is None  # committed before the renewal's statement
+        assert (
+            holder._leases.release_lease(keys[0]) is None
+        )  # committed before the renewal's statement
         return renew(tokens, ttl)
 
     monkeypatch.setattr(rows, "renew_leases", release_first)
-    assert holder.renew_leases() == []
-    assert not holder.holds(keys[0])
-    assert holder.holds(keys[1])
+    assert holder._leases.renew_leases() == []
+    assert not holder._leases.holds(keys[0])
+    assert holder._leases.holds(keys[1])
 
 
 @pytest.mark.slow
@@ -594,7 +598,7 @@ def test_a_grant_that_waited_for_another_insert_still_runs_its_full_lease(
                 "INSERT INTO session_turn_leases (session_key, owner_instance, owner_boot, token,"
                 " acquired_at, expires_at) VALUES (:key, 'gone', 'gone', 'gone', 0, 1)"
             ), {"key": key})  # fmt: skip
-            granting = threading.Thread(target=holder.take_lease, args=(key,), daemon=True)
+            granting = threading.Thread(target=holder._leases.take_lease, args=(key,), daemon=True)
             granting.start()
             granting.join(0.8)
             assert granting.is_alive()  # waits for the uncommitted insert
@@ -604,7 +608,7 @@ def test_a_grant_that_waited_for_another_insert_still_runs_its_full_lease(
         engine.dispose()
     rows = run_sql(empty_database, "SELECT owner_instance, expires_at - extract(epoch from "
                    "clock_timestamp()) FROM session_turn_leases")  # fmt: skip
-    assert [row[0] for row in rows] == [holder.owner[0]]
+    assert [row[0] for row in rows] == [holder._leases.owner[0]]
     assert rows[0][1] > lease - 0.5  # a full lease from the grant, not from before the wait
 
 
@@ -617,15 +621,17 @@ def test_a_settle_after_a_takeover_leaves_the_reply_s_ledger_row_to_the_new_hold
     holder (which re-sends it marked) instead of vanishing under it."""
     holder, taker = stores("holder"), stores("taker")
     key = holder.session_key_for(SOURCE)
-    assert holder.take_lease(key) == "free"
+    assert holder._leases.take_lease(key) == "free"
     row = _turn_with_reply(holder, "hi", "m1")
-    grant = _first(lambda: taker.take_lease(key), "the holder's lease to expire")
+    grant = _first(lambda: taker._leases.take_lease(key), "the holder's lease to expire")
     assert grant == "unreleased"
-    settle = functools.partial(holder.settle_delivery, row, SendResult(ok=True), (key, None),
-                               kept=lambda events: None)  # fmt: skip
+    settle = functools.partial(
+        holder._turns.settle_delivery, row, SendResult(ok=True), (key, None),
+        kept=lambda events: None,
+    )  # fmt: skip
     holder.run(settle, lane=key)
     assert _scalar(empty_database, "SELECT count(*) FROM delivery_obligations") == 1
-    assert taker.holds(key)
+    assert taker._leases.holds(key)
 
 
 def test_a_burst_split_by_another_processs_event_runs_in_acknowledged_order(
@@ -636,13 +642,13 @@ def test_a_burst_split_by_another_processs_event_runs_in_acknowledged_order(
     the follow-up on its own, and nothing is reported lost."""
     holder, other = stores("holder", lease_secs=LONG), stores("other", lease_secs=LONG)
     key = holder.get_or_create_session(SOURCE).session_key
-    assert holder.take_lease(key) == "free"
+    assert holder._leases.take_lease(key) == "free"
     bursts = {"gateway": {"busy_queue": {"burst_window_secs": 60}}}
     queue = TurnQueue(
         holder, GatewayConfig.from_dict(bursts, environ={"HERMES_HOME": str(tmp_path)})
     )
     assert queue.enqueue(key, _message("first", "m1")).accepted
-    assert other.queue_add(key, _message("between", "m2"))  # under a refused grant elsewhere
+    assert other._queue.add(key, _message("between", "m2"))  # under a refused grant elsewhere
     assert queue.enqueue(key, _message("follow-up", "m3")).merged
     with caplog.at_level(logging.WARNING):
         assert holder.run(queue.reload, key, lane=key) == 3

@@ -29,7 +29,7 @@ def _stalled_lane(root: Path, url: str, expiry: str) -> str:
     config = configure(root / "enqueuer", url, lease_secs=30, scan_secs=3600)
     with SessionStore.open(config) as store:
         key = store.get_or_create_session(SOURCE).session_key
-        assert store.queue_add(key, _message("still waiting", "m1"))
+        assert store._queue.add(key, _message("still waiting", "m1"))
     run_sql(url, "INSERT INTO session_turn_leases (session_key, owner_instance, owner_boot, token, "
             f"acquired_at, expires_at) VALUES (:key, 'ghost', 'ghost', 'ghost', 0, {expiry})",
             key=key)  # fmt: skip

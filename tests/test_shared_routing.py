@@ -162,7 +162,7 @@ def test_a_processs_own_turn_writes_never_count_as_a_conflict(
     """The cached revision follows this process's own unchecked writes (a turn's marker)."""
     store = stores("here", lease_secs=60)
     key = store.get_or_create_session(SOURCE).session_key
-    assert store.take_lease(key)
+    assert store._leases.take_lease(key)
     caplog.set_level(logging.DEBUG, logger="hermes_core.store.routing")
     for _turn in range(2):
         token = store.mark_turn_active(key)
@@ -178,11 +178,11 @@ def test_a_processs_own_turn_writes_never_count_as_a_conflict(
 
 def _one_turn(store: SessionStore, key: str) -> None:
     """One turn of the lane under a lease taken and given back (the runtime's writes)."""
-    assert store.take_lease(key)
+    assert store._leases.take_lease(key)
     token = store.mark_turn_active(key)
     assert token is not None
     assert store.clear_turn_active(key, token)
-    assert store.release_lease(key) is None
+    assert store._leases.release_lease(key) is None
 
 
 @pytest.mark.slow
@@ -200,7 +200,7 @@ def test_a_lease_taken_again_sees_what_another_process_wrote_in_between(
         assert there.set_session_metadata(key, "topic", "theirs")
     else:
         there.update_session(key, input_tokens=7)
-    assert here.take_lease(key)
+    assert here._leases.take_lease(key)
     entry = here.lookup_by_session_key(key)
     assert entry is not None
     theirs = there.lookup_by_session_key(key)
@@ -226,5 +226,5 @@ def test_a_lease_taken_on_a_lane_whose_session_ended_elsewhere_keeps_no_stale_en
         "UPDATE gateway_routing SET revision = revision + 1 WHERE session_key = :key",
         key=entry.session_key,
     )
-    assert here.take_lease(entry.session_key) == "free"
+    assert here._leases.take_lease(entry.session_key) == "free"
     assert here.lookup_by_session_key(entry.session_key) is None

@@ -63,12 +63,12 @@ def test_a_grant_says_whether_it_replaced_a_lease_never_released(
 ) -> None:
     holder, other = stores("holder"), stores("other")
     key = holder.session_key_for(SOURCE)
-    assert holder.take_lease(key) == "free"
-    assert other.take_lease(key) is None  # held, unexpired
-    grant = _first(lambda: other.take_lease(key), "the holder's lease to expire")
+    assert holder._leases.take_lease(key) == "free"
+    assert other._leases.take_lease(key) is None  # held, unexpired
+    grant = _first(lambda: other._leases.take_lease(key), "the holder's lease to expire")
     assert grant == "unreleased"  # the holder let it expire: a takeover
-    assert other.release_lease(key) is None
-    assert holder.take_lease(key) == "free"  # released: nothing to take over
+    assert other._leases.release_lease(key) is None
+    assert holder._leases.take_lease(key) == "free"  # released: nothing to take over
 
 
 @pytest.mark.slow
@@ -80,10 +80,12 @@ def test_a_lane_armed_to_resume_is_taken_over_when_its_holder_dies_before_resumi
     for source in (SOURCE, OTHER):
         holder.get_or_create_session(source)
         key = holder.session_key_for(source)
-        assert holder.take_lease(key)
+        assert holder._leases.take_lease(key)
         assert holder.mark_resume_pending(key, "restart_interrupted")  # armed, no marker
-    assert holder.release_lease(released) is None  # its holder saw to its resume
-    claimed = _first(lambda: other.claim_orphaned_lanes(expired=True), "a lane to take over")
+    assert holder._leases.release_lease(released) is None  # its holder saw to its resume
+    claimed = _first(
+        lambda: other._leases.claim_orphaned_lanes(expired=True), "a lane to take over"
+    )
     assert claimed == [dead]
 
 
@@ -95,18 +97,22 @@ def test_the_scan_leaves_a_lane_just_queued_to_its_enqueuer_and_claims_it_if_nev
     enqueuer died) is claimed then."""
     enqueuer, scanner = stores("enqueuer"), stores("scanner")
     key = enqueuer.session_key_for(SOURCE)
-    assert enqueuer.queue_add(key, MessageEvent(source=SOURCE, text="hi", message_id="m1"))
-    assert scanner.claim_orphaned_lanes(expired=True) == []  # the enqueuer is about to take it
-    assert enqueuer.take_lease(key) == "free"
-    kept = enqueuer.release_lease(key)  # the event waits: the enqueuer runs it
+    assert enqueuer._queue.add(key, MessageEvent(source=SOURCE, text="hi", message_id="m1"))
+    assert (
+        scanner._leases.claim_orphaned_lanes(expired=True) == []
+    )  # the enqueuer is about to take it
+    assert enqueuer._leases.take_lease(key) == "free"
+    kept = enqueuer._leases.release_lease(key)  # the event waits: the enqueuer runs it
     assert isinstance(kept, list)
     assert [event.text for _, _, event in kept] == ["hi"]
-    assert scanner.claim_orphaned_lanes(expired=True) == []  # leased
+    assert scanner._leases.claim_orphaned_lanes(expired=True) == []  # leased
     stranded = scanner.session_key_for(OTHER)
-    assert scanner.queue_add(stranded, MessageEvent(source=OTHER, text="hi", message_id="m2"))
-    assert enqueuer.claim_orphaned_lanes(expired=True) == []
-    assert enqueuer.claim_orphaned_lanes(expired=True) == [stranded]  # still unleased: claimed
-    assert scanner.take_lease(stranded) is None
+    assert scanner._queue.add(stranded, MessageEvent(source=OTHER, text="hi", message_id="m2"))
+    assert enqueuer._leases.claim_orphaned_lanes(expired=True) == []
+    assert enqueuer._leases.claim_orphaned_lanes(expired=True) == [
+        stranded
+    ]  # still unleased: claimed
+    assert scanner._leases.take_lease(stranded) is None
 
 
 def _lanes(store: SessionStore) -> LeasedOwnership:
@@ -157,12 +163,12 @@ def test_a_takeover_grant_rolled_back_with_its_batch_is_taken_again(
 ) -> None:
     holder, taker = stores("holder"), stores("taker")
     key = holder.session_key_for(SOURCE)
-    assert holder.take_lease(key) == "free"
+    assert holder._leases.take_lease(key) == "free"
     _first(lambda: _lease_expired(empty_database), "the holder's lease to expire")
     lanes = _lanes(taker)
     grant = _in_a_rolled_back_batch(taker, key, lanes._take_step, key)
     assert grant == "unreleased"  # not "being taken over here" after the rolled-back run
-    assert taker.holds(key)
+    assert taker._leases.holds(key)
     assert lanes.recovering(key)
 
 
@@ -172,12 +178,12 @@ def test_lanes_claimed_in_a_rolled_back_batch_are_claimed_again(
 ) -> None:
     holder, taker = stores("holder"), stores("taker")
     key = holder.get_or_create_session(SOURCE).session_key
-    assert holder.take_lease(key)
+    assert holder._leases.take_lease(key)
     assert holder.mark_turn_active(key)  # a turn its holder never finishes
     _first(lambda: _lease_expired(empty_database), "the holder's lease to expire")
     lanes = _lanes(taker)
     assert _in_a_rolled_back_batch(taker, key, lanes._takeovers._claim_step) == [key]
-    assert taker.holds(key)
+    assert taker._leases.holds(key)
     assert lanes.recovering(key)
 
 
@@ -188,10 +194,10 @@ def test_a_scan_rolled_back_with_its_batch_does_not_count_as_a_scan(
     unleased; a scan whose batch was rolled back must not count as the first."""
     enqueuer, scanner = stores("enqueuer"), stores("scanner")
     key = enqueuer.session_key_for(SOURCE)
-    assert enqueuer.queue_add(key, MessageEvent(source=SOURCE, text="hi", message_id="m1"))
-    scan = functools.partial(scanner.claim_orphaned_lanes, expired=True)
+    assert enqueuer._queue.add(key, MessageEvent(source=SOURCE, text="hi", message_id="m1"))
+    scan = functools.partial(scanner._leases.claim_orphaned_lanes, expired=True)
     assert _in_a_rolled_back_batch(scanner, key, scan) == []  # left to its enqueuer
-    assert scanner.claim_orphaned_lanes(expired=True) == [key]  # the second scan claims it
+    assert scanner._leases.claim_orphaned_lanes(expired=True) == [key]  # the second scan claims it
 
 
 @pytest.mark.slow
@@ -200,7 +206,7 @@ def test_leases_are_renewed_while_every_writer_thread_is_busy(
 ) -> None:
     holder, other = stores("holder", lease_secs=2.0), stores("other", lease_secs=2.0)
     key = holder.get_or_create_session(SOURCE).session_key
-    assert holder.take_lease(key) == "free"
+    assert holder._leases.take_lease(key) == "free"
 
     async def scenario() -> list[LeaseGrant | Locked | None]:
         lanes = _lanes(holder)
@@ -216,7 +222,7 @@ def test_leases_are_renewed_while_every_writer_thread_is_busy(
         grants = []
         deadline = time.monotonic() + 4.0  # twice the lease
         while time.monotonic() < deadline:
-            grants.append(await asyncio.to_thread(other.take_lease, key))
+            grants.append(await asyncio.to_thread(other._leases.take_lease, key))
             await asyncio.sleep(0.2)
         go.set()
         await busy
@@ -322,8 +328,8 @@ def _sending(holder: SessionStore) -> None:
     """``holder`` takes the lease of SOURCE's lane and has claimed a reply it is sending."""
     entry = holder.get_or_create_session(SOURCE)
     key = entry.session_key
-    assert holder.take_lease(key)
-    holder.record_delivery_obligation(
+    assert holder._leases.take_lease(key)
+    holder._turns.record_delivery_obligation(
         key, entry.session_id, "telegram", "c1", None, "being sent right now", "m1",
         claimed=True,
     )  # fmt: skip

@@ -198,7 +198,7 @@ def test_a_new_lane_is_opened_with_its_session_row(open_store: Opener) -> None:
     store = open_store()
     source = telegram_dm("1")
     key = store.session_key_for(source)
-    entry, suspended = store.open_lane(key, source)
+    entry, suspended = store._sessions.open_lane(key, source)
     assert not suspended
     assert store.lookup_by_session_key(key) == entry
     row = store.session_row(entry.session_id)
@@ -213,12 +213,12 @@ def test_a_queued_event_and_its_message_id_are_stored_together(open_store: Opene
     store = open_store()
     key = store.session_key_for(telegram_dm("1"))
     event = MessageEvent(source=telegram_dm("1"), text="queued", message_id="m1")
-    event_id = store.queue_add(key, event)
+    event_id = store._queue.add(key, event)
     with pytest.raises(MessageRedeliveredError):
-        store.queue_add(key, event.replace(text="again"))
+        store._queue.add(key, event.replace(text="again"))
     internal = MessageEvent(source=telegram_dm("1"), text="wake", internal=True)
-    later = store.queue_add(key, internal)  # no message id: nothing to check
-    assert [(queued, stored.text) for queued, _, stored in store.queue_restore(key)] == [
+    later = store._queue.add(key, internal)  # no message id: nothing to check
+    assert [(queued, stored.text) for queued, _, stored in store._queue.restore(key)] == [
         (event_id, "queued"),
         (later, "wake"),
     ]
@@ -230,7 +230,7 @@ def test_a_lane_not_cached_is_loaded_from_its_rows(open_store: Opener) -> None:
     entry = first.get_or_create_session(telegram_dm("1"))
     first.close()
     store = open_store()
-    opened, _ = store.open_lane(entry.session_key, telegram_dm("1"))
+    opened, _ = store._sessions.open_lane(entry.session_key, telegram_dm("1"))
     assert opened.session_id == entry.session_id
 
 
@@ -381,10 +381,10 @@ def test_version_one_database_upgrades_in_place(open_store: Opener, backend: str
     assert sql(upgraded, "SELECT version FROM schema_version")[0][0] == SCHEMA_VERSION
     assert [hit.session_id for hit in upgraded.search("ancient")] == [entry.session_id]
     event = MessageEvent(source=telegram_dm(), text="queued", message_id="m9")
-    event_id = upgraded.queue_add(entry.session_key, event)  # the version 3 columns work
-    assert upgraded.queue_fail(event_id, "boom") is False
+    event_id = upgraded._queue.add(entry.session_key, event)  # the version 3 columns work
+    assert upgraded._queue.fail(event_id, "boom") is False
     with pytest.raises(MessageRedeliveredError):
-        upgraded.queue_add(entry.session_key, event)
+        upgraded._queue.add(entry.session_key, event)
     assert upgraded.health()["fts"] == "ok"
 
 
@@ -406,12 +406,12 @@ def test_version_five_database_upgrades_in_place(open_store: Opener, backend: st
     store = open_store()
     entry = store.get_or_create_session(telegram_dm())
     token = store.mark_turn_active(entry.session_key)
-    owed = store.record_delivery_obligation(
+    owed = store._turns.record_delivery_obligation(
         entry.session_key, entry.session_id, "telegram", "99", None, "the reply", "m1",
         reply={"role": "assistant", "content": "the reply"},
     )  # fmt: skip
     event = MessageEvent(source=telegram_dm(), text="queued", message_id="m7")
-    store.queue_add(entry.session_key, event)
+    store._queue.add(entry.session_key, event)
     store.close()
     if backend == "sqlite":  # version 5 had rowid tables with their own key indexes
         for table in ("delivery_obligations", "seen_messages"):
@@ -436,19 +436,19 @@ def test_version_five_database_upgrades_in_place(open_store: Opener, backend: st
         assert sql(upgraded, "PRAGMA foreign_key_check") == []
     else:  # PostgreSQL keeps the indexes its several processes scan with
         assert left == {"ix_seen_messages_seen_at", "ix_gateway_routing_marker"}
-    ledger = upgraded.ledger
+    ledger = upgraded._obligations.ledger
     assert ledger is not None
     assert owed is not None
     rows = ledger.rows.obligations(["pending"], ["telegram"])
     assert [(row.obligation_id, row.content) for row in rows] == [(owed.obligation_id, "the reply")]
-    marked = upgraded.entries_with_fresh_markers(0)
+    marked = upgraded._turns.entries_with_fresh_markers(0)
     assert [(lane.session_key, lane.active_turn_token) for lane in marked] == [
         (entry.session_key, token)
     ]
     with pytest.raises(MessageRedeliveredError):  # the seen row came along
-        upgraded.queue_add(entry.session_key, event)
+        upgraded._queue.add(entry.session_key, event)
     sql(upgraded, "UPDATE seen_messages SET seen_at = 0")
-    assert upgraded.prune_seen_messages() == 1
+    assert upgraded._queue.prune_seen() == 1
 
 
 def test_version_six_database_upgrades_in_place(open_store: Opener, backend: str) -> None:
@@ -471,10 +471,10 @@ def test_mirror_is_written_off_the_message_path(open_store: Opener) -> None:
     mirror = store.sessions_dir / "sessions.json"
     entry = store.get_or_create_session(telegram_dm())
     assert not mirror.exists()  # creating a session never waits for the mirror
-    assert store.flush_mirror(force=True)
-    assert not store.flush_mirror(force=True)  # nothing changed since
+    assert store._fallback.flush_mirror(force=True)
+    assert not store._fallback.flush_mirror(force=True)  # nothing changed since
     store.get_or_create_session(telegram_dm("2"))
-    assert not store.flush_mirror()  # within the interval
+    assert not store._fallback.flush_mirror()  # within the interval
     store.close()
     data = json.loads(mirror.read_text(encoding="utf-8"))
     assert next(iter(data)) == "_README"
@@ -626,7 +626,7 @@ def test_state_files_are_private(open_store: Opener, backend: str) -> None:
 
 def test_restart_counts_live_where_the_backend_says(open_store: Opener, backend: str) -> None:
     store = open_store(gateway={"instance_id": "instance-a"})
-    counts = store.restart_counts()
+    counts = store._counts.open()
     counts.save({"agent:main:telegram:dm:1": 1, "agent:main:telegram:dm:2": 2})
     counts.remove("agent:main:telegram:dm:1")
     assert counts.load() == {"agent:main:telegram:dm:2": 2}
@@ -637,13 +637,13 @@ def test_restart_counts_live_where_the_backend_says(open_store: Opener, backend:
     assert not counts_file.exists()  # PostgreSQL: a table shared by the instances
     store.close()  # one writer per database: the instances take turns
     other_store = open_store(gateway={"instance_id": "instance-b"})
-    other_store.restart_counts().save({"agent:main:telegram:dm:3": 1})
+    other_store._counts.open().save({"agent:main:telegram:dm:3": 1})
     other_store.close()
     again = open_store(gateway={"instance_id": "instance-a"})
-    again.restart_counts().save({})  # "all others" means only this instance's rows
-    assert again.restart_counts().load() == {}
+    again._counts.open().save({})  # "all others" means only this instance's rows
+    assert again._counts.open().load() == {}
     again.close()
-    other = open_store(gateway={"instance_id": "instance-b"}).restart_counts()
+    other = open_store(gateway={"instance_id": "instance-b"})._counts.open()
     assert other.load() == {"agent:main:telegram:dm:3": 1}
 
 

@@ -66,7 +66,7 @@ def test_required_protocol_only_turns_features_off_with_one_warning_each(
         entry = store.get_or_create_session(telegram_dm())
         store.append_to_transcript(entry.session_id, {"role": "user", "content": "needle"})
         assert store.search("needle") == []
-        assert store.ledger is None
+        assert store._obligations.ledger is None
         health = store.health()
         assert health["capabilities"] == dict.fromkeys(STORE_CAPABILITIES, False)
         assert (health["backend"], health["degraded"]) == ("bare", False)

@@ -82,13 +82,13 @@ def test_backlog_replays_into_sql_exactly_once(tmp_path: Path) -> None:
     (home / "db").unlink()  # the operator fixes the directory
     store = sqlite_store(home, f"sqlite:///{home}/db/state.db")
     assert not store.degraded
-    report = store.replay_backlog()
+    report = store._fallback.replay_backlog()
     assert report is not None
     assert (report.files_replayed, report.messages_imported) == (1, 2)
     assert store.peek_session_id(entry.session_key) == entry.session_id
     assert [m["content"] for m in store.load_transcript(entry.session_id)] == ["first", "second"]
     assert [hit.session_id for hit in store.search("second")] == [entry.session_id]
-    again = store.replay_backlog()
+    again = store._fallback.replay_backlog()
     assert again is not None
     assert again.messages_imported == 0
     assert len(store.load_transcript(entry.session_id)) == 2
@@ -101,9 +101,9 @@ def test_housekeeping_leaves_degraded_mode_when_sql_returns(tmp_path: Path) -> N
     store = blocked_store(home)
     entry = store.get_or_create_session(telegram_dm())
     store.append_to_transcript(entry.session_id, {"role": "user", "content": "kept"})
-    assert not store.try_leave_degraded()  # still blocked
+    assert not store._fallback.try_leave_degraded()  # still blocked
     (home / "db").unlink()
-    assert store.try_leave_degraded()
+    assert store._fallback.try_leave_degraded()
     assert not store.degraded
     assert [m["content"] for m in store.load_transcript(entry.session_id)] == ["kept"]
     store.append_to_transcript(entry.session_id, {"role": "assistant", "content": "in sql"})

@@ -243,10 +243,10 @@ async def test_a_reconnect_sends_pending_and_attempting_replies(make: Make) -> N
     await gateway.start()
     store = gateway.store
     rows = [
-        store.record_delivery_obligation(KEY, None, "telegram", "1", None, text, ref)
+        store._turns.record_delivery_obligation(KEY, None, "telegram", "1", None, text, ref)
         for text, ref in (("owed", "m1"), ("maybe sent", "m2"))
     ]
-    ledger = store.ledger
+    ledger = store._obligations.ledger
     assert ledger is not None
     assert rows[1] is not None
     ledger.rows.update_obligation(rows[1].obligation_id, {"state": "attempting", "attempts": 1})

@@ -358,7 +358,7 @@ def test_a_junk_queued_row_is_logged_cut_and_escaped(
         )
     engine.dispose()
     with caplog.at_level("WARNING"):
-        assert store.queue_restore() == []
+        assert store._queue.restore() == []
     [record] = [r for r in caplog.records if "cannot be read" in r.getMessage()]
     assert "\n" not in record.getMessage()
     assert len(record.getMessage()) < 1000

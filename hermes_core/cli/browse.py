@@ -169,7 +169,7 @@ def lane_details(store: SessionStore, entry: SessionEntry) -> dict[str, Any]:
     key = entry.session_key
     queued = [
         {"event_id": event_id, "text": event.text, "internal": event.internal}
-        for event_id, _, event in store.queue_restore(key)
+        for event_id, _, event in store._queue.restore(key)
     ]
     dead = [
         {"event_id": letter.event_id, "attempts": letter.attempts, "last_error": letter.last_error,
@@ -177,7 +177,7 @@ def lane_details(store: SessionStore, entry: SessionEntry) -> dict[str, Any]:
         for letter in store.dead_letters()
         if letter.session_key == key
     ]  # fmt: skip
-    ledger = store.ledger
+    ledger = store._obligations.ledger
     owed = [
         {"obligation_id": row.obligation_id, "state": row.state, "attempts": row.attempts,
          "origin_kind": row.origin_kind, "content": row.content,

@@ -342,12 +342,12 @@ def apply_fixes(
     if wanted & {"fts", "mirror", "backlog"}:
         with open_store(config, write=True, plugins=plugins) as store:
             if "backlog" in wanted:
-                report = store.replay_backlog()
+                report = store._fallback.replay_backlog()
                 replayed = report.messages_imported if report is not None else 0
                 done.append(f"replayed the degraded-mode backlog ({replayed} message(s))")
             if "fts" in wanted and store.rebuild_search_index():
                 done.append("rebuilt the full-text index")
-            store.rewrite_mirror()
+            store._fallback.rewrite_mirror()
             if "mirror" in wanted:
                 done.append("rewrote sessions.json from the routing table")
     return done

@@ -205,9 +205,9 @@ def recovery_plan(store: SessionStore, config: GatewayConfig) -> dict[str, Any]:
     """What the next start-up's recovery would do to this store, computed without writing."""
     home = config.hermes_home
     clean = read_clean_shutdown(home, _previous_boot(home))
-    fresh = {entry.session_key: entry for entry in store.entries_with_fresh_markers(
-        marker_max_age(config))}  # fmt: skip
-    ledger = store.ledger
+    markers = store._turns.entries_with_fresh_markers(marker_max_age(config))
+    fresh = {entry.session_key: entry for entry in markers}
+    ledger = store._obligations.ledger
     resume, replies, cleared = [], [], []
     if not clean:
         for key, entry in fresh.items():
@@ -224,12 +224,12 @@ def recovery_plan(store: SessionStore, config: GatewayConfig) -> dict[str, Any]:
                     continue
             resume.append(key)
     pending = [e.session_key for e in store.list_sessions() if e.resume_pending]
-    counts = store.counts.load()
+    counts = store._counts.current.load()
     suspend = [key for key in resume if counts.get(key, 0) + 1 >= STUCK_LOOP_THRESHOLD]
     owed = ledger.rows.obligations(("pending", "attempting", "failed")) if ledger else []
     return {
         "last_stop_clean": clean,
-        "markers_discarded": len(store.entries_with_fresh_markers(0)) if clean else 0,
+        "markers_discarded": len(store._turns.entries_with_fresh_markers(0)) if clean else 0,
         "resume": sorted(set(resume) - set(suspend) | set(pending)),
         "record_crash_left_replies": replies,
         "markers_already_ledgered": cleared,
@@ -238,7 +238,7 @@ def recovery_plan(store: SessionStore, config: GatewayConfig) -> dict[str, Any]:
             for row in owed
         ],
         "suspend": suspend,
-        "queued_events": len(store.queue_restore()),
+        "queued_events": len(store._queue.restore()),
         "fts_rebuild": store.health()["fts"] == "stale",
         "gateway_running": lock_holder(home),
     }

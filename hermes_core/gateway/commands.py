@@ -222,7 +222,7 @@ class Commands:
         store = self._store
         if store.reset_session(key) is None:
             store.get_or_create_session(source, True)
-        store.counts.remove(key)
+        store._counts.current.remove(key)
 
     async def _stop_lane(self, key: str, event: MessageEvent, cut: float) -> None:
         """``/stop``: interrupt the turn and background work, drop the slot's human follow-up

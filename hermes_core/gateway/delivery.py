@@ -115,7 +115,7 @@ class Delivery:
         if ident:
             self._sending.add(ident)
         try:
-            ledger = self._store.ledger
+            ledger = self._store._obligations.ledger
             if not claimed and ident and ledger is not None:
                 claim = functools.partial(ledger.claim, marked=prefix is not None)
                 claimed_row = await self._store.arun(claim, row, lane=row.session_key)
@@ -140,7 +140,7 @@ class Delivery:
         """Close a turn that owes nothing; a store failure leaves its marker (logged), so the
         turn is resumed after the next restart rather than lost."""
         try:
-            close = functools.partial(self._store.close_turn, success=success)
+            close = functools.partial(self._store._turns.close_turn, success=success)
             await self._store.arun(close, turn.key, turn.token, lane=turn.key)
         except Exception:
             logger.exception("a turn could not be closed; its marker stays set")
@@ -172,7 +172,7 @@ class Delivery:
         kept = self._ownership.release_in_settle(row.session_key) if turn is not None else None
         delivered = self._pipeline.settle(row, result, turn, success, close, kept)
         if delivered:
-            self._store.after_commit(_delivered)
+            self._store._writer.after_commit(_delivered)
         return delivered
 
     def _settled(self, row: Obligation, result: SendResult, settling: asyncio.Future[bool]) -> None:
@@ -193,7 +193,7 @@ class Delivery:
     ) -> None:
         """Send the owed replies of ``platforms`` for an occasion (see ``DeliveryLedger.due``),
         of ``lanes`` only if given, else of the lanes the ownership answers for."""
-        ledger = self._store.ledger
+        ledger = self._store._obligations.ledger
         if ledger is None or not platforms:
             return
         try:

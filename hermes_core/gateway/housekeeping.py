@@ -77,11 +77,11 @@ class Housekeeping:
             ("idle_sweep", self.cache.sweep_idle),
             ("pressure_sweep", self.cache.sweep_pressure),
             ("prune", self._prune),
-            ("ledger", self.store.ledger_housekeeping),
-            ("seen_messages", self.store.prune_seen_messages),
+            ("ledger", self.store._obligations.housekeeping),
+            ("seen_messages", self.store._queue.prune_seen),
             ("fts_rebuild", self._rebuild),
             ("degraded_retry", self._retry_sql),
-            ("sessions_json", self.store.flush_mirror),
+            ("sessions_json", self.store._fallback.flush_mirror),
         ]
         results: dict[str, object] = {}
         for name, task in tasks:
@@ -108,4 +108,4 @@ class Housekeeping:
         return self.store.rebuild_search_index()
 
     def _retry_sql(self) -> bool | None:
-        return self.store.try_leave_degraded() if self.store.degraded else None
+        return self.store._fallback.try_leave_degraded() if self.store.degraded else None

@@ -311,7 +311,7 @@ class Lanes:
         """Remove the lane's queue head, memory and row (writer step)."""
         item = self._queue.pop_head(key)
         if item is not None:
-            self._store.queue_remove(item.row_ids)
+            self._store._queue.remove(item.row_ids)
         return item
 
     def _begin_head(self, key: str) -> Turn | None:
@@ -322,7 +322,7 @@ class Lanes:
         if item is None:
             return None
         turn = self._pipeline.begin(key, item.event, item.event_id)
-        self._store.queue_remove(item.part_ids if turn is not None else item.row_ids)
+        self._store._queue.remove(item.part_ids if turn is not None else item.row_ids)
         return turn
 
     async def _wake_current(self, key: str, event: MessageEvent) -> bool:
@@ -369,9 +369,9 @@ class Lanes:
         """Record a failed start of the head (writer step); True when it became a dead letter
         and left the queue."""
         head.attempts += 1
-        dead = self._store.queue_fail(head.event_id, error)
+        dead = self._store._queue.fail(head.event_id, error)
         for part in head.part_ids:  # a burst's rows count their attempts together
-            self._store.queue_fail(part, error)
+            self._store._queue.fail(part, error)
         if head.event_id is None:  # held in memory only (degraded store)
             dead = head.attempts >= self._config.gateway.max_dispatch_attempts
         if dead and self._queue.head(key) is head:

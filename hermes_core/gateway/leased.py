@@ -89,7 +89,7 @@ class LeasedOwnership:
     @property
     def held(self) -> Callable[[str], bool] | None:
         """Only the lanes whose lease this process holds (start-up's sweep too)."""
-        return self.store.holds
+        return self.store._leases.holds
 
     def start(self) -> None:
         """Start renewing the held leases (as soon as the store is open, until :meth:`close`):
@@ -106,11 +106,11 @@ class LeasedOwnership:
             with contextlib.suppress(RuntimeError):  # a closed loop: nobody is interested
                 loop.call_soon_threadsafe(self._woken, key)
 
-        self._unlisten = self.store.listen_lanes(report)
+        self._unlisten = self.store._leases.listen_lanes(report)
 
     def holds(self, key: str) -> bool:
         """Whether this process holds the lane's lease."""
-        return self.store.holds(key)
+        return self.store._leases.holds(key)
 
     def recovering(self, key: str) -> bool:
         """Whether the lane is being taken over here: nothing may be dispatched on it yet."""
@@ -123,7 +123,7 @@ class LeasedOwnership:
         does, or dispatches it again)."""
         if self._takeovers.recovering(key):
             return False
-        if not self.store.holds(key):
+        if not self.store._leases.holds(key):
             if waiting:
                 self.take(key)
             return False
@@ -169,7 +169,7 @@ class LeasedOwnership:
     async def wake(self, key: str) -> None:
         """Wake the lane's holder, which may be running a turn of it."""
         try:
-            await self.store.arun(self.store.wake_lane, key, lane=key)
+            await self.store.arun(self.store._leases.wake_lane, key, lane=key)
         except Exception:  # noqa: BLE001 - the holder still runs it after its turn
             logger.warning("could not wake the holder of a lane for a command")
 
@@ -180,7 +180,7 @@ class LeasedOwnership:
         stop): take the lane, to run them (refused if held elsewhere: its holder runs them)."""
         if self._takeovers.recovering(key):
             return
-        if not self.store.holds(key):
+        if not self.store._leases.holds(key):
             if not self._running(key) and self._phase.dispatching:
                 self.take(key)
             return
@@ -215,7 +215,7 @@ class LeasedOwnership:
         queued, so those run elsewhere at once instead of after the lease expires."""
         await self._stop_renewal()
         try:
-            given = await self.store.arun(self.store.give_up_leases, keep)
+            given = await self.store.arun(self.store._leases.give_up_leases, keep)
         except Exception:
             logger.exception("the held turn leases could not be given up; they expire")
             return
@@ -272,7 +272,7 @@ class LeasedOwnership:
         again)."""
         if self._takeovers.recovering(key):
             return None
-        grant = self.store.take_lease(key)
+        grant = self.store._leases.take_lease(key)
         if grant is None or grant == LOCKED:
             self.queue.forget(key)
             return grant
@@ -310,10 +310,10 @@ class LeasedOwnership:
         lease was never released). A lane held or being taken over here already just gets the
         event queued."""
         store = self.store
-        if self._takeovers.recovering(key) or store.holds(key):
+        if self._takeovers.recovering(key) or store._leases.holds(key):
             return self.queue.enqueue(key, event), None
-        with store.atomically():
-            taken = store.take_idle_lease(key)
+        with store._backing.transaction():
+            taken = store._leases.take_idle_lease(key)
             if taken == ("free", False):
                 return begin(key, event), None
             queued = self.queue.enqueue(key, event)
@@ -349,7 +349,7 @@ class LeasedOwnership:
     def _release_step(self, key: str) -> bool | Locked:
         """Writer step: release (True: kept, because events wait; they are loaded here;
         :data:`LOCKED`: kept, try again)."""
-        waiting = self.store.release_lease(key)
+        waiting = self.store._leases.release_lease(key)
         if waiting is None:
             self.queue.forget(key)
             return False
@@ -371,7 +371,7 @@ class LeasedOwnership:
             while True:
                 await asyncio.sleep(interval)
                 try:
-                    lost = await loop.run_in_executor(renewer, self.store.renew_leases)
+                    lost = await loop.run_in_executor(renewer, self.store._leases.renew_leases)
                 except Exception:
                     logger.exception("turn leases could not be renewed")
                     continue

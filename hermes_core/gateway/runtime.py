@@ -268,7 +268,7 @@ class Gateway:
         parts.ownership.run()
         for key in parts.queue.lanes():
             parts.lanes.dispatch_next(key)
-        for key in store.held_lanes():  # recovered lanes with nothing left to run go back
+        for key in store._leases.held_lanes():  # recovered lanes with nothing left to run go back
             parts.lanes.dispatch_next(key)
         self._housekeeping = Housekeeping(self.config, store, self.cache)
         self._housekeeping.start()

@@ -55,7 +55,7 @@ class Takeovers:
         """Writer step: the lane is taken over here, before the writer lets anything else near
         it (unmarked if the step's batch is rolled back: the step then runs again)."""
         self._recovering.add(key)
-        self.store.on_rollback(lambda: self._recovering.discard(key))
+        self.store._writer.on_rollback(lambda: self._recovering.discard(key))
 
     async def scan(self) -> None:
         """Every ``storage.lease_scan_secs``, look for lanes whose holder let the lease expire
@@ -73,10 +73,10 @@ class Takeovers:
         """Writer step: the leases of the lanes to take over, each marked as recovering (one
         being taken over here already is left to that takeover; the marks are undone if the
         batch is rolled back, so the step's next run claims those lanes again)."""
-        claimed = self.store.claim_orphaned_lanes(expired=True)
+        claimed = self.store._leases.claim_orphaned_lanes(expired=True)
         taken = [key for key in claimed if key not in self._recovering]
         self._recovering.update(taken)
-        self.store.on_rollback(lambda: self._recovering.difference_update(taken))
+        self.store._writer.on_rollback(lambda: self._recovering.difference_update(taken))
         return taken
 
     async def recover_lanes(self, keys: list[str]) -> None:
@@ -104,7 +104,7 @@ class Takeovers:
     def _abandon_step(self, key: str) -> None:
         """Writer step: stop renewing the lane's lease and forget its queue here; once the lease
         expires the lane is taken over again (by the next scan, here or elsewhere)."""
-        self.store.abandon_lease(key)
+        self.store._leases.abandon_lease(key)
         self.queue.forget(key)
 
     def recover(self, key: str) -> None:
@@ -113,5 +113,5 @@ class Takeovers:
         once; then the lane's durable queue is loaded here."""
         store = self.store
         record_crash_left_replies(store, self.config, self._muted, lanes=[key])
-        store.recover_turn_markers(marker_max_age(self.config), lanes=[key])
+        store._turns.recover_turn_markers(marker_max_age(self.config), lanes=[key])
         store.run(self.queue.reload, key, lane=key)

@@ -10,6 +10,7 @@ Every service of the store reaches the backend through one :class:`Backing`, and
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from contextlib import AbstractContextManager
 from pathlib import Path
 from types import TracebackType
@@ -31,10 +32,15 @@ from hermes_core.store.entries import EntryCache
 from hermes_core.store.jsonl import JsonlBackend
 from hermes_core.store.keyschema import recorded_key_schema
 from hermes_core.store.mirror import MirrorWriter, load_mirror
+from hermes_core.store.writer import StoreWriter
 
 logger = logging.getLogger(__name__)
 
 DEGRADED_WARNING = "SQL session store unavailable, falling back to JSONL: "
+
+
+def _bind_nothing(index: int) -> None:
+    """A backend with one writer connection: every thread shares it."""
 
 
 class _Canonical:
@@ -160,6 +166,21 @@ class Backing:
     def transaction(self) -> AbstractContextManager[object]:
         """A transaction of the backend in use (the writer's batches run in one)."""
         return self.backend.transaction()
+
+    def open_writer(self, on_abort: Callable[[], None]) -> StoreWriter:
+        """The store's writer over this backend: one thread per writer connection, each bound
+        to its connection (the JSONL fallback, degraded or not, is written by one thread);
+        ``on_abort`` runs after a batch is rolled back."""
+        bound = self.bound
+        threads, bind = 1, _bind_nothing
+        if bound.writers is not None:
+            threads, bind = bound.writers.writer_connections(), bound.writers.bind_writer
+        return StoreWriter(
+            self.transaction, on_abort,
+            atomic=lambda: "atomic_batches" in self.bound.spec.capabilities,
+            read_only=self._read_only, threads=threads, bind=bind,
+            lock_order=bound.leases is not None,
+        )  # fmt: skip
 
     def use(self, bound: BoundBackend) -> None:
         """Run on ``bound`` from now on."""

@@ -63,7 +63,7 @@ class RestartCountStore:
         return RestartCounts(self._config.hermes_home)
 
     @property
-    def counts(self) -> RestartCounter:
+    def current(self) -> RestartCounter:
         """This store's counts (opened once, see :meth:`open`)."""
         if self._counts is None:
             self._counts = self.open()

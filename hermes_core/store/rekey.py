@@ -346,7 +346,7 @@ class Rekeying:
         if not dry_run:
             self._fallback.replay_backlog()  # lanes the degraded mode wrote are re-keyed too
         plan = plan_rekey(sql.stored_keys(), self._keys_in_both, self._plugins, before)
-        counts = self._counts.counts
+        counts = self._counts.current
         stored = counts.load()
         moved_counts = {plan.renames.get(key, key): value for key, value in stored.items()}
         changed = sum(1 for key in stored if key in plan.renames)

@@ -7,17 +7,18 @@ machine (``sessions``), a turn's writes and marker recovery (``turns``), transcr
 (``transcripts``), the durable queue's rows (``queue_rows``), the delivery ledger
 (``obligations``), lane leases of a shared store (``leases``), stuck-loop counts (``counts``),
 the sessions.json mirror and the way out of degraded mode (``fallback``), pruning (``pruning``)
-and re-keying (``rekey``). The facade's methods delegate to them.
+and re-keying (``rekey``).
 
-Over 400 lines on purpose for one step: it still delegates the operations only the gateway,
-recovery and the command line use, which reach the services directly next (#31).
+The facade's public methods are what a host embedding the library calls, each delegating to a
+service. What only the gateway, start-up recovery and the command line use is not on it: they
+reach the services through the facade's private attributes (``store._leases``,
+``store._queue``, ...), which are internal to this package.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Collection
-from contextlib import AbstractContextManager
+from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
 from typing import Any, TypeVar
@@ -25,61 +26,31 @@ from typing import Any, TypeVar
 from hermes_core.config.schema import GatewayConfig
 from hermes_core.domain.errors import StoreError
 from hermes_core.domain.keys import KeySchema
-from hermes_core.domain.models import MessageEvent, SessionEntry, SessionSource
+from hermes_core.domain.models import SessionEntry, SessionSource
 from hermes_core.plugins.manager import HermesPluginManager, default_plugin_manager
 from hermes_core.state.files import ensure_private_dir
-from hermes_core.state.instance import RestartCounter
-from hermes_core.store.backend import (
-    DeadLetter,
-    LeaseGrant,
-    Locked,
-    Message,
-    Obligation,
-    SearchHit,
-    SessionRow,
-)
+from hermes_core.store.backend import DeadLetter, Message, SearchHit, SessionRow
 from hermes_core.store.backing import Backing
 from hermes_core.store.counts import RestartCountStore
 from hermes_core.store.entries import EntryCache
 from hermes_core.store.fallback import Fallback
-from hermes_core.store.keyschema import keys_in_both
 from hermes_core.store.leases import Leases
 from hermes_core.store.mirror import MIRROR_FILENAME, MirrorWriter
 from hermes_core.store.obligations import Obligations
 from hermes_core.store.pruning import Pruner
-from hermes_core.store.queue_rows import QueuedEvent, QueueRows
+from hermes_core.store.queue_rows import QueueRows
 from hermes_core.store.rekey import Rekeying, RekeyReport
-from hermes_core.store.replay import ReplayReport
 from hermes_core.store.routing import RoutingTable
 from hermes_core.store.sessions import Sessions
 from hermes_core.store.transcripts import Transcripts
-from hermes_core.store.turns import MarkerRecovery, Turns
-from hermes_core.store.writer import StoreWriter
-from hermes_core.turns.ledger import DeliveryLedger, SendResult
+from hermes_core.store.turns import Turns
 
 _T = TypeVar("_T")
 
 
-def _bind_nothing(index: int) -> None:
-    """A backend with one writer connection: every thread shares it."""
-
-
-def _open_writer(backing: Backing, cache: EntryCache, read_only: bool) -> StoreWriter:
-    """The writer: one thread per writer connection of the backend, each bound to its
-    connection (the JSONL fallback, degraded or not, is written by one thread)."""
-    bound = backing.bound
-    threads, bind = 1, _bind_nothing
-    if bound.writers is not None:
-        threads, bind = bound.writers.writer_connections(), bound.writers.bind_writer
-    return StoreWriter(
-        backing.transaction, cache.clear,
-        atomic=lambda: "atomic_batches" in backing.bound.spec.capabilities,
-        read_only=read_only, threads=threads, bind=bind, lock_order=bound.leases is not None,
-    )  # fmt: skip
-
-
 class SessionStore:
-    """Session keys → sessions, lane flags, turn markers and transcripts (thread-safe)."""
+    """Session keys → sessions, lane flags, turn markers and transcripts (thread-safe: every
+    change runs on the store's writer and returns once committed)."""
 
     def __init__(
         self,
@@ -115,7 +86,7 @@ class SessionStore:
             config, plugins, self.sessions_dir, cache, mirror, read_only=read_only,
             rekeying=rekeying,
         )  # fmt: skip
-        writer = _open_writer(backing, cache, read_only)
+        writer = backing.open_writer(cache.clear)
         routes = RoutingTable(backing, cache, writer, plugins)
         self._backing, self._writer, self._routes = backing, writer, routes
         self._leases = Leases(backing, routes, writer, config, plugins)
@@ -200,9 +171,6 @@ class SessionStore:
         """The lane's current session, creating one at a boundary."""
         return self._sessions.get_or_create_session(source, force_new, touch_activity)
 
-    def open_lane(self, session_key: str, source: SessionSource) -> tuple[SessionEntry, bool]:
-        return self._sessions.open_lane(session_key, source)
-
     def reset_session(
         self, session_key: str, display_name: str | None = None
     ) -> SessionEntry | None:
@@ -214,14 +182,16 @@ class SessionStore:
         return self._sessions.suspend_session(session_key)
 
     def unsuspend_session(self, session_key: str) -> bool:
-        """Clear a suspension: the next message continues the lane's session. True iff the
-        lane was suspended."""
+        """Clear a suspension (an operator's decision): the next message continues the lane's
+        session. True iff the lane was suspended."""
         return self._sessions.unsuspend_session(session_key)
 
     def mark_resume_pending(
         self, session_key: str, reason: str = "restart_timeout", *, only_if_running: bool = False
     ) -> bool:
-        """Set the lane's resume flag (its interrupted turn is resumed at the next start)."""
+        """Flag the lane for resume (its interrupted turn is resumed at the next start, with
+        ``reason``); False if the key is unknown or suspended or, with ``only_if_running``, no
+        turn runs on it any more."""
         return self._sessions.mark_resume_pending(
             session_key, reason, only_if_running=only_if_running
         )
@@ -244,7 +214,9 @@ class SessionStore:
         last_prompt_tokens: int | None = None,
         touch_activity: bool = True,
     ) -> None:
-        """Add token and cost deltas to the lane's session (unknown key: no-op)."""
+        """Add token and cost deltas to the lane's session and its row (unknown key: no-op).
+        Counters stay 64-bit integers and the cost a finite number, else
+        :class:`~hermes_core.domain.errors.InvalidValueError` and nothing is written."""
         self._sessions.update_session(
             session_key, input_tokens=input_tokens, output_tokens=output_tokens,
             cache_read_tokens=cache_read_tokens, cache_write_tokens=cache_write_tokens,
@@ -305,148 +277,25 @@ class SessionStore:
         seen: str | None = None,
         touch: bool = False,
     ) -> str | None:
-        """Set a new turn marker on the lane (with ``user_message`` stored in the same commit);
-        its token, or None for an unknown key."""
+        """Start a turn on the lane: a new turn marker (what a restart finds of a turn it
+        interrupted) and, in the same commit, ``user_message`` in the transcript, the dequeue
+        of the durably queued ``consumed_event_id``, ``seen`` (the message's platform id) as
+        seen on the lane and, with ``touch``, the lane's activity. The marker's token, or None
+        for an unknown key; :class:`~hermes_core.domain.errors.MessageRedeliveredError` when
+        ``seen`` was seen on the lane before (nothing written)."""
         return self._turns.mark_turn_active(
             session_key, consumed_event_id, user_message, seen=seen, touch=touch
         )
 
     def clear_turn_active(self, session_key: str, token: str) -> bool:
-        """Clear the lane's turn marker iff ``token`` still owns it."""
+        """End a turn: clear the lane's marker iff ``token`` (from :meth:`mark_turn_active`)
+        still owns it; True when it did."""
         return self._turns.clear_turn_active(session_key, token)
 
-    def close_turn(self, session_key: str, token: str | None, *, success: bool = True) -> None:
-        self._turns.close_turn(session_key, token, success=success)
-
-    def settle_delivery(
-        self,
-        row: Obligation,
-        result: SendResult,
-        close: tuple[str, str | None] | None = None,
-        *,
-        success: bool = True,
-        kept: Callable[[list[QueuedEvent]], object] | None = None,
-    ) -> bool:
-        return self._turns.settle_delivery(row, result, close, success=success, kept=kept)
-
-    def record_delivery_obligation(
-        self,
-        session_key: str,
-        session_id: str | None,
-        platform: str,
-        chat_id: str | None,
-        thread_id: str | None,
-        content: str,
-        message_ref: str,
-        reply_to_message_id: str | None = None,
-        turn_token: str | None = None,
-        *,
-        origin_kind: str = "turn",
-        claimed: bool = False,
-        reply: Message | None = None,
-    ) -> Obligation | None:
-        return self._turns.record_delivery_obligation(
-            session_key, session_id, platform, chat_id, thread_id, content, message_ref,
-            reply_to_message_id, turn_token, origin_kind=origin_kind, claimed=claimed,
-            reply=reply,
-        )  # fmt: skip
-
-    def entries_with_fresh_markers(
-        self, max_age_seconds: float, lanes: Collection[str] | None = None
-    ) -> list[SessionEntry]:
-        return self._turns.entries_with_fresh_markers(max_age_seconds, lanes)
-
-    def discard_active_turn_markers(self) -> int:
-        return self._turns.discard_active_turn_markers()
-
-    def recover_turn_markers(
-        self, max_age_seconds: float = 3600, lanes: Collection[str] | None = None
-    ) -> MarkerRecovery:
-        return self._turns.recover_turn_markers(max_age_seconds, lanes)
-
-    def recover_interrupted_turns(self, max_age_seconds: float = 3600) -> int:
-        return self._turns.recover_interrupted_turns(max_age_seconds)
-
-    def restart_counts(self) -> RestartCounter:
-        return self._counts.open()
-
-    @property
-    def counts(self) -> RestartCounter:
-        return self._counts.counts
-
-    @property
-    def ledger(self) -> DeliveryLedger | None:
-        return self._obligations.ledger
-
-    def ledger_housekeeping(self) -> int | None:
-        return self._obligations.housekeeping()
-
-    # -- the durable queue -------------------------------------------------------------------------
-
-    def queue_add(self, session_key: str, event: MessageEvent) -> int | None:
-        return self._queue.add(session_key, event)
-
-    def queue_fail(self, event_id: int | None, error: str) -> bool:
-        return self._queue.fail(event_id, error)
-
-    def queue_remove(self, event_ids: list[int]) -> int:
-        return self._queue.remove(event_ids)
-
-    def queue_restore(self, session_key: str | None = None) -> list[QueuedEvent]:
-        return self._queue.restore(session_key)
-
     def dead_letters(self) -> list[DeadLetter]:
-        """Queued events set aside after failing to start, oldest first."""
+        """Queued messages set aside after failing to start ``gateway.max_dispatch_attempts``
+        times, oldest first (``[]`` without the backend's ``queue`` capability)."""
         return self._queue.dead_letters()
-
-    def prune_seen_messages(self) -> int:
-        return self._queue.prune_seen()
-
-    # -- leases (shared mode) ----------------------------------------------------------------------
-
-    @property
-    def owner(self) -> tuple[str, str]:
-        return self._leases.owner
-
-    def holds(self, session_key: str) -> bool:
-        return self._leases.holds(session_key)
-
-    def held_lanes(self) -> list[str]:
-        return self._leases.held_lanes()
-
-    def wake_lane(self, session_key: str) -> None:
-        self._leases.wake_lane(session_key)
-
-    def listen_lanes(self, woken: Callable[[str], None]) -> Callable[[], None] | None:
-        return self._leases.listen_lanes(woken)
-
-    def take_lease(self, session_key: str, *, reclaim: bool = False) -> LeaseGrant | Locked | None:
-        return self._leases.take_lease(session_key, reclaim=reclaim)
-
-    def take_idle_lease(
-        self, session_key: str, *, reclaim: bool = False
-    ) -> tuple[LeaseGrant, bool] | Locked | None:
-        return self._leases.take_idle_lease(session_key, reclaim=reclaim)
-
-    def release_lease(
-        self, session_key: str, *, delivered: str | None = None
-    ) -> list[QueuedEvent] | Locked | None:
-        return self._leases.release_lease(session_key, delivered=delivered)
-
-    def give_up_leases(self, keep: Collection[str] = ()) -> list[str]:
-        return self._leases.give_up_leases(keep)
-
-    def abandon_lease(self, session_key: str) -> None:
-        self._leases.abandon_lease(session_key)
-
-    def renew_leases(self) -> list[str]:
-        return self._leases.renew_leases()
-
-    def claim_orphaned_lanes(self, *, expired: bool = False) -> list[str]:
-        return self._leases.claim_orphaned_lanes(expired=expired)
-
-    def found_unleased(self) -> frozenset[str]:
-        return self._leases.found_unleased()
 
     # -- transcripts -------------------------------------------------------------------------------
 
@@ -478,39 +327,29 @@ class SessionStore:
         session_key: str | None = None,
         limit: int = 20,
     ) -> list[SearchHit]:
-        """Full-text search over active messages, best rank first (``[]`` while degraded)."""
+        """Full-text search over active messages, best rank first (``[]`` while degraded).
+        ``query`` is data, never query syntax: every whitespace-separated word must occur."""
         return self._transcripts.search(
             query, session_id=session_id, session_key=session_key, limit=limit
         )
 
     def rebuild_search_index(self) -> bool:
-        """Rebuild the derived full-text index."""
+        """Rebuild the derived full-text index in bounded steps (search stays exact
+        meanwhile); False when the backend has no index to rebuild."""
         return self._transcripts.rebuild_search_index()
 
     # -- maintenance -------------------------------------------------------------------------------
 
-    def keys_in_both(self, source: SessionSource) -> tuple[str, str]:
-        return keys_in_both(source, self.config, self.plugins)
-
     def rekey(self, *, dry_run: bool = False, batch_size: int = 500) -> RekeyReport:
-        """Move every lane of a v1 store to its v2 key, ``batch_size`` keys per transaction."""
+        """Move every lane of a v1 store to its v2 key, ``batch_size`` keys per transaction
+        (``hermes-sessions rekey``); a ``dry_run`` only reads and reports."""
         return self._rekeying.rekey(dry_run=dry_run, batch_size=batch_size)
 
     def import_sessions_json(self, path: str | Path, *, strict: bool = False) -> int:
-        """Import the entries of a sessions.json whose keys the routing table lacks."""
+        """Import the entries of a sessions.json whose keys the routing table lacks; the
+        number imported. ``strict``: a file that is missing or not a JSON object raises
+        :class:`~hermes_core.domain.errors.InvalidValueError` instead of importing nothing."""
         return self._fallback.import_sessions_json(path, strict=strict)
-
-    def flush_mirror(self, *, force: bool = False) -> bool:
-        return self._fallback.flush_mirror(force=force)
-
-    def rewrite_mirror(self) -> bool:
-        return self._fallback.rewrite_mirror()
-
-    def replay_backlog(self) -> ReplayReport | None:
-        return self._fallback.replay_backlog()
-
-    def try_leave_degraded(self) -> bool:
-        return self._fallback.try_leave_degraded()
 
     # -- the writer, health, close -----------------------------------------------------------------
 
@@ -532,15 +371,6 @@ class SessionStore:
         (and every step without a lane), without waiting (asyncio): the returned future
         settles after its commit."""
         return self._writer.submit(function, *args, lane=lane)
-
-    def atomically(self) -> AbstractContextManager[object]:
-        return self._backing.backend.transaction()
-
-    def after_commit(self, callback: Callable[[], None]) -> None:
-        self._writer.after_commit(callback)
-
-    def on_rollback(self, callback: Callable[[], None]) -> None:
-        self._writer.on_rollback(callback)
 
     def health(self) -> dict[str, Any]:
         """Backend, whether writes can be stored now (``available``, false while the database

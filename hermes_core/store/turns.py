@@ -190,7 +190,7 @@ class Turns:
         if success:
             if entry is not None and entry.resume_pending:
                 self._sessions.clear_resume_pending(session_key)
-            self._counts.counts.remove(session_key)
+            self._counts.current.remove(session_key)
 
     @serialised
     def record_delivery_obligation(
@@ -317,7 +317,3 @@ class Turns:
             updated.append(changed(entry, changes))
         self._routes.write_all(updated)
         return MarkerRecovery(tuple(armed), tuple(kept), len(updated))
-
-    def recover_interrupted_turns(self, max_age_seconds: float = 3600) -> int:
-        """Recover turn markers (:meth:`recover_turn_markers`); the number of lanes newly armed."""
-        return len(self.recover_turn_markers(max_age_seconds).armed)

@@ -44,7 +44,7 @@ class DeploymentContract(ContractBase):
         renamed = entry.model_copy(update={"display_name": "after"}).to_dict()
 
         def step() -> None:
-            with store.atomically():
+            with store._backing.transaction():
                 backend.put_route(renamed)
                 raise _Abandoned
 
@@ -83,7 +83,7 @@ class DeploymentContract(ContractBase):
         assert store.run(leases.release_lease, key, mine, lane=key) is None  # nothing queued
         assert isinstance(take("b", theirs), LeaseTaken)
         assert leases.give_up_leases([theirs]) == []
-        queued = store.queue_add(key, MessageEvent(source=telegram_dm(), text="waiting"))
+        queued = store._queue.add(key, MessageEvent(source=telegram_dm(), text="waiting"))
         assert queued is not None
         assert (key, queued) in leases.orphaned_lanes("c", "c-boot", False, 60.0)  # no lease
         routed = leases.read_route(key)
@@ -93,7 +93,7 @@ class DeploymentContract(ContractBase):
     def test_without_turn_leases_one_store_holds_every_lane(self, store: SessionStore) -> None:
         self.offers(store, "turn_leases", wanted=False)
         assert not store.shared
-        assert store.holds(store.get_or_create_session(telegram_dm()).session_key)
+        assert store._leases.holds(store.get_or_create_session(telegram_dm()).session_key)
 
     # -- parallel writers (capability "parallel_writers") -------------------------------------
 
@@ -144,7 +144,7 @@ class DeploymentContract(ContractBase):
 
     def test_without_lane_wakeups_nothing_listens(self, store: SessionStore) -> None:
         self.offers(store, "lane_wakeups", wanted=False)
-        assert store.listen_lanes(lambda key: None) is None
+        assert store._leases.listen_lanes(lambda key: None) is None
 
     # -- local state (capability "local_state") -----------------------------------------------
 

@@ -121,7 +121,7 @@ class FeatureContract(ContractBase):
 
     def _record(self, store: SessionStore, token: str | None = None) -> Obligation | None:
         entry = store.get_or_create_session(telegram_dm())
-        return store.record_delivery_obligation(
+        return store._turns.record_delivery_obligation(
             entry.session_key, entry.session_id, "telegram", "99", None, "the reply", "m1",
             turn_token=token, reply={"role": "assistant", "content": "the reply"},
         )  # fmt: skip
@@ -141,7 +141,7 @@ class FeatureContract(ContractBase):
             assert marked.active_turn_token is None
             assert [m["content"] for m in store.load_transcript(entry.session_id)] == ["the reply"]
         with store_factory(tmp_path / "state") as again:
-            ledger = again.ledger
+            ledger = again._obligations.ledger
             assert ledger is not None
             rows = ledger.rows.obligations(["pending"])
             assert [row.obligation_id for row in rows] == [recorded.obligation_id]
@@ -152,7 +152,7 @@ class FeatureContract(ContractBase):
 
     def test_ledger_without_the_capability_is_unavailable(self, store: SessionStore) -> None:
         self.offers(store, "ledger", wanted=False)
-        assert store.ledger is None
+        assert store._obligations.ledger is None
         assert self._record(store) is None
         assert store.health()["ledger"] == "unavailable"
 
@@ -165,32 +165,32 @@ class FeatureContract(ContractBase):
         with store_factory(tmp_path / "state") as store:
             self.offers(store, "queue")
             key = store.get_or_create_session(telegram_dm()).session_key
-            first = store.queue_add(key, event)
+            first = store._queue.add(key, event)
             assert first is not None
             with pytest.raises(MessageRedeliveredError):
-                store.queue_add(key, event)  # the platform delivered it again
-            second = store.queue_add(key, MessageEvent(source=telegram_dm(), text="more"))
+                store._queue.add(key, event)  # the platform delivered it again
+            second = store._queue.add(key, MessageEvent(source=telegram_dm(), text="more"))
             assert second is not None
             assert store.health()["queue_persistent"] is True
         with store_factory(tmp_path / "state") as store:
-            restored = store.queue_restore()
+            restored = store._queue.restore()
             assert [(i, k, e.text) for i, k, e in restored] == [
                 (first, key, "later"), (second, key, "more"),
             ]  # fmt: skip
             attempts = store.config.gateway.max_dispatch_attempts
-            assert [store.queue_fail(first, "boom") for _ in range(attempts)][-1] is True
+            assert [store._queue.fail(first, "boom") for _ in range(attempts)][-1] is True
             assert [(d.event_id, d.attempts, d.last_error) for d in store.dead_letters()] == [
                 (first, attempts, "boom")
             ]
-            assert [i for i, _, _ in store.queue_restore()] == [second]
-            assert store.queue_remove([second]) == 1
-            assert store.queue_restore() == []
+            assert [i for i, _, _ in store._queue.restore()] == [second]
+            assert store._queue.remove([second]) == 1
+            assert store._queue.restore() == []
 
     def test_queue_without_the_capability_is_memory_only(self, store: SessionStore) -> None:
         self.offers(store, "queue", wanted=False)
         key = store.get_or_create_session(telegram_dm()).session_key
-        assert store.queue_add(key, MessageEvent(source=telegram_dm(), text="x")) is None
-        assert (store.queue_restore(), store.dead_letters()) == ([], [])
+        assert store._queue.add(key, MessageEvent(source=telegram_dm(), text="x")) is None
+        assert (store._queue.restore(), store.dead_letters()) == ([], [])
         assert store.health()["queue_persistent"] is False
 
     # -- restart counts (in the store with "restart_counts", else a file) ---------------------
@@ -199,15 +199,15 @@ class FeatureContract(ContractBase):
         self, store_factory: StoreFactory, tmp_path: Path
     ) -> None:
         with store_factory(tmp_path / "state") as store:
-            store.counts.save({"lane:a": 2, "lane:b": 1})
+            store._counts.current.save({"lane:a": 2, "lane:b": 1})
             in_store = store.health()["capabilities"]["restart_counts"]
             counts_file = store.config.hermes_home / RESTART_COUNTS_FILE
         assert counts_file.exists() is not in_store
         with store_factory(tmp_path / "state") as store:
-            assert store.counts.load() == {"lane:a": 2, "lane:b": 1}
-            store.counts.remove("lane:a")
+            assert store._counts.current.load() == {"lane:a": 2, "lane:b": 1}
+            store._counts.current.remove("lane:a")
         with store_factory(tmp_path / "state") as store:
-            assert store.counts.load() == {"lane:b": 1}
+            assert store._counts.current.load() == {"lane:b": 1}
 
     # -- maintenance (capability "maintenance") ----------------------------------------------
 
@@ -234,7 +234,7 @@ class FeatureContract(ContractBase):
         assert found.session_id == imported.session_id
         backlog = store.config.sessions_dir / f"{imported.session_id}.jsonl"
         backlog.write_bytes(encode_message_line({"role": "user", "content": "while degraded"}))
-        report = store.replay_backlog()
+        report = store._fallback.replay_backlog()
         assert report is not None
         assert report.messages_imported == 1
         assert not backlog.exists()
@@ -252,4 +252,4 @@ class FeatureContract(ContractBase):
             store.import_sessions_json(path)
         with pytest.raises(StoreUnavailableError, match="nothing was changed"):
             store.rekey(dry_run=True)
-        assert store.replay_backlog() is None
+        assert store._fallback.replay_backlog() is None

@@ -293,7 +293,7 @@ class StoreContract(FeatureContract, DeploymentContract):
             store.mark_resume_pending(kept, "shutdown_timeout")
             store.suspend_session(paused)
         with store_factory(tmp_path / "state") as store:
-            report = store.recover_turn_markers(max_age_seconds=3600)
+            report = store._turns.recover_turn_markers(max_age_seconds=3600)
             assert (report.armed, report.kept, report.cleared) == ((fresh,), (kept,), 3)
             armed, held, suspended = map(store.lookup_by_session_key, (fresh, kept, paused))
             assert armed is not None
@@ -302,13 +302,13 @@ class StoreContract(FeatureContract, DeploymentContract):
             assert held.resume_reason == "shutdown_timeout"
             assert suspended is not None
             assert not suspended.resume_pending
-            assert store.entries_with_fresh_markers(3600) == []
+            assert store._turns.entries_with_fresh_markers(3600) == []
 
     def test_discarding_markers_arms_nothing(self, store: SessionStore) -> None:
         keys = [store.get_or_create_session(telegram_dm(c)).session_key for c in ("1", "2")]
         for key in keys:
             store.mark_turn_active(key)
-        assert store.discard_active_turn_markers() == 2
+        assert store._turns.discard_active_turn_markers() == 2
         for key in keys:
             entry = store.lookup_by_session_key(key)
             assert entry is not None

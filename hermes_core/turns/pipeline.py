@@ -90,9 +90,9 @@ class TurnPipeline:
         the user's text, or (for a synthesized, empty resume event) as the stored message.
         """
         store = self.store
-        entry, suspended = store.open_lane(key, event.source)
+        entry, suspended = store._sessions.open_lane(key, event.source)
         if entry.was_auto_reset and entry.prev_session_id:
-            store.counts.remove(key)
+            store._counts.current.remove(key)
         stored_text = event.text
         note = None
         if entry.resume_pending and self._interruption_fresh(entry):
@@ -131,7 +131,7 @@ class TurnPipeline:
         """
         store, key = self.store, turn.key
         if not reply:
-            store.close_turn(key, turn.token, success=success)
+            store._turns.close_turn(key, turn.token, success=success)
             return None
         reply = clean_text(reply)  # sent as it is stored, whatever the agent returned
         session_id = turn.entry.session_id
@@ -139,11 +139,11 @@ class TurnPipeline:
         silent = is_silent_reply(reply)
         if silent and turn.event.internal:
             store.append_to_transcript(session_id, message)
-            store.close_turn(key, turn.token, success=success)
+            store._turns.close_turn(key, turn.token, success=success)
             return None
         content = SILENCE_NOTICE if silent else reply
         source = turn.event.source
-        row = store.record_delivery_obligation(
+        row = store._turns.record_delivery_obligation(
             key, session_id, source.platform, source.chat_id, source.thread_id, content,
             turn.event.message_id or turn.token, reply_to_message_id=turn.event.message_id,
             turn_token=turn.token, claimed=True, reply=message,
@@ -176,4 +176,4 @@ class TurnPipeline:
             closing = (turn.key, turn.token)
         elif close:
             closing = (row.session_key, None)
-        return self.store.settle_delivery(row, result, closing, success=success, kept=kept)
+        return self.store._turns.settle_delivery(row, result, closing, success=success, kept=kept)

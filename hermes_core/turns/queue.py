@@ -233,7 +233,7 @@ class TurnQueue:
             except Exception:
                 logger.exception("observer of %s failed", kind)
 
-        self._store.after_commit(send)
+        self._store._writer.after_commit(send)
 
     def _mergeable_into(self, tail: QueuedItem, event: MessageEvent, now: float) -> bool:
         """Whether ``event`` merges into ``tail`` within the burst bounds.
@@ -281,11 +281,11 @@ class TurnQueue:
         """Store a new item, or a follow-up of ``tail`` as a row of its own (nothing for a
         memory-only tail, so that no follow-up row outlives its item)."""
         if tail is None:
-            return self._store.queue_add(session_key, event)
+            return self._store._queue.add(session_key, event)
         if tail.event_id is None:
             return None
         part = event.replace(metadata={**event.metadata, PART_OF_KEY: tail.event_id})
-        return self._store.queue_add(session_key, part)
+        return self._store._queue.add(session_key, part)
 
     def _enqueue(self, session_key: str, event: MessageEvent) -> EnqueueResult:
         items = self._items(session_key)
@@ -314,7 +314,7 @@ class TurnQueue:
                         item = QueuedItem(event, event_id, humans, now, order=next(self._order))
                         items.append(item)
                         undo = functools.partial(self._unqueue, session_key, item)
-                self._store.on_rollback(undo)
+                self._store._writer.on_rollback(undo)
         depth = len(items)
         self._tidy(session_key)
         if refused == "duplicate":
@@ -363,7 +363,7 @@ class TurnQueue:
             item = items.pop(0)
             if not items:
                 del self._lanes[session_key]
-        self._store.on_rollback(functools.partial(self._push_front, session_key, item))
+        self._store._writer.on_rollback(functools.partial(self._push_front, session_key, item))
         return item
 
     def _unqueue(self, session_key: str, item: QueuedItem) -> None:
@@ -404,8 +404,8 @@ class TurnQueue:
             victims = [item for item in earlier if not item.event.internal]
         if not victims:
             return 0
-        self._store.queue_remove([row for item in victims for row in item.row_ids])
-        self._store.on_rollback(functools.partial(self._put_back, session_key, items))
+        self._store._queue.remove([row for item in victims for row in item.row_ids])
+        self._store._writer.on_rollback(functools.partial(self._put_back, session_key, items))
         with self._lock:
             gone = {id(item) for item in victims}
             kept = [item for item in self._lanes.get(session_key, ()) if id(item) not in gone]
@@ -445,7 +445,7 @@ class TurnQueue:
         kept as an item of its own (logged), so nothing stored is lost."""
         if self.lanes():
             raise RuntimeError("TurnQueue.restore() must run before anything is queued")
-        return self._fold(self._store.queue_restore(), restored=True)
+        return self._fold(self._store._queue.restore(), restored=True)
 
     def _fold(
         self, rows: list[QueuedEvent], *, restored: bool, known: dict[int, QueuedItem] | None = None
@@ -515,10 +515,10 @@ class TurnQueue:
         holder does this on taking the lane, so events other processes queued run here, in
         order). The number of items."""
         if rows is None:
-            rows = self._store.queue_restore(session_key)
+            rows = self._store._queue.restore(session_key)
         with self._lock:
             previous = self._lanes.pop(session_key, [])
-        self._store.on_rollback(lambda: self._put_lane(session_key, previous))
+        self._store._writer.on_rollback(lambda: self._put_lane(session_key, previous))
         known = {item.event_id: item for item in previous if item.event_id is not None}
         return self._fold(rows, restored=False, known=known)
 
@@ -527,8 +527,8 @@ class TurnQueue:
         command carried out from its place (writer thread)."""
         with self._lock:
             items = list(self._lanes.get(session_key, ()))
-        self._store.queue_remove(item.row_ids)
-        self._store.on_rollback(functools.partial(self._put_back, session_key, items))
+        self._store._queue.remove(item.row_ids)
+        self._store._writer.on_rollback(functools.partial(self._put_back, session_key, items))
         self._unqueue(session_key, item)
 
     def forget(self, session_key: str) -> None:
@@ -536,7 +536,7 @@ class TurnQueue:
         them; writer thread)."""
         with self._lock:
             previous = self._lanes.pop(session_key, [])
-        self._store.on_rollback(lambda: self._put_lane(session_key, previous))
+        self._store._writer.on_rollback(lambda: self._put_lane(session_key, previous))
 
     def _put_lane(self, session_key: str, items: list[QueuedItem]) -> None:
         with self._lock:

@@ -79,12 +79,12 @@ def record_crash_left_replies(
     resume once. Without a ledger nothing is recorded. ``lanes``: only these (default: every
     lane, on a shared store every lane this process holds).
     """
-    ledger = store.ledger
+    ledger = store._obligations.ledger
     if ledger is None:
         return {}
     outcome: dict[str, str] = {}
     max_age = marker_max_age(config)
-    for entry in store.entries_with_fresh_markers(max_age, lanes):
+    for entry in store._turns.entries_with_fresh_markers(max_age, lanes):
         key, token, started = (
             entry.session_key,
             entry.active_turn_token,
@@ -109,7 +109,7 @@ def record_crash_left_replies(
         content = SILENCE_NOTICE if is_silent_reply(text) else text
         origin = entry.origin
         answers = user.get("platform_message_id") if user is not None else None
-        recorded = store.record_delivery_obligation(
+        recorded = store._turns.record_delivery_obligation(
             key, entry.session_id, origin.platform, origin.chat_id, origin.thread_id, content,
             f"crash:{token}", reply_to_message_id=str(answers) if answers else None,
             turn_token=token, origin_kind="crash",
@@ -164,7 +164,7 @@ class GatewayState:
             self.store = SessionStore.open(
                 self.config, has_active_processes_fn=self.has_active_processes_fn, plugins=plugins
             )
-            self.store.claim_orphaned_lanes()  # a shared store: recovery touches only these
+            self.store._leases.claim_orphaned_lanes()  # a shared store: recovery touches only these
             clean = read_clean_shutdown(home, self.lock.previous_boot_id)
             self.context = RecoveryContext(
                 store=self.store, config=self.config, last_stop_clean=clean,

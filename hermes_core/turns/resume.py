@@ -96,7 +96,7 @@ def resume_candidates(
         anchor = entry.last_resume_marked_at or entry.updated_at
         if not is_fresh(anchor, window) or busy(entry.session_key):
             continue
-        if not store.holds(entry.session_key):  # a shared store's lane run elsewhere
+        if not store._leases.holds(entry.session_key):  # a shared store's lane run elsewhere
             continue
         if not connected(origin.platform):
             continue

@@ -38,13 +38,13 @@ def populate(home: Path, url: str | None = None) -> dict[str, str]:
                     entry.session_id, {"role": "assistant", "content": f"echo: {text}"}
                 )
         store.suspend_session(keys["bob"])
-        store.queue_add(keys["topic"], MessageEvent(source=TOPIC, text="queued later"))
-        dead = store.queue_add(keys["alice"], MessageEvent(source=ALICE, text="poison"))
+        store._queue.add(keys["topic"], MessageEvent(source=TOPIC, text="queued later"))
+        dead = store._queue.add(keys["alice"], MessageEvent(source=ALICE, text="poison"))
         for _ in range(store.config.gateway.max_dispatch_attempts):
-            store.queue_fail(dead, "agent exploded")
+            store._queue.fail(dead, "agent exploded")
         alice = store.lookup_by_session_key(keys["alice"])
         assert alice is not None
-        store.record_delivery_obligation(
+        store._turns.record_delivery_obligation(
             keys["alice"], alice.session_id, "telegram", "1001", None, "a reply owed", "ref-1"
         )
     return keys

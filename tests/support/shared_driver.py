@@ -237,7 +237,7 @@ async def _serve_inbox(
     while not stop.exists():
         if freeze.exists():
             freeze.unlink()
-            held = gateway.store.held_lanes()
+            held = gateway.store._leases.held_lanes()
             await gateway.store.arun(_freeze, gateway, workdir, name, lane=held[0] if held else "")
         items = inbox.poll()
         target = queueing.read_text() if queueing.exists() else None  # read after the poll
@@ -266,9 +266,9 @@ def _freeze(gateway: Gateway, workdir: Path, name: str) -> None:
     with that transaction open, for the harness to stop the process (SIGSTOP) as a host freeze
     would."""
     store = gateway.store
-    held = store.held_lanes()
+    held = store._leases.held_lanes()
     for key in held:
-        store.take_lease(key)
+        store._leases.take_lease(key)
     append_line(workdir / "frozen.jsonl", {"name": name, "pid": os.getpid(), "lanes": held,
                                            "t": time.time()})  # fmt: skip
     time.sleep(60)  # Fleet.freeze stops the process here
