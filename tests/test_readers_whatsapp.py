@@ -248,3 +248,129 @@ def test_malformed_payloads_name_the_field(field: str, payload: Any, hermes_home
     with pytest.raises(MalformedEventError) as caught:
         read("whatsapp", payload, hermes_home)
     assert caught.value.field == field
+
+
+def read_as(payload: Any, hermes_home: Path) -> tuple[str, str, str | None, str | None]:
+    """(key, text, reply-to id, thread id) of the event in ``payload``."""
+    event = read("whatsapp", payload, hermes_home)
+    assert event is not None, "the payload should read to an event"
+    key, _ = keyed("whatsapp", payload, hermes_home)
+    return key, event.text, event.reply_to_message_id, event.source.thread_id
+
+
+# Baileys 6.7 and the 7.0 alphas name the phone-number JID of a LID-addressed sender
+# ``senderPn`` (DMs) and ``participantPn`` (groups), next to ``senderLid`` / ``participantLid``
+# (their ``WAMessageKey`` extension of ``proto.IMessageKey``); later 7.0 releases renamed them
+# ``remoteJidAlt`` / ``participantAlt`` (https://baileys.wiki/api-reference/type-aliases/WAMessageKey).
+OLDER_SPELLING = [
+    ("DM", web(f"{LID}@lid", senderPn=f"{PHONE}@s.whatsapp.net", senderLid=f"{LID}@lid"),
+     web(f"{LID}@lid", remoteJidAlt=f"{PHONE}@s.whatsapp.net"),
+     f"agent:main:whatsapp:dm:c={PHONE}"),
+    ("group", web(GROUP, participant=f"{LID}@lid", participantPn=f"{PHONE}@s.whatsapp.net",
+                  participantLid=f"{LID}@lid"),
+     web(GROUP, participant=f"{LID}@lid", participantAlt=f"{PHONE}@s.whatsapp.net"),
+     f"agent:main:whatsapp:group:c={GROUP}:u={PHONE}"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("case", "older", "newer", "key"), OLDER_SPELLING,
+                         ids=[o[0] for o in OLDER_SPELLING])  # fmt: skip
+def test_the_older_phone_jid_spelling_reaches_the_same_lane(
+    case: str, older: Any, newer: Any, key: str, hermes_home: Path
+) -> None:
+    """Without mapping files, a LID sender whose phone JID comes as ``senderPn`` /
+    ``participantPn`` is keyed by the phone number, like the newer spelling."""
+    assert read_as(older, hermes_home) == (key, "hello", None, None)
+    assert read_as(newer, hermes_home) == (key, "hello", None, None)
+    old_event, new_event = (
+        read("whatsapp", older, hermes_home),
+        read("whatsapp", newer, hermes_home),
+    )
+    assert old_event is not None
+    assert new_event is not None
+    assert old_event.source == new_event.source
+
+
+def test_the_newer_phone_jid_spelling_comes_first(hermes_home: Path) -> None:
+    other = "60111111111@s.whatsapp.net"
+    dm = web(f"{LID}@lid", remoteJidAlt=f"{PHONE}@s.whatsapp.net", senderPn=other)
+    group = web(GROUP, participant=f"{LID}@lid", participantAlt=f"{PHONE}@s.whatsapp.net",
+                participantPn=other)  # fmt: skip
+    assert read_as(dm, hermes_home)[0] == f"agent:main:whatsapp:dm:c={PHONE}"
+    assert read_as(group, hermes_home)[0] == f"agent:main:whatsapp:group:c={GROUP}:u={PHONE}"
+
+
+def flow_reply(**nfm_reply: str) -> dict[str, Any]:
+    """A Flow submission as Meta's Flows webhook reference shows it: ``interactive`` of type
+    ``nfm_reply`` with ``name``, ``body`` and ``response_json``, in reply (``context``) to the
+    message that opened the Flow."""
+    return {
+        "context": {"from": "15550783881", "id": "wamid.FLOW_MESSAGE"},
+        "from": PHONE, "id": "wamid.FLOW_REPLY", "timestamp": "1749416383", "type": "interactive",
+        "interactive": {"type": "nfm_reply", "nfm_reply": {"name": "flow", **nfm_reply}},
+    }  # fmt: skip
+
+
+def test_a_flow_submission_carries_its_form(hermes_home: Path) -> None:
+    form = '{"flow_token": "AQAAAAACS5FpgQ_cAAAAAD0QI3s.", "department": "sales"}'
+    submitted = cloud(flow_reply(body="Sent", response_json=form))
+    assert read_as(submitted, hermes_home) == (
+        f"agent:main:whatsapp:dm:c={PHONE}", form, "wamid.FLOW_MESSAGE", None
+    )  # fmt: skip
+    body_only = cloud(flow_reply(body="Sent"))
+    assert read_as(body_only, hermes_home)[1:3] == ("Sent", "wamid.FLOW_MESSAGE")
+
+
+# Meta's unsupported messages webhook reference
+# (.../webhooks/reference/messages/unsupported): ``type`` ``unsupported`` with ``errors`` (131051:
+# type not supported; 131060: currently unavailable) and ``unsupported.type``; the older reference
+# sent ``type`` ``unknown`` with ``errors`` carrying ``details``.
+_UNSUPPORTED_ERROR = {
+    "code": 131051, "title": "Message type unknown", "message": "Message type unknown",
+    "error_data": {"details": "Message type is currently not supported."},
+}  # fmt: skip
+_BASE = {"from": PHONE, "id": "wamid.UNSUPPORTED", "timestamp": "1739321024"}
+UNDELIVERED = [
+    ("unsupported", {**_BASE, "errors": [_UNSUPPORTED_ERROR], "type": "unsupported",
+                     "unsupported": {"type": "poll_update"}}),
+    ("unavailable", {**_BASE, "errors": [{**_UNSUPPORTED_ERROR, "code": 131060,
+                                          "title": "This message is currently unavailable."}],
+                     "type": "unsupported", "unsupported": {"type": "image"}}),
+    ("legacy unknown", {**_BASE, "errors": [{"code": 131051, "title": "Unsupported message type",
+                                             "details": "Message type is not currently supported"}],
+                        "type": "unknown"}),
+    ("errors on a media type without its object",
+     {**_BASE, "errors": [_UNSUPPORTED_ERROR], "type": "image"}),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("case", "message"), UNDELIVERED, ids=[u[0] for u in UNDELIVERED])
+def test_messages_the_platform_could_not_deliver_are_ignored(
+    case: str, message: dict[str, Any], hermes_home: Path
+) -> None:
+    assert read("whatsapp", cloud(message), hermes_home) is None
+
+
+# Media objects as Meta's messages webhook reference shows them in newer webhook versions:
+# ``id``, ``mime_type``, ``sha256`` and a ``url`` to download it with the access token.
+CLOUD_MEDIA = ["image", "audio", "video", "document", "sticker"]
+
+
+@pytest.mark.parametrize("kind", CLOUD_MEDIA)
+def test_cloud_media_urls(kind: str, hermes_home: Path) -> None:
+    url = f"https://lookaside.fbsbx.com/whatsapp_business/attachments/?mid=1234&ext=1749416383&hash={kind}"
+    media = {
+        "mime_type": "application/octet-stream",
+        "sha256": "Z2l2ZW4=",
+        "id": "1234",
+        "url": url,
+    }
+    message = {**text(), "type": kind, kind: media, "context": {"id": "wamid.Q"}}
+    del message["text"]
+    payload = cloud(message)
+    assert read_as(payload, hermes_home) == (
+        f"agent:main:whatsapp:dm:c={PHONE}", "", "wamid.Q", None
+    )  # fmt: skip
+    event = read("whatsapp", payload, hermes_home)
+    assert event is not None
+    assert (event.media_urls, event.metadata) == ((url,), {"media_ids": ["1234"]})

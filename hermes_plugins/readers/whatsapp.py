@@ -1,8 +1,10 @@
 """WhatsApp payloads into events: Cloud API webhooks and WhatsApp Web messages.
 
 **Cloud API**: the webhook body (``{"object": "whatsapp_business_account", "entry": [...]}``).
-Changes other than ``messages``, status updates, reactions and message types the event model
-cannot carry (``unsupported``, ``system``, ``order``, ``contacts``, ...) are not user messages. A
+Changes other than ``messages``, status updates, reactions, message types the event model cannot
+carry (``unsupported``, ``system``, ``order``, ``contacts``, ...) and messages the platform could
+not deliver (with ``errors``, e.g. code 131051) are not user messages. A Flow submission
+(``interactive.nfm_reply``) reads as its form's ``response_json`` (else its ``body``). A
 message with ``group_id`` belongs to that group, else it is a DM with its sender (``from``, a
 phone number). One payload must hold one message: a webhook batching several is split first
 with :func:`split_cloud_webhook`.
@@ -12,16 +14,17 @@ with :func:`split_cloud_webhook`.
 Own messages (``fromMe``), status and newsletter broadcasts, edits, deletions, reactions and
 stubs are not user messages. ``<id>@g.us`` is a group whose sender is ``key.participant``;
 ``<digits>@s.whatsapp.net`` (with or without a ``:<device>`` suffix) and ``<digits>@lid`` are DMs.
-When a LID-addressed chat or sender also comes with its phone-number JID (``remoteJidAlt``,
-``participantAlt``), the phone-number JID is used, so the key does not depend on which form the
-bridge saw; otherwise the plugin's canonicaliser maps a LID to the phone number through the
-bridge's mapping files.
+When a LID-addressed chat or sender also comes with its phone-number JID, the phone-number JID is
+used, so the key does not depend on which form the bridge saw; otherwise the plugin's
+canonicaliser maps a LID to the phone number through the bridge's mapping files. Baileys spells
+that JID two ways: 7.0 release candidates and later ``remoteJidAlt`` / ``participantAlt``, 6.7 and
+the 7.0 alphas ``senderPn`` / ``participantPn``; both are read, the newer spelling first.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, NamedTuple
 
 from hermes_core.domain.errors import shown
 from hermes_core.domain.models import MessageEvent, MessageType, SessionSource
@@ -46,12 +49,21 @@ _WEB_MEDIA = {
     "stickerMessage": MessageType.STICKER,
     "locationMessage": MessageType.LOCATION,
 }
+_DM_PHONE_FIELDS = ("remoteJidAlt", "senderPn")
+_SENDER_PHONE_FIELDS = ("participantAlt", "participantPn")
 _MAX_WRAPPING = 4
 _DM_SERVERS = frozenset({"s.whatsapp.net", "lid"})
 _SKIPPED_SERVERS = frozenset({"broadcast", "newsletter"})
 
-Content = tuple[str, MessageType, "str | None", "str | None"]
-"""Text, message type, media id, id of the message replied to."""
+
+class Content(NamedTuple):
+    """What a message says, apart from who sent it where."""
+
+    text: str
+    kind: MessageType
+    media_id: str | None
+    reply_id: str | None
+    media_url: str | None = None
 
 
 def read_whatsapp_payload(payload: Mapping[str, Any], context: ReadContext) -> MessageEvent | None:
@@ -130,34 +142,45 @@ def _read_cloud(body: Fields) -> MessageEvent | None:
 
 
 def _cloud_content(message: Fields) -> Content | None:
-    """What a Cloud API message says; None for types the event model cannot carry."""
+    """What a Cloud API message says; None for types the event model cannot carry and for messages
+    whose ``errors`` say the platform could not deliver their content."""
     kind = message.text("type")
+    if message.has("errors"):
+        return None
     context = message.opt_obj("context")
     reply_id = context.opt_id("id") if context is not None else None
     if kind == "text":
-        return message.obj("text").text("body") or "", MessageType.TEXT, None, reply_id
+        return Content(message.obj("text").text("body") or "", MessageType.TEXT, None, reply_id)
     if kind in _CLOUD_MEDIA:
         media = message.obj(kind)
         media_type = _CLOUD_MEDIA[kind]
         if kind == "audio" and media.flag("voice"):
             media_type = MessageType.VOICE
-        return media.text("caption") or "", media_type, media.opt_id("id"), reply_id
+        return Content(
+            media.text("caption") or "", media_type, media.opt_id("id"), reply_id, media.text("url")
+        )
     if kind == "location":
         place = message.obj("location")
         text = ", ".join(part for part in (place.text("name"), place.text("address")) if part)
-        return text, MessageType.LOCATION, None, reply_id
+        return Content(text, MessageType.LOCATION, None, reply_id)
     if kind == "button":
-        return message.obj("button").text("text") or "", MessageType.TEXT, None, reply_id
+        return Content(message.obj("button").text("text") or "", MessageType.TEXT, None, reply_id)
     if kind == "interactive":
         interactive = message.obj("interactive")
+        flow = interactive.opt_obj("nfm_reply")
+        if flow is not None:
+            form = flow.text("response_json") or flow.text("body") or ""
+            return Content(form, MessageType.TEXT, None, reply_id)
         choice = interactive.opt_obj("button_reply") or interactive.opt_obj("list_reply")
         title = choice.text("title") if choice is not None else None
-        return title or "", MessageType.TEXT, None, reply_id
+        return Content(title or "", MessageType.TEXT, None, reply_id)
     return None
 
 
-def _phone_first(jid: str, alt: str | None) -> tuple[str, str | None]:
-    """(the JID to key by, the other form): the phone-number JID when a LID comes with one."""
+def _phone_first(key: Fields, jid: str, fields: tuple[str, ...]) -> tuple[str, str | None]:
+    """(the JID to key by, the other form): the phone-number JID when a LID comes with one in the
+    first of ``fields`` the key has."""
+    alt = next((found for name in fields if (found := key.opt_id(name))), None)
     if alt and jid.endswith("@lid") and not alt.endswith("@lid"):
         return alt, jid
     return jid, alt
@@ -186,10 +209,10 @@ def _read_web(message: Fields) -> MessageEvent | None:
         "message_id": key.id("id"),
     }
     if server == "g.us":
-        sender, _ = _phone_first(key.id("participant"), key.opt_id("participantAlt"))
+        sender, _ = _phone_first(key, key.id("participant"), _SENDER_PHONE_FIELDS)
         source = SessionSource(chat_id=remote, chat_type="group", user_id=sender, **common)
     else:
-        chat, other = _phone_first(remote, key.opt_id("remoteJidAlt"))
+        chat, other = _phone_first(key, remote, _DM_PHONE_FIELDS)
         source = SessionSource(
             chat_id=chat, chat_id_alt=other, chat_type="dm", user_id=chat, **common
         )
@@ -211,19 +234,19 @@ def _web_content(message: Fields | None) -> Content | None:
         return None
     conversation = message.text("conversation")
     if conversation is not None:
-        return conversation, MessageType.TEXT, None, None
+        return Content(conversation, MessageType.TEXT, None, None)
     extended = message.opt_obj("extendedTextMessage")
     if extended is not None:
-        return extended.text("text") or "", MessageType.TEXT, None, _quoted(extended)
+        return Content(extended.text("text") or "", MessageType.TEXT, None, _quoted(extended))
     audio = message.opt_obj("audioMessage")
     if audio is not None:
         kind = MessageType.VOICE if audio.flag("ptt") else MessageType.AUDIO
-        return "", kind, None, _quoted(audio)
+        return Content("", kind, None, _quoted(audio))
     for name, kind in _WEB_MEDIA.items():
         media = message.opt_obj(name)
         if media is not None:
             text = media.text("caption") or media.text("name") or media.text("address") or ""
-            return text, kind, None, _quoted(media)
+            return Content(text, kind, None, _quoted(media))
     return None
 
 
@@ -234,12 +257,12 @@ def _quoted(content: Fields) -> str | None:
 
 
 def _event(source: SessionSource, *, content: Content) -> MessageEvent:
-    text, kind, media_id, reply_id = content
     return MessageEvent(
         source=source,
-        text=text,
-        message_type=kind,
+        text=content.text,
+        message_type=content.kind,
         message_id=source.message_id,
-        reply_to_message_id=reply_id,
-        metadata={"media_ids": [media_id]} if media_id else {},
+        reply_to_message_id=content.reply_id,
+        media_urls=(content.media_url,) if content.media_url else (),
+        metadata={"media_ids": [content.media_id]} if content.media_id else {},
     )
