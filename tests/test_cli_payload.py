@@ -10,6 +10,7 @@ import json
 from pathlib import Path
 
 import pytest
+import test_readers_discord as discord
 import test_readers_slack as slack
 import test_readers_telegram as telegram
 import test_readers_whatsapp as whatsapp
@@ -47,6 +48,20 @@ def test_json_output_carries_the_source_read(
     assert printed["source"]["scope_id"] == slack.TEAM
     assert printed["key"] == f"agent:main:slack:group:s={slack.TEAM}:c=C1:t=1712345000.000100"
     assert printed["scope"]["component"] == slack.TEAM
+
+
+def test_a_discord_guild_channel_message_is_explained_from_its_channel_type(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """No channel cache on the command line: ``channel_type`` 0 says the channel is no thread."""
+    payload = _file(tmp_path, discord.in_guild(discord.CHANNEL, channel_type=0))
+    assert main(["explain", "--payload", payload, "--platform", "discord", "--json"]) == 0
+    printed = json.loads(capsys.readouterr().out)
+    assert printed["source"]["chat_type"] == "group"
+    assert printed["key"] == f"agent:main:discord:group:c={discord.CHANNEL}:u={discord.ANA['id']}"
+    thread = _file(tmp_path, discord.in_guild(discord.THREAD, channel_type=11))
+    assert main(["explain", "--payload", thread, "--platform", "discord"]) == 2
+    assert "a thread's parent the payload does not give" in capsys.readouterr().err
 
 
 def test_field_options_override_the_payload(

@@ -9,7 +9,11 @@ https://discord.com/developers/docs/resources/message#message-object; the channe
 types (0 guild text, 11 public thread, 12 private thread, 15 forum; ``parent_id``) at
 https://discord.com/developers/docs/resources/channel#channel-object; and "Start Thread from
 Message", whose thread takes the message's id, at
-https://discord.com/developers/docs/resources/channel#start-thread-from-message.
+https://discord.com/developers/docs/resources/channel#start-thread-from-message. The extra field
+``channel_type`` of MESSAGE_CREATE is in that event's "Message Create Extra Fields" table; a
+forward (``message_reference.type`` 1, FORWARD, with empty ``content`` and the forwarded message's
+``content``, ``attachments``, ``flags`` ... in ``message_snapshots[].message``) is the message
+reference object and message snapshot object of the message resource page.
 """
 
 from __future__ import annotations
@@ -53,6 +57,22 @@ def dispatch(
 
 def in_guild(channel_id: str, **message: Any) -> dict[str, Any]:
     return dispatch(channel_id, guild_id=GUILD, member={"nick": "Annie", "roles": []}, **message)
+
+
+def forward(channel_id: str, **snapshot: Any) -> dict[str, Any]:
+    """A forward into DM ``channel_id`` of a guild message (its snapshot fields overridable)."""
+    forwarded = {
+        "type": 0, "content": "the plan is attached", "embeds": [], "attachments": [],
+        "timestamp": "2024-12-31T23:00:00.000000+00:00", "edited_timestamp": None, "flags": 0,
+        "mentions": [], "mention_roles": [], **snapshot,
+    }  # fmt: skip
+    reference = {
+        "type": 1, "message_id": "1299999999999999998", "channel_id": CHANNEL, "guild_id": GUILD,
+    }  # fmt: skip
+    return dispatch(
+        channel_id, content="", message_reference=reference,
+        message_snapshots=[{"message": forwarded}],
+    )  # fmt: skip
 
 
 KEYS = [
@@ -107,6 +127,35 @@ def test_the_bare_message_object_reads_like_the_dispatch(hermes_home: Path) -> N
     )
 
 
+def test_channel_type_reads_a_guild_channel_without_the_host(hermes_home: Path) -> None:
+    """MESSAGE_CREATE's extra field ``channel_type``: 0 (guild text) and 5 (announcement) are
+    channels, so no ``lookup_chat`` is needed; the cache, when given, adds name and topic."""
+    key = f"agent:main:discord:group:c={CHANNEL}:u={ANA['id']}"
+    for kind in (0, 5):
+        assert keyed("discord", in_guild(CHANNEL, channel_type=kind), hermes_home) == (key, False)
+    event = read("discord", in_guild(CHANNEL, channel_type=0), hermes_home)
+    assert event is not None
+    assert (event.text, event.reply_to_message_id, event.source.thread_id) == ("hello", None, None)
+    assert (event.source.chat_name, event.source.scope_id) == (None, GUILD)
+    cached = read("discord", in_guild(CHANNEL, channel_type=0), hermes_home, CACHE)
+    assert cached is not None
+    assert (cached.source.chat_name, cached.source.chat_topic) == ("general", "chat")
+
+
+def test_channel_type_of_a_thread_still_needs_its_parent(hermes_home: Path) -> None:
+    payload = in_guild(THREAD, channel_type=11)
+    with pytest.raises(MalformedEventError, match="a thread's parent") as caught:
+        read("discord", payload, hermes_home)
+    assert caught.value.field == "dispatch.d.channel_id"
+    assert keyed("discord", payload, hermes_home, CACHE) == (
+        f"agent:main:discord:thread:c={CHANNEL}:t={THREAD}",
+        True,
+    )
+    event = read("discord", payload, hermes_home, CACHE)
+    assert event is not None
+    assert (event.source.thread_id, event.reply_to_message_id) == (THREAD, None)
+
+
 def test_a_guild_channel_of_unknown_type_is_refused(hermes_home: Path) -> None:
     with pytest.raises(MalformedEventError, match="lookup_chat") as caught:
         read("discord", in_guild(THREAD), hermes_home)
@@ -142,6 +191,37 @@ def test_replies_and_attachments(hermes_home: Path) -> None:
     assert voiced.message_type == MessageType.VOICE
 
 
+def test_forwards_read_the_forwarded_message(hermes_home: Path) -> None:
+    event = read("discord", forward("900000000000000000"), hermes_home)
+    assert event is not None
+    assert (event.text, event.message_type, event.media_urls) == (
+        "the plan is attached",
+        MessageType.TEXT,
+        (),
+    )
+    assert (event.message_id, event.reply_to_message_id) == ("1300000000000000000", None)
+    assert keyed("discord", forward("900000000000000000"), hermes_home) == (
+        "agent:main:discord:dm:c=900000000000000000",
+        False,
+    )
+    image = {"id": "3", "filename": "plan.png", "size": 1, "content_type": "image/png",
+             "url": "https://cdn.discordapp.com/attachments/7/3/plan.png"}  # fmt: skip
+    photo = read(
+        "discord", forward("900000000000000000", content="", attachments=[image]), hermes_home
+    )
+    assert photo is not None
+    assert (photo.text, photo.message_type, photo.media_urls) == (
+        "",
+        MessageType.PHOTO,
+        (image["url"],),
+    )
+    into_thread = {**forward(THREAD)["d"], "guild_id": GUILD, "channel_type": 11}
+    threaded = read("discord", into_thread, hermes_home, CACHE)
+    assert threaded is not None
+    assert (threaded.source.chat_id, threaded.source.thread_id) == (CHANNEL, THREAD)
+    assert threaded.text == "the plan is attached"
+
+
 NOT_MESSAGES = [
     ("update", {"op": 0, "s": 2, "t": "MESSAGE_UPDATE", "d": dispatch(CHANNEL)["d"]}),
     ("reaction", {"op": 0, "s": 3, "t": "MESSAGE_REACTION_ADD", "d": {"user_id": "1"}}),
@@ -150,6 +230,11 @@ NOT_MESSAGES = [
     ("webhook", dispatch("9", webhook_id="44")),
     ("thread created notice", dispatch("9", type=18)),
     ("empty content", dispatch("9", content="")),
+    ("forward of nothing readable", forward("9", content="")),
+    (
+        "snapshots without a forward reference",
+        {**forward("9"), "d": {**forward("9")["d"], "message_reference": {"message_id": "1"}}},
+    ),
 ]
 
 

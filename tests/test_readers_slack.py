@@ -113,7 +113,15 @@ NOT_MESSAGES = [
     ("app's own reply", callback(bot_id="B1")),
     ("join", callback(subtype="channel_join")),
     ("reaction", callback(type="reaction_added", reaction="tada")),
-]
+    # Slackbot's notices: a plain ``message`` event whose ``user`` is Slackbot's fixed id
+    # USLACKBOT, with no ``bot_id`` and no subtype (a reminder in the DM with Slackbot, a notice
+    # in a channel), as the message event at https://api.slack.com/events/message carries them.
+    ("Slackbot reminder in its DM",
+     callback(channel="D0SLACKBOT", channel_type="im", user="USLACKBOT",
+              text="Reminder: stand-up.")),
+    ("Slackbot notice in a channel",
+     callback(user="USLACKBOT", text="Only visible to you: this channel is archived soon.")),
+]  # fmt: skip
 
 
 @pytest.mark.parametrize(("case", "payload"), NOT_MESSAGES, ids=[n[0] for n in NOT_MESSAGES])

@@ -42,7 +42,7 @@ class UnknownPlatformError(InvalidValueError):
 
 class MalformedEventError(InvalidValueError):
     """A raw platform payload cannot be read into an event: it is not the shape the platform
-    documents, or it lacks what only the host can add (e.g. a Discord channel's type).
+    documents, or it lacks what only the host can add (e.g. a Discord thread's parent).
 
     ``field`` is the dotted path of the offending field in the payload (``payload`` for the whole).
     """

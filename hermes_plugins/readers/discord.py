@@ -6,13 +6,18 @@ nor are messages written by bots or webhooks, system messages and message types 
 message or a reply (thread-created notices, pins, joins, ...), nor messages with no content,
 attachment or sticker.
 
+A forward (``message_reference.type`` 1) has no content of its own: its text and attachments
+are read from the forwarded message in ``message_snapshots``; it is not a reply.
+
 A message without ``guild_id`` is a DM. A guild message's channel may be a thread (or a forum
-post, which is a thread): the payload does not say, so the host's ``ReadContext.lookup_chat``
-must return the channel object (``type`` and ``parent_id``). In a thread the source is
-``chat_type="thread"`` with the parent channel as ``chat_id`` and the thread as ``thread_id``; a
-message in a channel the host answers in a new thread (``ReadContext.answer_in_thread``) gets its
-own id as ``prospective_thread_id``, which is the id of a thread started from it, so both map to
-one key.
+post, which is a thread): ``MESSAGE_CREATE`` says which by its extra field ``channel_type``, so a
+message in any other channel reads without the host. A thread's parent is not in the payload, so
+for a thread (or a payload without ``channel_type``) the host's ``ReadContext.lookup_chat`` must
+return the channel object (``type`` and ``parent_id``); it is also asked, when given, for a
+channel's name and topic. In a thread the source is ``chat_type="thread"`` with the parent channel
+as ``chat_id`` and the thread as ``thread_id``; a message in a channel the host answers in a new
+thread (``ReadContext.answer_in_thread``) gets its own id as ``prospective_thread_id``, which is
+the id of a thread started from it, so both map to one key.
 """
 
 from __future__ import annotations
@@ -29,6 +34,8 @@ _THREAD_TYPES = frozenset({10, 11, 12})
 _USER_MESSAGE_TYPES = frozenset({0, 19})
 """A plain message and a reply."""
 _VOICE_MESSAGE_FLAG = 1 << 13
+_FORWARD = 1
+"""``message_reference.type`` of a forward (0 is a reply)."""
 
 
 def read_discord_message(payload: Mapping[str, Any], context: ReadContext) -> MessageEvent | None:
@@ -47,7 +54,8 @@ def read_discord_message(payload: Mapping[str, Any], context: ReadContext) -> Me
         or kind not in _USER_MESSAGE_TYPES
     ):  # fmt: skip
         return None
-    content = _content(message)
+    reference = message.opt_obj("message_reference")
+    content = _content(message, reference)
     if content is None:
         return None
     text, message_type, urls = content
@@ -67,7 +75,6 @@ def read_discord_message(payload: Mapping[str, Any], context: ReadContext) -> Me
         source = SessionSource(chat_id=channel_id, chat_type="dm", **common)
     else:
         source = _guild_source(message, context, common)
-    reference = message.opt_obj("message_reference")
     return MessageEvent(
         source=source,
         text=text,
@@ -81,16 +88,20 @@ def read_discord_message(payload: Mapping[str, Any], context: ReadContext) -> Me
 def _guild_source(message: Fields, context: ReadContext, common: dict[str, Any]) -> SessionSource:
     """The source of a guild message: a thread under its parent, or a channel."""
     channel_id = message.id("channel_id")
+    kind = message.integer("channel_type")
     found = context.lookup_chat(channel_id) if context.lookup_chat is not None else None
-    if found is None:
+    if found is None and (kind is None or kind in _THREAD_TYPES):
+        said = "a thread's" if kind is not None else "whose type and"
         raise malformed(
             f"{message.path}.channel_id",
-            f"names channel {channel_id}, whose type and parent the payload does not give",
+            f"names channel {channel_id}, {said} parent the payload does not give",
             "pass ReadContext(lookup_chat=...) returning the channel object (type, parent_id) "
             "from the host's channel cache, so that a thread is not read as a channel",
         )
-    channel = Fields(found, f"channel {channel_id}")
-    if channel.integer("type") in _THREAD_TYPES:
+    channel = Fields(found or {}, f"channel {channel_id}")
+    if kind is None:
+        kind = channel.integer("type")
+    if kind in _THREAD_TYPES:
         parent = channel.id("parent_id")
         return SessionSource(
             chat_id=parent, chat_name=channel.text("name"), chat_type="thread",
@@ -106,15 +117,21 @@ def _guild_source(message: Fields, context: ReadContext, common: dict[str, Any])
     )
 
 
-def _content(message: Fields) -> tuple[str, MessageType, tuple[str, ...]] | None:
-    """Text, message type and attachment URLs; None when the message has none of them."""
-    text = message.text("content") or ""
-    attachments = message.objs("attachments")
+def _content(
+    message: Fields, reference: Fields | None
+) -> tuple[str, MessageType, tuple[str, ...]] | None:
+    """Text, message type and attachment URLs, a forward's from the message it forwards; None
+    when the message has none of them."""
+    parts = [message]
+    if reference is not None and reference.integer("type") == _FORWARD:
+        parts += [snapshot.obj("message") for snapshot in message.objs("message_snapshots")]
+    text = "\n".join(own for part in parts if (own := part.text("content")))
+    attachments = [attachment for part in parts for attachment in part.objs("attachments")]
     urls = tuple(url for attachment in attachments if (url := attachment.text("url")))
     if attachments:
-        if (message.integer("flags") or 0) & _VOICE_MESSAGE_FLAG:
+        if any((part.integer("flags") or 0) & _VOICE_MESSAGE_FLAG for part in parts):
             return text, MessageType.VOICE, urls
         return text, media_type(attachments[0].text("content_type")), urls
-    if message.objs("sticker_items"):
+    if any(part.objs("sticker_items") for part in parts):
         return text, MessageType.STICKER, ()
     return (text, MessageType.TEXT, ()) if text else None

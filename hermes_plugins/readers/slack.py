@@ -3,10 +3,11 @@
 The payload is the HTTP request body (``{"type": "event_callback", "team_id": ..., "event":
 {...}}``) or the Socket Mode envelope around it (``{"type": "events_api", "payload": {...}}``).
 Other payload types (``url_verification``, rate-limit notices) and inner events other than
-``message`` and ``app_mention`` are not user messages, nor are messages from bots (``bot_id``),
-hidden ones and subtypes other than a thread reply also sent to the channel
-(``thread_broadcast``), a file share (``file_share``) and ``/me`` (``me_message``): edits,
-deletions, joins, topic changes, ... are not read.
+``message`` and ``app_mention`` are not user messages, nor are messages from bots (``bot_id``) or
+from Slackbot (user ``USLACKBOT``, which has no ``bot_id``: its reminders and notices), hidden
+ones and subtypes other than a thread reply also sent to the channel (``thread_broadcast``), a
+file share (``file_share``) and ``/me`` (``me_message``): edits, deletions, joins, topic
+changes, ... are not read.
 
 The workspace (``team_id``) is the scope. ``channel_type`` ``im`` is a DM; ``mpim`` (group DM),
 ``channel`` and ``group`` (private channel) are groups. ``app_mention`` events carry no
@@ -26,6 +27,8 @@ from hermes_core.domain.specs import ReadContext
 from hermes_plugins.readers.fields import Fields, malformed, media_type
 
 _USER_SUBTYPES = frozenset({"thread_broadcast", "file_share", "me_message"})
+_SLACKBOT = "USLACKBOT"
+"""Slackbot's user id: its notices carry it as ``user`` and no ``bot_id``."""
 _CHANNEL_TYPES = {"im": "dm", "mpim": "group", "channel": "group", "group": "group"}
 
 
@@ -41,7 +44,10 @@ def read_slack_event(payload: Mapping[str, Any], context: ReadContext) -> Messag
     if kind not in ("message", "app_mention"):
         return None
     subtype = event.text("subtype")
-    if event.has("bot_id") or event.flag("hidden") or (subtype and subtype not in _USER_SUBTYPES):
+    if (
+        event.has("bot_id") or event.opt_id("user") == _SLACKBOT or event.flag("hidden")
+        or (subtype and subtype not in _USER_SUBTYPES)
+    ):  # fmt: skip
         return None
     channel = event.id("channel")
     ts = event.id("ts")
