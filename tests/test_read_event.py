@@ -8,6 +8,7 @@ field replaced by arbitrary JSON are both tried.
 from __future__ import annotations
 
 import copy
+import itertools
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -65,6 +66,8 @@ SAMPLES: list[tuple[str, Any]] = [
     ("telegram", telegram.update(chat={"id": 1, "type": "group"}, photo=[{"file_id": "p"}])),
     ("discord", discord.in_guild(discord.THREAD)),
     ("discord", discord.dispatch("900000000000000000")),
+    ("discord", discord.in_guild(discord.CHANNEL, channel_type=0)),
+    ("discord", discord.forward("900000000000000000")),
     ("slack", slack.callback(thread_ts="1712345000.000100")),
     ("slack", slack.callback(files=[{"mimetype": "image/png", "url_private": "https://x/y"}])),
     ("whatsapp", whatsapp.cloud(whatsapp.text())),
@@ -175,8 +178,12 @@ def test_invalid_values_met_by_a_reader_are_reported_as_malformed(hermes_home: P
     assert isinstance(caught.value.__cause__, InvalidValueError)
 
 
-UNKEYABLE_IDS = ["a\nb", "1\x00", "\x1b]0;title\x07", "9" * 3000, "x" * 1100]
-"""Ids the key builder refuses: control characters, newlines, thousands of digits."""
+UNKEYABLE_IDS = ["a\nb", "1\x00", "\x1b]0;title\x07", "9" * 3000, "x" * 1100, "7" * 970]
+"""Ids the key builder refuses: control characters, newlines, thousands of digits, and ids of
+about a thousand characters, whose key fits in 1024 under ``agent:main`` but not under a long
+profile's namespace."""
+LONGEST_PROFILE = "p" * 64
+"""The longest profile name a gateway multiplexing profiles may key an event by."""
 
 
 @pytest.mark.parametrize(("platform", "sample"), SAMPLES, ids=[p for p, _ in SAMPLES])
@@ -200,12 +207,35 @@ def test_every_event_read_has_a_session_key(
             except MalformedEventError as exc:
                 refused += exc.field == "source"
                 continue
-            for schema in KEY_SCHEMAS:
+            for schema, profile in itertools.product(KEY_SCHEMAS, (None, LONGEST_PROFILE)):
                 if event is not None:
                     build_session_key(
-                        event.source, thread_sessions_per_user=True, plugins=manager, schema=schema
-                    )
+                        event.source, thread_sessions_per_user=True, profile=profile,
+                        plugins=manager, schema=schema,
+                    )  # fmt: skip
     assert refused
+
+
+def test_an_id_whose_key_fits_only_a_short_profile_is_refused(
+    manager: HermesPluginManager,
+) -> None:
+    """A Slack channel id of about a thousand characters (the ``event_callback`` of
+    test_readers_slack, from https://api.slack.com/apis/events-api): its key under ``agent:main``
+    fits in 1024 characters, under a 64-character profile it does not, so ``handle_message``
+    of a gateway multiplexing profiles would fail on it; it is refused when read."""
+    long_channel = "C" + "9" * 950
+    payload = slack.callback(channel=long_channel)
+    with pytest.raises(MalformedEventError, match="1-1024 characters") as caught:
+        read_event("slack", payload, plugins=manager)
+    assert caught.value.field == "source"
+    short = slack.callback(channel="C" + "9" * 880)
+    event = read_event("slack", short, plugins=manager)
+    assert event is not None
+    assert (event.text, event.reply_to_message_id, event.source.thread_id) == ("hello", None, None)
+    key = build_session_key(event.source, profile=LONGEST_PROFILE, plugins=manager)
+    assert key == f"agent:{LONGEST_PROFILE}:slack:group:s={slack.TEAM}:c=C{'9' * 880}:u=U1"
+    default_source = event.source.model_copy(update={"chat_id": long_channel})
+    assert len(build_session_key(default_source, plugins=manager)) <= 1024
 
 
 def test_ids_nested_a_thousand_levels_deep_are_malformed(manager: HermesPluginManager) -> None:

@@ -29,6 +29,8 @@ from hermes_core.domain.specs import PlatformSpec
 from hermes_core.plugins.manager import HermesPluginManager, platform_registry
 
 _PROFILE_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
+_WIDEST_NAMESPACE = "agent:" + "p" * 64
+"""As long as a profile's namespace can be (``agent:`` and a 64-character profile name)."""
 
 KeySchema = Literal["v1", "v2"]
 KEY_SCHEMAS: tuple[KeySchema, ...] = ("v1", "v2")
@@ -257,11 +259,11 @@ def _key_problem(key: str) -> str | None:
 
 def source_key_problem(source: SessionSource, spec: PlatformSpec) -> str | None:
     """Why some configuration's key builder would refuse ``source``, or None: its widest key
-    (per user and per thread, in either schema) is checked by the builder's own rule. Event
-    readers refuse such a source, so a host meets it as a malformed payload rather than as an
-    error from ``handle_message``."""
+    (per user and per thread, in either schema, under the longest profile name a gateway may key
+    it by) is checked by the builder's own rule. Event readers refuse such a source, so a host
+    meets it as a malformed payload rather than as an error from ``handle_message``."""
     try:
-        namespace = profile_namespace(source.profile)
+        namespace = max(profile_namespace(source.profile), _WIDEST_NAMESPACE, key=len)
     except InvalidValueError as exc:
         return str(exc)
     for schema in KEY_SCHEMAS:

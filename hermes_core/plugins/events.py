@@ -38,7 +38,8 @@ def read_event(
     payloads, and :class:`~hermes_core.domain.errors.MalformedEventError` for a payload that cannot
     be read (any invalid value met while reading is reported as one, and so is any other exception a
     plugin's reader raises, naming the plugin) and for ids the key builder refuses (control
-    characters, over 1024 characters in the key), checked here for every reader.
+    characters, over 1024 characters in the key under the longest profile name), checked here
+    for every reader.
     """
     registry = platform_registry(plugins)
     spec = registry.require(platform)
