@@ -58,6 +58,7 @@ if TYPE_CHECKING:
         RecoveryStep,
         StoreSpec,
     )
+    from hermes_core.domain.splitting import split_reply, utf16_len
     from hermes_core.gateway.agents import (
         Adapter,
         Agent,
@@ -123,6 +124,8 @@ _LAZY = {
     "create_plugin_manager": "hermes_core.plugins.manager",
     "default_plugin_manager": "hermes_core.plugins.manager",
     "hookimpl": "hermes_core.plugins.manager",
+    "split_reply": "hermes_core.domain.splitting",
+    "utf16_len": "hermes_core.domain.splitting",
     "EvictionCandidate": "hermes_core.domain.specs",
     "EvictionPolicy": "hermes_core.domain.specs",
     "LifecycleEvent": "hermes_core.domain.specs",
@@ -226,4 +229,6 @@ __all__ = [
     "resolve_key",
     "resolve_key_from_flags",
     "resolve_session_key",
+    "split_reply",
+    "utf16_len",
 ]
