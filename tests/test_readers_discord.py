@@ -191,6 +191,28 @@ def test_replies_and_attachments(hermes_home: Path) -> None:
     assert voiced.message_type == MessageType.VOICE
 
 
+def test_a_reply_carries_the_replied_to_content(hermes_home: Path) -> None:
+    # A reply (type 19) carries the message it answers as ``referenced_message`` (message object
+    # docs: null when that message was deleted); its content goes to metadata["reply_to_text"].
+    answered = {"id": "1299999999999999999", "channel_id": CHANNEL, "author": BEN,
+                "content": "which plan?", "type": 0}  # fmt: skip
+    reply = dispatch(
+        "900000000000000000", type=19, content="the first one", referenced_message=answered,
+        message_reference={"type": 0, "message_id": "1299999999999999999"},
+    )  # fmt: skip
+    event = read("discord", reply, hermes_home)
+    assert event is not None
+    assert (event.text, event.reply_to_message_id, event.source.thread_id) == (
+        "the first one", "1299999999999999999", None,
+    )  # fmt: skip
+    assert event.metadata["reply_to_text"] == "which plan?"
+    assert keyed("discord", reply, hermes_home)[0] == "agent:main:discord:dm:c=900000000000000000"
+    gone = {**reply, "d": {**reply["d"], "referenced_message": None}}
+    deleted = read("discord", gone, hermes_home)
+    assert deleted is not None
+    assert "reply_to_text" not in deleted.metadata
+
+
 def test_forwards_read_the_forwarded_message(hermes_home: Path) -> None:
     event = read("discord", forward("900000000000000000"), hermes_home)
     assert event is not None

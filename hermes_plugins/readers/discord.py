@@ -8,6 +8,8 @@ attachment or sticker.
 
 A forward (``message_reference.type`` 1) has no content of its own: its text and attachments
 are read from the forwarded message in ``message_snapshots``; it is not a reply.
+A reply's ``referenced_message`` (null when deleted) gives the replied-to content as
+``metadata["reply_to_text"]``.
 
 A message without ``guild_id`` is a DM. A guild message's channel may be a thread (or a forum
 post, which is a thread): ``MESSAGE_CREATE`` says which by its extra field ``channel_type``, so a
@@ -71,6 +73,8 @@ def read_discord_message(payload: Mapping[str, Any], context: ReadContext) -> Me
         "scope_id": guild_id,
         "message_id": message_id,
     }
+    replied = message.opt_obj("referenced_message") if kind == 19 else None
+    replied_text = replied.text("content") if replied else None
     if guild_id is None:
         source = SessionSource(chat_id=channel_id, chat_type="dm", **common)
     else:
@@ -82,6 +86,7 @@ def read_discord_message(payload: Mapping[str, Any], context: ReadContext) -> Me
         message_id=message_id,
         reply_to_message_id=reference.opt_id("message_id") if kind == 19 and reference else None,
         media_urls=urls,
+        metadata={"reply_to_text": replied_text} if replied_text else {},
     )
 
 
