@@ -374,3 +374,39 @@ def test_cloud_media_urls(kind: str, hermes_home: Path) -> None:
     event = read("whatsapp", payload, hermes_home)
     assert event is not None
     assert (event.media_urls, event.metadata) == ((url,), {"media_ids": ["1234"]})
+
+
+# Replies to buttons and lists, as Meta's messages webhook reference shows them: a template's
+# quick-reply button comes as ``type`` ``button`` with ``button.text`` and ``button.payload``
+# (.../webhooks/reference/messages/button); an interactive message's reply as ``type``
+# ``interactive`` with ``interactive.button_reply`` or ``interactive.list_reply`` holding ``id``,
+# ``title`` (and a list row's ``description``) (.../webhooks/reference/messages/interactive).
+_REPLY = {"from": PHONE, "id": "wamid.CHOICE", "timestamp": "1749416383",
+          "context": {"from": "15550783881", "id": "wamid.ASKED"}}  # fmt: skip
+CHOICES = [
+    ("template quick reply", {**_REPLY, "type": "button",
+                              "button": {"payload": "TALK_TO_AGENT", "text": "Talk to agent"}},
+     "Talk to agent", "TALK_TO_AGENT"),
+    ("interactive button", {**_REPLY, "type": "interactive", "interactive": {
+        "type": "button_reply", "button_reply": {"id": "yes-7", "title": "Yes"}}},
+     "Yes", "yes-7"),
+    ("interactive list row", {**_REPLY, "type": "interactive", "interactive": {
+        "type": "list_reply", "list_reply": {"id": "row-2", "title": "Tuesday",
+                                             "description": "2-4 pm"}}},
+     "Tuesday", "row-2"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("case", "message", "body", "choice"), CHOICES, ids=[c[0] for c in CHOICES]
+)
+def test_button_and_list_replies_carry_their_title_and_id(
+    case: str, message: dict[str, Any], body: str, choice: str, hermes_home: Path
+) -> None:
+    payload = cloud(message)
+    assert read_as(payload, hermes_home) == (
+        f"agent:main:whatsapp:dm:c={PHONE}", body, "wamid.ASKED", None
+    )  # fmt: skip
+    event = read("whatsapp", payload, hermes_home)
+    assert event is not None
+    assert (event.message_type, event.metadata) == (MessageType.TEXT, {"choice_id": choice})

@@ -4,7 +4,9 @@
 Changes other than ``messages``, status updates, reactions, message types the event model cannot
 carry (``unsupported``, ``system``, ``order``, ``contacts``, ...) and messages the platform could
 not deliver (with ``errors``, e.g. code 131051) are not user messages. A Flow submission
-(``interactive.nfm_reply``) reads as its form's ``response_json`` (else its ``body``). A
+(``interactive.nfm_reply``) reads as its form's ``response_json`` (else its ``body``); a
+template quick reply (``button``) or interactive button or list reply as its title, the id of
+what it chose in ``metadata["choice_id"]``. A
 message with ``group_id`` belongs to that group, else it is a DM with its sender (``from``, a
 phone number). One payload must hold one message: a webhook batching several is split first
 with :func:`split_cloud_webhook`.
@@ -64,6 +66,7 @@ class Content(NamedTuple):
     media_id: str | None
     reply_id: str | None
     media_url: str | None = None
+    metadata: Mapping[str, Any] | None = None
 
 
 def read_whatsapp_payload(payload: Mapping[str, Any], context: ReadContext) -> MessageEvent | None:
@@ -164,17 +167,26 @@ def _cloud_content(message: Fields) -> Content | None:
         text = ", ".join(part for part in (place.text("name"), place.text("address")) if part)
         return Content(text, MessageType.LOCATION, None, reply_id)
     if kind == "button":
-        return Content(message.obj("button").text("text") or "", MessageType.TEXT, None, reply_id)
+        button = message.obj("button")
+        choice = _choice(button.opt_id("payload"))
+        return Content(button.text("text") or "", MessageType.TEXT, None, reply_id, None, choice)
     if kind == "interactive":
         interactive = message.obj("interactive")
         flow = interactive.opt_obj("nfm_reply")
         if flow is not None:
             form = flow.text("response_json") or flow.text("body") or ""
             return Content(form, MessageType.TEXT, None, reply_id)
-        choice = interactive.opt_obj("button_reply") or interactive.opt_obj("list_reply")
-        title = choice.text("title") if choice is not None else None
-        return Content(title or "", MessageType.TEXT, None, reply_id)
+        chosen = interactive.opt_obj("button_reply") or interactive.opt_obj("list_reply")
+        if chosen is None:
+            return Content("", MessageType.TEXT, None, reply_id)
+        title = chosen.text("title") or ""
+        return Content(title, MessageType.TEXT, None, reply_id, None, _choice(chosen.opt_id("id")))
     return None
+
+
+def _choice(choice_id: str | None) -> dict[str, str] | None:
+    """The metadata naming the button or list row a reply chose (its id or payload)."""
+    return {"choice_id": choice_id} if choice_id else None
 
 
 def _phone_first(key: Fields, jid: str, fields: tuple[str, ...]) -> tuple[str, str | None]:
@@ -257,6 +269,9 @@ def _quoted(content: Fields) -> str | None:
 
 
 def _event(source: SessionSource, *, content: Content) -> MessageEvent:
+    metadata: dict[str, Any] = dict(content.metadata or {})
+    if content.media_id:
+        metadata["media_ids"] = [content.media_id]
     return MessageEvent(
         source=source,
         text=content.text,
@@ -264,5 +279,5 @@ def _event(source: SessionSource, *, content: Content) -> MessageEvent:
         message_id=source.message_id,
         reply_to_message_id=content.reply_id,
         media_urls=(content.media_url,) if content.media_url else (),
-        metadata={"media_ids": [content.media_id]} if content.media_id else {},
+        metadata=metadata,
     )
