@@ -10,6 +10,7 @@ Every sample is written from the Bot API reference, https://core.telegram.org/bo
 
 from __future__ import annotations
 
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -208,3 +209,62 @@ def test_malformed_updates_name_the_field(field: str, payload: Any, hermes_home:
         read("telegram", payload, hermes_home)
     assert caught.value.field == field
     assert str(caught.value).startswith(field)
+
+
+def test_a_reply_carries_the_replied_to_text(hermes_home: Path) -> None:
+    # Message.reply_to_message is a Message: its text, else its caption (Bot API, "Message").
+    original = {"message_id": 5, "date": 1, "chat": {"id": 42, "type": "private"}, "text": "when?"}
+    captioned = {**original, "text": None, "caption": "this photo", "photo": []}
+    chat = {"id": 42, "type": "private"}
+    event = read("telegram", update(chat=chat, reply_to_message=original, text="at 5"), hermes_home)
+    shown = read("telegram", update(chat=chat, reply_to_message=captioned, text="ok"), hermes_home)
+    assert event is not None
+    assert shown is not None
+    assert (event.text, event.reply_to_message_id) == ("at 5", "5")
+    assert event.metadata == {"reply_to_text": "when?"}
+    assert shown.metadata == {"reply_to_text": "this photo"}
+    # A forum topic's root is not a reply, so its text is not carried either.
+    root = {"message_id": 17585, "date": 1, "chat": {"id": GROUP, "type": "supergroup"}}
+    topic = read("telegram", forum_topic(ANA, reply_to_message={**root, "text": "x"}), hermes_home)
+    assert topic is not None
+    assert (topic.reply_to_message_id, topic.metadata) == (None, {})
+    assert topic.source.thread_id == "17585"
+
+
+def test_the_message_date_is_the_event_time(hermes_home: Path) -> None:
+    # Message.date: "Date the message was sent in Unix time" (Bot API, "Message").
+    event = read("telegram", private(), hermes_home)
+    assert event is not None
+    assert event.received_at == datetime(2025, 1, 1, tzinfo=timezone.utc)
+    with pytest.raises(MalformedEventError) as caught:
+        read("telegram", update(chat={"id": 42, "type": "private"}, text="x", date=10**20),
+             hermes_home)  # fmt: skip
+    assert caught.value.field == "update.message.date"
+
+
+def test_album_parts_carry_their_media_group_id(hermes_home: Path) -> None:
+    # Message.media_group_id: "The unique identifier of a media message group this message
+    # belongs to" (Bot API, "Message"); each photo of an album is its own Message.
+    photo = [{"file_id": "p1", "file_unique_id": "u", "width": 90, "height": 90}]
+    payload = update(chat={"id": 42, "type": "private"}, **{"from": ANA}, photo=photo,
+                     caption="trip", media_group_id="13579")  # fmt: skip
+    event = read("telegram", payload, hermes_home)
+    assert event is not None
+    assert (event.text, event.message_type) == ("trip", MessageType.PHOTO)
+    assert event.metadata == {"media_ids": ["p1"], "media_group_id": "13579"}
+
+
+def test_a_venue_reads_as_its_title_and_address(hermes_home: Path) -> None:
+    # Message.venue is a Venue (location, title, address); "for backward compatibility, when
+    # this field is set, the location field will also be set" (Bot API, "Message", "Venue").
+    place = {"latitude": 38.7, "longitude": -9.1}
+    venue = {"location": place, "title": "Cafe Luso", "address": "Tv. da Queimada 10, Lisboa"}
+    payload = update(chat={"id": 42, "type": "private"}, **{"from": ANA}, location=place,
+                     venue=venue)  # fmt: skip
+    event = read("telegram", payload, hermes_home)
+    assert event is not None
+    assert (event.message_type, event.text) == (
+        MessageType.LOCATION,
+        "Cafe Luso, Tv. da Queimada 10, Lisboa",
+    )
+    assert keyed("telegram", payload, hermes_home) == ("agent:main:telegram:dm:c=42", False)

@@ -7,11 +7,16 @@ document, sticker, location, venue); service messages (members joining, topics c
 ...) and content it cannot carry (polls, dice, contacts, games) are not. Messages sent by bots,
 and channel posts the platform copied into a discussion group (``is_automatic_forward``), are not
 user messages either.
+
+Besides the source, an event carries the message's ``date`` as ``received_at``, and in
+``metadata`` the replied-to message's text or caption (``reply_to_text``) and an album's
+``media_group_id``; a venue's text is its title and address.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from datetime import datetime, timezone
 from typing import Any
 
 from hermes_core.domain.models import MessageEvent, MessageType, SessionSource
@@ -28,9 +33,11 @@ _MEDIA = (
     ("voice", MessageType.VOICE),
     ("document", MessageType.DOCUMENT),
     ("sticker", MessageType.STICKER),
+    ("venue", MessageType.LOCATION),  # before location: a venue carries its location too
     ("location", MessageType.LOCATION),
-    ("venue", MessageType.LOCATION),
 )
+_LAST_DATE = 253402300799
+"""9999-12-31T23:59:59Z, the last Unix time a ``datetime`` holds."""
 _MESSAGE_KEYS = ("message", "channel_post")
 
 
@@ -65,17 +72,39 @@ def read_telegram_update(payload: Mapping[str, Any], context: ReadContext) -> Me
         thread_id=thread,
         message_id=message.id("message_id"),
     )
+    metadata: dict[str, Any] = {"media_ids": [file_id]} if file_id else {}
     reply = message.opt_obj("reply_to_message")
     reply_id = reply.id("message_id") if reply is not None else None
+    # In a forum topic a message that replies to nothing points at the topic's first message.
+    if reply is not None and reply_id != thread:
+        quoted = reply.text("text") or reply.text("caption")
+        if quoted:
+            metadata["reply_to_text"] = quoted
+    else:
+        reply_id = None
+    album = message.text("media_group_id")
+    if album:
+        metadata["media_group_id"] = album
+    sent = _date(message)
     return MessageEvent(
         source=source,
         text=text,
         message_type=kind,
         message_id=source.message_id,
-        # In a forum topic a message that replies to nothing points at the topic's first message.
-        reply_to_message_id=None if reply_id == thread else reply_id,
-        metadata={"media_ids": [file_id]} if file_id else {},
+        reply_to_message_id=reply_id,
+        metadata=metadata,
+        **({"received_at": sent} if sent is not None else {}),
     )
+
+
+def _date(message: Fields) -> datetime | None:
+    """The time the message was sent (its Unix-time ``date``); None when absent or 0."""
+    value = message.integer("date")
+    if not value:
+        return None
+    if not 0 < value <= _LAST_DATE:
+        raise malformed(f"{message.path}.date", "must be a Unix time (seconds since 1970)")
+    return datetime.fromtimestamp(value, timezone.utc)
 
 
 def _content(message: Fields) -> tuple[str, MessageType, str | None] | None:
@@ -91,6 +120,9 @@ def _content(message: Fields) -> tuple[str, MessageType, str | None] | None:
             sizes = message.objs("photo")
             return caption, kind, sizes[-1].id("file_id") if sizes else None
         media = message.obj(name)
+        if name == "venue":
+            place = ", ".join(part for part in (media.text("title"), media.text("address")) if part)
+            return caption or place, kind, None
         return caption, kind, media.opt_id("file_id")
     return None
 
