@@ -106,6 +106,54 @@ def test_profile_name_and_files(hermes_home: Path) -> None:
     assert (event.source.user_name, event.source.scope_id) == ("ana", TEAM)
 
 
+def test_slack_connect_file_stubs_keep_their_id(hermes_home: Path) -> None:
+    # A file shared from another organisation over Slack Connect arrives as a stub with
+    # ``file_access: "check_file_info"`` and no URL; files.info with its id gives the file
+    # (https://api.slack.com/apis/channels-between-orgs#check_file_info).
+    stub = {"id": "F2", "mode": "file_access", "file_access": "check_file_info",
+            "created": 0, "timestamp": 0, "user": ""}  # fmt: skip
+    payload = callback(subtype="file_share", text="", thread_ts="1712345000.000100", files=[stub])
+    event = read("slack", payload, hermes_home)
+    assert event is not None
+    assert (event.text, event.reply_to_message_id, event.source.thread_id) == (
+        "", "1712345000.000100", "1712345000.000100",
+    )  # fmt: skip
+    assert event.media_urls == ()
+    assert event.metadata["media_ids"] == ["F2"]
+    assert keyed("slack", payload, hermes_home)[0] == (
+        f"agent:main:slack:group:s={TEAM}:c=C1:t=1712345000.000100"
+    )
+    plain = read("slack", callback(), hermes_home)
+    assert plain is not None
+    assert "media_ids" not in plain.metadata
+
+
+def test_shared_and_forwarded_messages_keep_their_attachment_text(hermes_home: Path) -> None:
+    # A shared (forwarded) message is a plain ``message`` whose ``attachments`` hold the original
+    # with ``is_share`` / ``is_msg_unfurl``, its ``text`` and a ``fallback``
+    # (https://api.slack.com/reference/messaging/attachments, as "Share message" posts it).
+    shared = {"is_share": True, "is_msg_unfurl": True, "ts": "1712340000.000100",
+              "channel_id": "C2", "author_id": "U2", "author_name": "ben",
+              "text": "deploy at 5", "fallback": "[April 5th] ben: deploy at 5",
+              "footer": "Posted in #ops"}  # fmt: skip
+    event = read("slack", callback(text="fyi", attachments=[shared]), hermes_home)
+    assert event is not None
+    assert (event.text, event.reply_to_message_id, event.source.thread_id) == (
+        "fyi\ndeploy at 5", None, None,
+    )  # fmt: skip
+    assert keyed("slack", callback(text="", attachments=[shared]), hermes_home)[0] == (
+        f"agent:main:slack:group:s={TEAM}:c=C1:u=U1"
+    )
+    bare = {**shared, "text": None}
+    forwarded = read("slack", callback(text="", attachments=[bare]), hermes_home)
+    assert forwarded is not None
+    assert forwarded.text == "[April 5th] ben: deploy at 5"
+    unfurl = {"from_url": "https://example.com", "title": "Example", "text": "a page"}
+    linked = read("slack", callback(text="https://example.com", attachments=[unfurl]), hermes_home)
+    assert linked is not None
+    assert linked.text == "https://example.com"
+
+
 NOT_MESSAGES = [
     ("url verification", {"token": "x", "challenge": "abc", "type": "url_verification"}),
     ("edit", callback(subtype="message_changed", hidden=True, message={"text": "new"})),

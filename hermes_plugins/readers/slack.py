@@ -15,6 +15,11 @@ The workspace (``team_id``) is the scope. ``channel_type`` ``im`` is a DM; ``mpi
 (``is_im``), else a channel id starting with ``D`` is a DM. A reply in a thread has the parent's
 ``ts`` as ``thread_ts``, which becomes ``thread_id``; a mention also delivered as a ``message``
 event reads to the same lane and message id, so the gateway stores it once.
+
+A shared or forwarded message carries the original as an attachment (``is_share`` or
+``is_msg_unfurl``): its ``text`` (else ``fallback``) follows the message's own. A file shared
+over Slack Connect is a stub (``file_access: check_file_info``) without URL: its id is kept in
+``metadata["media_ids"]`` for the host's ``files.info``.
 """
 
 from __future__ import annotations
@@ -56,6 +61,7 @@ def read_slack_event(payload: Mapping[str, Any], context: ReadContext) -> Messag
     profile = event.opt_obj("user_profile")
     files = event.objs("files")
     urls = tuple(url for item in files if (url := item.text("url_private")))
+    stubs = [item.id("id") for item in files if item.text("file_access") == "check_file_info"]
     source = SessionSource(
         platform="slack",
         chat_id=channel,
@@ -68,12 +74,23 @@ def read_slack_event(payload: Mapping[str, Any], context: ReadContext) -> Messag
     )
     return MessageEvent(
         source=source,
-        text=event.text("text") or "",
+        text=_text(event),
         message_type=media_type(files[0].text("mimetype")) if files else MessageType.TEXT,
         message_id=ts,
         reply_to_message_id=thread,
         media_urls=urls,
+        metadata={"media_ids": stubs} if stubs else {},
     )
+
+
+def _text(event: Fields) -> str:
+    """The message's text, then the text (else fallback) of each message it shares."""
+    shared = [
+        attachment.text("text") or attachment.text("fallback")
+        for attachment in event.objs("attachments")
+        if attachment.flag("is_share") or attachment.flag("is_msg_unfurl")
+    ]
+    return "\n".join(part for part in (event.text("text"), *shared) if part)
 
 
 def _chat_type(event: Fields, channel: str, context: ReadContext) -> str:
