@@ -209,6 +209,8 @@ NOT_MESSAGES = [
     ("web status broadcast", web("status@broadcast", participant=f"{PHONE}@s.whatsapp.net")),
     ("web reaction", web(f"{PHONE}@s.whatsapp.net",
                          {"reactionMessage": {"key": {"id": "X"}, "text": "👍"}})),
+    ("web poll vote (encrypted)", web(f"{PHONE}@s.whatsapp.net", {"pollUpdateMessage": {
+        "pollCreationMessageKey": {"id": "X"}, "vote": {"encPayload": "AAAA", "encIv": "BBBB"}}})),
     ("web deletion", web(f"{PHONE}@s.whatsapp.net", {"protocolMessage": {"type": 0}})),
     ("web stub without content", {**web(GROUP, participant="1@lid"), "message": None,
                                   "messageStubType": 27}),
@@ -410,3 +412,88 @@ def test_button_and_list_replies_carry_their_title_and_id(
     event = read("whatsapp", payload, hermes_home)
     assert event is not None
     assert (event.message_type, event.metadata) == (MessageType.TEXT, {"choice_id": choice})
+
+
+# Shared contacts and locations as Meta's messages webhook reference shows them
+# (.../webhooks/reference/messages/contacts: ``contacts[]`` with ``name.formatted_name`` and
+# ``phones[].phone``; .../messages/location: ``location`` with ``latitude``, ``longitude``,
+# ``name``, ``address``). The Cloud API delivers no polls (a poll arrives as ``unsupported``).
+CLOUD_SHARED = [
+    ("contacts", {**_REPLY, "type": "contacts", "contacts": [
+        {"name": {"formatted_name": "Barbara Johnson", "first_name": "Barbara"},
+         "phones": [{"phone": "+1 (940) 555-1234", "wa_id": "19405551234", "type": "HOME"},
+                    {"phone": "+1 (650) 555-1234", "type": "WORK"}]},
+        {"name": {"formatted_name": "Ali"}, "phones": []}]},
+     "Barbara Johnson: +1 (940) 555-1234, +1 (650) 555-1234; Ali", MessageType.TEXT),
+    ("location", {**_REPLY, "type": "location", "location": {
+        "latitude": 37.483307, "longitude": -122.148981, "name": "Philz Coffee",
+        "address": "101 Forest Ave, Palo Alto, CA 94301"}},
+     "Philz Coffee, 101 Forest Ave, Palo Alto, CA 94301 (37.483307, -122.148981)",
+     MessageType.LOCATION),
+    ("location without a name", {**_REPLY, "type": "location",
+                                 "location": {"latitude": 3, "longitude": 101.5}},
+     "(3, 101.5)", MessageType.LOCATION),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("case", "message", "body", "kind"), CLOUD_SHARED, ids=[c[0] for c in CLOUD_SHARED]
+)
+def test_cloud_contacts_and_locations_read_as_text(
+    case: str, message: dict[str, Any], body: str, kind: MessageType, hermes_home: Path
+) -> None:
+    payload = cloud(message)
+    assert read_as(payload, hermes_home) == (
+        f"agent:main:whatsapp:dm:c={PHONE}", body, "wamid.ASKED", None
+    )  # fmt: skip
+    event = read("whatsapp", payload, hermes_home)
+    assert event is not None
+    assert event.message_type == kind
+
+
+# The same in Baileys' ``proto.IMessage``: ``contactMessage`` (``displayName``, ``vcard`` whose
+# ``TEL`` lines carry the numbers), ``contactsArrayMessage.contacts[]``, ``locationMessage``
+# (``degreesLatitude``, ``degreesLongitude``, ``name``, ``address``) and
+# ``pollCreationMessage`` / ``pollCreationMessageV3`` (``name``, ``options[].optionName``).
+_VCARD = ("BEGIN:VCARD\nVERSION:3.0\nFN:Barbara Johnson\n"
+          "TEL;type=CELL;type=VOICE;waid=19405551234:+1 940 555 1234\nEND:VCARD")  # fmt: skip
+_QUOTE = {"stanzaId": "3EB0ASKED", "participant": f"{PHONE}@s.whatsapp.net"}
+WEB_SHARED = [
+    ("contact", {"contactMessage": {"displayName": "Barbara Johnson", "vcard": _VCARD,
+                                    "contextInfo": _QUOTE}},
+     "Barbara Johnson: +1 940 555 1234", MessageType.TEXT, "3EB0ASKED"),
+    ("contacts array", {"contactsArrayMessage": {"displayName": "2 contacts", "contacts": [
+        {"displayName": "Barbara Johnson", "vcard": _VCARD},
+        {"displayName": "Ali", "vcard": "BEGIN:VCARD\nFN:Ali\nEND:VCARD"}]}},
+     "Barbara Johnson: +1 940 555 1234; Ali", MessageType.TEXT, None),
+    ("location", {"locationMessage": {"degreesLatitude": 37.483307,
+                                      "degreesLongitude": -122.148981, "name": "Philz Coffee",
+                                      "address": "101 Forest Ave", "contextInfo": _QUOTE}},
+     "Philz Coffee, 101 Forest Ave (37.483307, -122.148981)", MessageType.LOCATION, "3EB0ASKED"),
+    ("poll", {"pollCreationMessage": {"name": "Lunch?", "options": [
+        {"optionName": "Pizza"}, {"optionName": "Sushi"}], "selectableOptionsCount": 1}},
+     "Poll: Lunch? (Pizza / Sushi)", MessageType.TEXT, None),
+    ("poll v3", {"pollCreationMessageV3": {"name": "Lunch?", "options": [
+        {"optionName": "Pizza"}], "contextInfo": _QUOTE}},
+     "Poll: Lunch? (Pizza)", MessageType.TEXT, "3EB0ASKED"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("case", "message", "body", "kind", "reply"), WEB_SHARED, ids=[w[0] for w in WEB_SHARED]
+)
+def test_web_contacts_locations_and_polls_read_as_text(
+    case: str,
+    message: dict[str, Any],
+    body: str,
+    kind: MessageType,
+    reply: str | None,
+    hermes_home: Path,
+) -> None:
+    payload = web(GROUP, message, participant=f"{PHONE}@s.whatsapp.net")
+    assert read_as(payload, hermes_home) == (
+        f"agent:main:whatsapp:group:c={GROUP}:u={PHONE}", body, reply, None
+    )  # fmt: skip
+    event = read("whatsapp", payload, hermes_home)
+    assert event is not None
+    assert event.message_type == kind

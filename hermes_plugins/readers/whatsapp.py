@@ -2,8 +2,9 @@
 
 **Cloud API**: the webhook body (``{"object": "whatsapp_business_account", "entry": [...]}``).
 Changes other than ``messages``, status updates, reactions, message types the event model cannot
-carry (``unsupported``, ``system``, ``order``, ``contacts``, ...) and messages the platform could
-not deliver (with ``errors``, e.g. code 131051) are not user messages. A Flow submission
+carry (``unsupported``, ``system``, ``order``, ...) and messages the platform could not deliver
+(with ``errors``, e.g. code 131051) are not user messages. Shared contacts and locations read as
+short text (``name: phone, phone``; ``name, address (latitude, longitude)``). A Flow submission
 (``interactive.nfm_reply``) reads as its form's ``response_json`` (else its ``body``); a
 template quick reply (``button``) or interactive button or list reply as its title, the id of
 what it chose in ``metadata["choice_id"]``. A
@@ -14,7 +15,8 @@ with :func:`split_cloud_webhook`.
 **WhatsApp Web** (a bridge built on the multi-device protocol, e.g. Baileys): one ``WAMessage``
 (``{"key": {"remoteJid": ..., "fromMe": ..., "id": ...}, "message": {...}, "pushName": ...}``).
 Own messages (``fromMe``), status and newsletter broadcasts, edits, deletions, reactions and
-stubs are not user messages. ``<id>@g.us`` is a group whose sender is ``key.participant``;
+stubs are not user messages. Shared contacts, locations and polls read as text (a poll as
+``Poll: question (option / option)``). ``<id>@g.us`` is a group whose sender is ``key.participant``;
 ``<digits>@s.whatsapp.net`` (with or without a ``:<device>`` suffix) and ``<digits>@lid`` are DMs.
 When a LID-addressed chat or sender also comes with its phone-number JID, the phone-number JID is
 used, so the key does not depend on which form the bridge saw; otherwise the plugin's
@@ -49,8 +51,8 @@ _WEB_MEDIA = {
     "videoMessage": MessageType.VIDEO,
     "documentMessage": MessageType.DOCUMENT,
     "stickerMessage": MessageType.STICKER,
-    "locationMessage": MessageType.LOCATION,
 }
+_WEB_POLLS = ("pollCreationMessage", "pollCreationMessageV2", "pollCreationMessageV3")
 _DM_PHONE_FIELDS = ("remoteJidAlt", "senderPn")
 _SENDER_PHONE_FIELDS = ("participantAlt", "participantPn")
 _MAX_WRAPPING = 4
@@ -163,9 +165,15 @@ def _cloud_content(message: Fields) -> Content | None:
             media.text("caption") or "", media_type, media.opt_id("id"), reply_id, media.text("url")
         )
     if kind == "location":
-        place = message.obj("location")
-        text = ", ".join(part for part in (place.text("name"), place.text("address")) if part)
+        text = _place(message.obj("location"), "latitude", "longitude")
         return Content(text, MessageType.LOCATION, None, reply_id)
+    if kind == "contacts":
+        cards = [
+            _card(card.obj("name").text("formatted_name") if card.has("name") else None,
+                  [phone.text("phone") for phone in card.objs("phones")])
+            for card in message.objs("contacts")
+        ]  # fmt: skip
+        return Content("; ".join(card for card in cards if card), MessageType.TEXT, None, reply_id)
     if kind == "button":
         button = message.obj("button")
         choice = _choice(button.opt_id("payload"))
@@ -257,9 +265,67 @@ def _web_content(message: Fields | None) -> Content | None:
     for name, kind in _WEB_MEDIA.items():
         media = message.opt_obj(name)
         if media is not None:
-            text = media.text("caption") or media.text("name") or media.text("address") or ""
-            return Content(text, kind, None, _quoted(media))
+            return Content(media.text("caption") or "", kind, None, _quoted(media))
+    return _web_shared(message)
+
+
+def _web_shared(message: Fields) -> Content | None:
+    """A shared location, contact card(s) or poll as text; None for what is not read."""
+    place = message.opt_obj("locationMessage")
+    if place is not None:
+        text = _place(place, "degreesLatitude", "degreesLongitude")
+        return Content(text, MessageType.LOCATION, None, _quoted(place))
+    contact = message.opt_obj("contactMessage")
+    cards = [contact] if contact is not None else []
+    listed = message.opt_obj("contactsArrayMessage")
+    cards += listed.objs("contacts") if listed is not None else []
+    if cards:
+        text = "; ".join(
+            filter(None, (_card(card.text("displayName"), _vcard_phones(card)) for card in cards))
+        )
+        return Content(text, MessageType.TEXT, None, _quoted(contact or listed or cards[0]))
+    poll = next((message.obj(name) for name in _WEB_POLLS if message.has(name)), None)
+    if poll is not None:
+        options = " / ".join(filter(None, (o.text("optionName") for o in poll.objs("options"))))
+        text = f"Poll: {poll.text('name') or ''}" + (f" ({options})" if options else "")
+        return Content(text, MessageType.TEXT, None, _quoted(poll))
     return None
+
+
+def _place(place: Fields, latitude: str, longitude: str) -> str:
+    """``name, address (latitude, longitude)``, leaving out what the location lacks."""
+    words = ", ".join(part for part in (place.text("name"), place.text("address")) if part)
+    degrees = [_number(place, latitude), _number(place, longitude)]
+    if None not in degrees:
+        words = f"{words} ({degrees[0]}, {degrees[1]})".strip()
+    return words
+
+
+def _number(place: Fields, name: str) -> str | None:
+    value = place.data.get(name)
+    if value is None:
+        return None
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return str(value)
+    raise malformed(f"{place.path}.{name}", "must be a number")
+
+
+def _card(name: str | None, phones: list[str | None]) -> str:
+    """``name: phone, phone`` of one shared contact."""
+    numbers = ", ".join(phone for phone in phones if phone)
+    if not numbers:
+        return name or ""
+    return f"{name}: {numbers}" if name else numbers
+
+
+def _vcard_phones(card: Fields) -> list[str | None]:
+    """The numbers of a vCard's ``TEL`` lines (``item1.TEL;waid=...:+1 940 555 1234``)."""
+    phones: list[str | None] = []
+    for line in (card.text("vcard") or "").splitlines():
+        name, _, value = line.partition(":")
+        if name.split(";")[0].rpartition(".")[2].upper() == "TEL":
+            phones.append(value.strip())
+    return phones
 
 
 def _quoted(content: Fields) -> str | None:
