@@ -68,6 +68,33 @@ def test_the_workspace_keeps_equal_channel_ids_apart(hermes_home: Path) -> None:
     assert keyed("slack", other, hermes_home)[0] != keyed("slack", callback(), hermes_home)[0]
 
 
+def test_org_wide_installs_scope_by_their_authorization(hermes_home: Path) -> None:
+    # An org-wide install's ``authorizations[0]`` has ``is_enterprise_install`` true,
+    # ``enterprise_id`` set and ``team_id`` null; a payload without ``team_id`` (and no
+    # ``event.team``) is scoped by the authorization's team, else its enterprise
+    # (https://api.slack.com/enterprise/org-ready-apps, https://api.slack.com/apis/events-api).
+    grant = {"enterprise_id": "E0ORG", "team_id": None, "user_id": "UBOT", "is_bot": True,
+             "is_enterprise_install": True}  # fmt: skip
+    org = {**callback(thread_ts="1712345000.000100"), "enterprise_id": "E0ORG",
+           "authorizations": [grant], "is_ext_shared_channel": False}  # fmt: skip
+    del org["team_id"]
+    event = read("slack", org, hermes_home)
+    assert event is not None
+    assert (event.text, event.reply_to_message_id, event.source.thread_id) == (
+        "hello", "1712345000.000100", "1712345000.000100",
+    )  # fmt: skip
+    assert keyed("slack", org, hermes_home)[0] == (
+        "agent:main:slack:group:s=E0ORG:c=C1:t=1712345000.000100"
+    )
+    workspace = {**org, "authorizations": [{**grant, "team_id": "T0WS"}]}
+    assert keyed("slack", workspace, hermes_home)[0].startswith("agent:main:slack:group:s=T0WS:")
+    # A payload that names its team keeps the key it always had.
+    named = {**org, "team_id": TEAM}
+    assert keyed("slack", named, hermes_home)[0] == (
+        f"agent:main:slack:group:s={TEAM}:c=C1:t=1712345000.000100"
+    )
+
+
 def test_a_mention_and_its_message_event_read_to_one_lane_and_message(hermes_home: Path) -> None:
     mention = callback(type="app_mention", text="<@UBOT> help", thread_ts="1712345000.000100")
     del mention["event"]["channel_type"]

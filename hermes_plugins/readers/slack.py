@@ -9,8 +9,10 @@ ones and subtypes other than a thread reply also sent to the channel (``thread_b
 file share (``file_share``) and ``/me`` (``me_message``): edits, deletions, joins, topic
 changes, ... are not read.
 
-The workspace (``team_id``) is the scope. ``channel_type`` ``im`` is a DM; ``mpim`` (group DM),
-``channel`` and ``group`` (private channel) are groups. ``app_mention`` events carry no
+The workspace (``team_id``, else ``event.team``) is the scope; a payload naming neither (an
+org-wide install's) is scoped by ``authorizations[0]``'s team, else its enterprise.
+``channel_type`` ``im`` is a DM; ``mpim`` (group DM), ``channel`` and ``group`` (private
+channel) are groups. ``app_mention`` events carry no
 ``channel_type``: the host's ``ReadContext.lookup_chat`` may return the conversation object
 (``is_im``), else a channel id starting with ``D`` is a DM. A reply in a thread has the parent's
 ``ts`` as ``thread_ts``, which becomes ``thread_id``; a mention also delivered as a ``message``
@@ -69,7 +71,7 @@ def read_slack_event(payload: Mapping[str, Any], context: ReadContext) -> Messag
         user_id=event.id("user"),
         user_name=(profile.text("display_name") or profile.text("real_name")) if profile else None,
         thread_id=thread,
-        scope_id=body.opt_id("team_id") or event.opt_id("team"),
+        scope_id=_workspace(body, event),
         message_id=ts,
     )
     return MessageEvent(
@@ -91,6 +93,20 @@ def _text(event: Fields) -> str:
         if attachment.flag("is_share") or attachment.flag("is_msg_unfurl")
     ]
     return "\n".join(part for part in (event.text("text"), *shared) if part)
+
+
+def _workspace(body: Fields, event: Fields) -> str | None:
+    """``team_id``, else ``event.team``, else (an org-wide install) ``authorizations[0]``'s team,
+    else its enterprise, else the body's ``enterprise_id``."""
+    grants = body.objs("authorizations")
+    grant = grants[0] if grants else None
+    found = (
+        body.opt_id("team_id"), event.opt_id("team"),
+        grant.opt_id("team_id") if grant else None,
+        grant.opt_id("enterprise_id") if grant else None,
+        body.opt_id("enterprise_id"),
+    )  # fmt: skip
+    return next((workspace for workspace in found if workspace), None)
 
 
 def _chat_type(event: Fields, channel: str, context: ReadContext) -> str:
