@@ -497,3 +497,46 @@ def test_web_contacts_locations_and_polls_read_as_text(
     event = read("whatsapp", payload, hermes_home)
     assert event is not None
     assert event.message_type == kind
+
+
+# Baileys' ``proto.IContextInfo`` on a message's content: ``stanzaId`` and ``participant`` of
+# the replied-to message, its content as ``quotedMessage`` (a ``proto.IMessage``), and
+# ``mentionedJid`` (the JIDs @-mentioned in the text).
+MENTIONED = [f"{PHONE}@s.whatsapp.net", f"{LID}@lid"]
+QUOTES = [
+    ("text quoting text", {"extendedTextMessage": {"text": "@60123456789 at noon", "contextInfo": {
+        "stanzaId": "3EB0ASKED", "participant": f"{PHONE}@s.whatsapp.net",
+        "quotedMessage": {"conversation": "what time?"}, "mentionedJid": MENTIONED}}},
+     "@60123456789 at noon", "3EB0ASKED", {"quoted_text": "what time?", "mentions": MENTIONED}),
+    ("image quoting a captioned image", {"imageMessage": {"caption": "this one", "contextInfo": {
+        "stanzaId": "3EB0PIC", "quotedMessage": {"imageMessage": {"caption": "which?"}}}}},
+     "this one", "3EB0PIC", {"quoted_text": "which?"}),
+    ("quote of a quote reads one level", {"extendedTextMessage": {"text": "yes", "contextInfo": {
+        "stanzaId": "3EB0B", "quotedMessage": {"extendedTextMessage": {
+            "text": "sure?", "contextInfo": {"stanzaId": "3EB0A",
+                                             "quotedMessage": {"conversation": "deep"}}}}}}},
+     "yes", "3EB0B", {"quoted_text": "sure?"}),
+    ("mentions without a quote", {"extendedTextMessage": {"text": "hi all", "contextInfo": {
+        "mentionedJid": MENTIONED}}},
+     "hi all", None, {"mentions": MENTIONED}),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("case", "message", "body", "reply", "metadata"), QUOTES, ids=[q[0] for q in QUOTES]
+)
+def test_web_quoted_text_and_mentions_go_to_metadata(
+    case: str,
+    message: dict[str, Any],
+    body: str,
+    reply: str | None,
+    metadata: dict[str, Any],
+    hermes_home: Path,
+) -> None:
+    payload = web(GROUP, message, participant=f"{PHONE}@s.whatsapp.net")
+    assert read_as(payload, hermes_home) == (
+        f"agent:main:whatsapp:group:c={GROUP}:u={PHONE}", body, reply, None
+    )  # fmt: skip
+    event = read("whatsapp", payload, hermes_home)
+    assert event is not None
+    assert event.metadata == metadata

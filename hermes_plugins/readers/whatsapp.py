@@ -16,7 +16,9 @@ with :func:`split_cloud_webhook`.
 (``{"key": {"remoteJid": ..., "fromMe": ..., "id": ...}, "message": {...}, "pushName": ...}``).
 Own messages (``fromMe``), status and newsletter broadcasts, edits, deletions, reactions and
 stubs are not user messages. Shared contacts, locations and polls read as text (a poll as
-``Poll: question (option / option)``). ``<id>@g.us`` is a group whose sender is ``key.participant``;
+``Poll: question (option / option)``). The replied-to message's text (``contextInfo.quotedMessage``)
+goes to ``metadata["quoted_text"]``, the mentioned JIDs (``contextInfo.mentionedJid``) to
+``metadata["mentions"]``. ``<id>@g.us`` is a group whose sender is ``key.participant``;
 ``<digits>@s.whatsapp.net`` (with or without a ``:<device>`` suffix) and ``<digits>@lid`` are DMs.
 When a LID-addressed chat or sender also comes with its phone-number JID, the phone-number JID is
 used, so the key does not depend on which form the bridge saw; otherwise the plugin's
@@ -239,8 +241,11 @@ def _read_web(message: Fields) -> MessageEvent | None:
     return _event(source, content=content)
 
 
-def _web_content(message: Fields | None) -> Content | None:
-    """What a WhatsApp Web message says, through its wrappers; None for what is not read."""
+def _web_content(message: Fields | None, *, quoting: bool = True) -> Content | None:
+    """What a WhatsApp Web message says, through its wrappers; None for what is not read. With
+    ``quoting``, the quoted message's text and the mentions go to the metadata (a quoted message's
+    own quote is not read)."""
+    path = message.path if message is not None else ""
     for _ in range(_MAX_WRAPPING + 1):
         if message is None:
             return None
@@ -249,9 +254,17 @@ def _web_content(message: Fields | None) -> Content | None:
             break
         message = message.obj(wrapper).opt_obj("message")
     else:
-        raise malformed("payload.message", f"wraps its content more than {_MAX_WRAPPING} deep")
+        raise malformed(path, f"wraps its content more than {_MAX_WRAPPING} deep")
     if message is None:
         return None
+    content = _web_body(message)
+    if content is None or not quoting:
+        return content
+    return content._replace(metadata=_context_metadata(message) or None)
+
+
+def _web_body(message: Fields) -> Content | None:
+    """What an unwrapped WhatsApp Web message says; None for what is not read."""
     conversation = message.text("conversation")
     if conversation is not None:
         return Content(conversation, MessageType.TEXT, None, None)
@@ -326,6 +339,29 @@ def _vcard_phones(card: Fields) -> list[str | None]:
         if name.split(";")[0].rpartition(".")[2].upper() == "TEL":
             phones.append(value.strip())
     return phones
+
+
+def _context_metadata(message: Fields) -> dict[str, Any]:
+    """``quoted_text`` (the replied-to message's text) and ``mentions`` (the mentioned JIDs) from
+    the ``contextInfo`` of the message's content."""
+    found = (name for name, part in message.data.items()
+             if isinstance(part, Mapping) and part.get("contextInfo") is not None)  # fmt: skip
+    name = next(found, None)
+    if name is None:
+        return {}
+    info = message.obj(name).obj("contextInfo")
+    metadata: dict[str, Any] = {}
+    quoted = info.opt_obj("quotedMessage")
+    said = _web_content(quoted, quoting=False) if quoted is not None else None
+    if said is not None and said.text:
+        metadata["quoted_text"] = said.text
+    mentions = info.data.get("mentionedJid")
+    if mentions is not None and not isinstance(mentions, list):
+        raise malformed(f"{info.path}.mentionedJid", "must be a list")
+    jids = [jid for jid in mentions or () if isinstance(jid, str) and jid]
+    if jids:
+        metadata["mentions"] = jids
+    return metadata
 
 
 def _quoted(content: Fields) -> str | None:
