@@ -1,7 +1,8 @@
 """The Telegram reader on Bot API ``Update`` samples.
 
 Every sample is written from the Bot API reference, https://core.telegram.org/bots/api: the
-``Update`` object (``message``, ``edited_message``, ``channel_post``, ``callback_query``), the
+``Update`` object (``message``, ``edited_message``, ``channel_post``, ``business_message``,
+``callback_query``), ``CallbackQuery`` and ``InaccessibleMessage``, the
 ``Message`` object (``message_thread_id``, ``is_topic_message``, ``from``, ``sender_chat``,
 ``is_automatic_forward``, ``reply_to_message``, ``text``, ``caption``, ``photo`` as a list of
 ``PhotoSize``, ``voice``, ``document``, ``sticker``, ``location``, ``new_chat_members``), ``Chat``
@@ -268,3 +269,71 @@ def test_a_venue_reads_as_its_title_and_address(hermes_home: Path) -> None:
         "Cafe Luso, Tv. da Queimada 10, Lisboa",
     )
     assert keyed("telegram", payload, hermes_home) == ("agent:main:telegram:dm:c=42", False)
+
+
+def callback(**query: Any) -> dict[str, Any]:
+    """An ``Update`` with a ``callback_query``: Ben pressed a button under the bot's message 30
+    in topic 17585 (Bot API, "CallbackQuery": id, from, message, chat_instance, data)."""
+    chat = {"id": GROUP, "type": "supergroup", "title": "Team", "is_forum": True}
+    shown = {
+        "message_id": 30,
+        "date": 1735689000,
+        "chat": chat,
+        "message_thread_id": 17585,
+        "is_topic_message": True,
+        "from": {"id": 777, "is_bot": True, "first_name": "Hermes"},
+        "text": "Deploy now?",
+        "reply_markup": {"inline_keyboard": [[{"text": "Yes", "callback_data": "deploy:yes"}]]},
+    }
+    body = {"id": "4382bfdwdsb323b2d9", "from": BEN, "message": shown, "chat_instance": "-73"}
+    return {"update_id": 900002, "callback_query": {**body, **query}}
+
+
+def test_a_button_press_reads_as_its_data_in_the_message_lane(hermes_home: Path) -> None:
+    event = read("telegram", callback(data="deploy:yes"), hermes_home)
+    assert event is not None
+    assert (event.text, event.message_type) == ("deploy:yes", MessageType.TEXT)
+    assert (event.message_id, event.reply_to_message_id) == ("4382bfdwdsb323b2d9", "30")
+    assert (event.source.user_id, event.source.user_name) == ("43", "Ben")
+    assert event.source.thread_id == "17585"
+    assert keyed("telegram", callback(data="deploy:yes"), hermes_home) == keyed(
+        "telegram", forum_topic(BEN), hermes_home
+    )
+    # InaccessibleMessage (Bot API): only chat, message_id and date 0 are left of a message
+    # too old to show; the press still reads, in the chat's lane.
+    gone = {"chat": {"id": 42, "type": "private"}, "message_id": 30, "date": 0}
+    old = read("telegram", callback(data="again", message=gone), hermes_home)
+    assert old is not None
+    assert (old.text, old.reply_to_message_id) == ("again", "30")
+    assert keyed("telegram", callback(data="again", message=gone), hermes_home) == (
+        "agent:main:telegram:dm:c=42",
+        False,
+    )
+
+
+def test_presses_with_no_chat_or_no_data_are_not_messages(hermes_home: Path) -> None:
+    # A button under an inline-mode message has inline_message_id and no message; a game's
+    # button has game_short_name and no data (Bot API, "CallbackQuery").
+    inline = callback(data="x", message=None, inline_message_id="AAQ")
+    game = callback(game_short_name="tetris")
+    assert read("telegram", inline, hermes_home) is None
+    assert read("telegram", game, hermes_home) is None
+
+
+def test_business_messages_read_with_their_connection(hermes_home: Path) -> None:
+    # Update.business_message is a Message with business_connection_id; the bot's own messages
+    # sent on behalf of the account come back with sender_business_bot (Bot API, "Message").
+    chat = {"id": 5150, "type": "private", "first_name": "Cleo"}
+    cleo = {"id": 5150, "is_bot": False, "first_name": "Cleo"}
+    message = {"message_id": 8, "date": 1735689600, "chat": chat, "from": cleo,
+               "business_connection_id": "bc-1", "text": "open today?"}  # fmt: skip
+    event = read("telegram", {"update_id": 3, "business_message": message}, hermes_home)
+    assert event is not None
+    assert (event.text, event.message_id, event.source.user_id) == ("open today?", "8", "5150")
+    assert event.metadata == {"business_connection_id": "bc-1"}
+    assert keyed("telegram", {"update_id": 3, "business_message": message}, hermes_home) == (
+        "agent:main:telegram:dm:c=5150",
+        False,
+    )
+    echo = {**message, "sender_business_bot": {"id": 777, "is_bot": True, "first_name": "H"}}
+    assert read("telegram", {"update_id": 4, "business_message": echo}, hermes_home) is None

@@ -1,16 +1,18 @@
 """Telegram Bot API ``Update`` objects (from ``getUpdates`` or a webhook) into events.
 
-``message`` and ``channel_post`` updates are read; edits (``edited_*``), reactions, callback
-queries and every other update kind are not user messages. A message is read when it has text, a
-caption or media the event model carries (photo, video, animation, video note, audio, voice,
-document, sticker, location, venue); service messages (members joining, topics created, pins,
-...) and content it cannot carry (polls, dice, contacts, games) are not. Messages sent by bots,
-and channel posts the platform copied into a discussion group (``is_automatic_forward``), are not
-user messages either.
+``message``, ``channel_post`` and ``business_message`` updates are read, and button presses
+(``callback_query``) as the button's ``data``; edits (``edited_*``), reactions and every other
+update kind are not user messages. A message is read when it has text, a caption or media the
+event model carries (photo, video, animation, video note, audio, voice, document, sticker,
+location, venue); service messages (members joining, topics created, pins, ...) and content it
+cannot carry (polls, dice, contacts, games) are not. Messages sent by bots (a business account's
+bot included), and channel posts the platform copied into a discussion group
+(``is_automatic_forward``), are not user messages either.
 
 Besides the source, an event carries the message's ``date`` as ``received_at``, and in
-``metadata`` the replied-to message's text or caption (``reply_to_text``) and an album's
-``media_group_id``; a venue's text is its title and address.
+``metadata`` the replied-to message's text or caption (``reply_to_text``), an album's
+``media_group_id`` and a business message's ``business_connection_id``; a venue's text is its
+title and address.
 """
 
 from __future__ import annotations
@@ -38,40 +40,33 @@ _MEDIA = (
 )
 _LAST_DATE = 253402300799
 """9999-12-31T23:59:59Z, the last Unix time a ``datetime`` holds."""
-_MESSAGE_KEYS = ("message", "channel_post")
+_MESSAGE_KEYS = ("message", "channel_post", "business_message")
 
 
 def read_telegram_update(payload: Mapping[str, Any], context: ReadContext) -> MessageEvent | None:
     """The event of a Telegram ``Update`` (see the module docstring for what is read)."""
     update = Fields(payload, "update")
+    query = update.opt_obj("callback_query")
+    if query is not None:
+        return _button_press(query)
     key = next((name for name in _MESSAGE_KEYS if update.has(name)), None)
     if key is None:
         return None
     message = update.obj(key)
-    chat = message.obj("chat")
-    chat_kind = chat.text("type")
-    if chat_kind not in _CHAT_TYPES:
-        raise malformed(f"{chat.path}.type", f"must be one of {', '.join(_CHAT_TYPES)}")
+    _chat_kind(message.obj("chat"))
     sender = message.opt_obj("sender_chat")
     user = message.opt_obj("from")
     if message.flag("is_automatic_forward") or (sender is None and user and user.flag("is_bot")):
+        return None
+    if message.has("sender_business_bot"):  # sent by a bot on behalf of the business account
         return None
     content = _content(message)
     if content is None:
         return None
     text, kind, file_id = content
     author = sender or user
-    thread = message.opt_id("message_thread_id") if message.flag("is_topic_message") else None
-    source = SessionSource(
-        platform="telegram",
-        chat_id=chat.id("id"),
-        chat_name=chat.text("title") if chat_kind != "private" else None,
-        chat_type=_CHAT_TYPES[chat_kind],
-        user_id=author.id("id") if author is not None else None,
-        user_name=_name(sender, user, message),
-        thread_id=thread,
-        message_id=message.id("message_id"),
-    )
+    thread = _thread(message)
+    source = _source(message, author, _name(sender, user, message), message.id("message_id"))
     metadata: dict[str, Any] = {"media_ids": [file_id]} if file_id else {}
     reply = message.opt_obj("reply_to_message")
     reply_id = reply.id("message_id") if reply is not None else None
@@ -82,6 +77,9 @@ def read_telegram_update(payload: Mapping[str, Any], context: ReadContext) -> Me
             metadata["reply_to_text"] = quoted
     else:
         reply_id = None
+    connection = message.text("business_connection_id")
+    if connection:
+        metadata["business_connection_id"] = connection
     album = message.text("media_group_id")
     if album:
         metadata["media_group_id"] = album
@@ -94,6 +92,54 @@ def read_telegram_update(payload: Mapping[str, Any], context: ReadContext) -> Me
         reply_to_message_id=reply_id,
         metadata=metadata,
         **({"received_at": sent} if sent is not None else {}),
+    )
+
+
+def _button_press(query: Fields) -> MessageEvent | None:
+    """A ``callback_query``: the pressed button's ``data`` as text, in the lane of the message
+    the button is under; None for inline-mode messages (no chat) and game buttons (no data)."""
+    message = query.opt_obj("message")
+    data = query.text("data")
+    user = query.obj("from")
+    if message is None or not data or user.flag("is_bot"):
+        return None
+    query_id = query.id("id")
+    return MessageEvent(
+        source=_source(message, user, _name(None, user, message), query_id),
+        text=data,
+        message_id=query_id,
+        reply_to_message_id=message.id("message_id"),
+    )
+
+
+def _chat_kind(chat: Fields) -> str:
+    """The chat's ``type``, checked."""
+    kind = chat.text("type")
+    if kind not in _CHAT_TYPES:
+        raise malformed(f"{chat.path}.type", f"must be one of {', '.join(_CHAT_TYPES)}")
+    return kind
+
+
+def _thread(message: Fields) -> str | None:
+    """The forum topic of ``message``; a supergroup's reply chain is not one."""
+    return message.opt_id("message_thread_id") if message.flag("is_topic_message") else None
+
+
+def _source(
+    message: Fields, author: Fields | None, name: str | None, message_id: str
+) -> SessionSource:
+    """The source of an event in ``message``'s chat and topic, from ``author``."""
+    chat = message.obj("chat")
+    kind = _chat_kind(chat)
+    return SessionSource(
+        platform="telegram",
+        chat_id=chat.id("id"),
+        chat_name=chat.text("title") if kind != "private" else None,
+        chat_type=_CHAT_TYPES[kind],
+        user_id=author.id("id") if author is not None else None,
+        user_name=name,
+        thread_id=_thread(message),
+        message_id=message_id,
     )
 
 
