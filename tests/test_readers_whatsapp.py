@@ -540,3 +540,29 @@ def test_web_quoted_text_and_mentions_go_to_metadata(
     event = read("whatsapp", payload, hermes_home)
     assert event is not None
     assert event.metadata == metadata
+
+
+# A click-to-WhatsApp ad's first message as Meta's messages webhook reference shows it
+# (.../webhooks/reference/messages/text, "referral"): a text message with a ``referral`` object
+# (``source_url``, ``source_id``, ``source_type``, ``headline``, ``body``, ``media_type``,
+# ``image_url``, ``ctwa_clid``, ``welcome_message``).
+REFERRAL = {
+    "source_url": "https://fb.me/3cr4Wqqkv", "source_id": "120226305854810726",
+    "source_type": "ad", "headline": "Chat with us", "body": "Free delivery this week",
+    "media_type": "image", "image_url": "https://scontent.xx.fbcdn.net/v/t45.1600-4/ad.png",
+    "ctwa_clid": "ARAkLkA8rmlFeiCktEJQ-QTwRiyYHAFDLMNDBH0CD3qpjd0HR4irJ6LEkR7JwFF4XvnO2E4Nx0-eM",
+    "welcome_message": {"text": "Hi! How can we help?"},
+}  # fmt: skip
+
+
+def test_a_click_to_whatsapp_referral_goes_to_metadata(hermes_home: Path) -> None:
+    payload = cloud(text("Can I get more info?", referral=REFERRAL))
+    assert read_as(payload, hermes_home) == (
+        f"agent:main:whatsapp:dm:c={PHONE}", "Can I get more info?", None, None
+    )  # fmt: skip
+    event = read("whatsapp", payload, hermes_home)
+    assert event is not None
+    assert event.metadata == {"referral": REFERRAL}
+    plain = read("whatsapp", cloud(text()), hermes_home)
+    assert plain is not None
+    assert plain.metadata == {}

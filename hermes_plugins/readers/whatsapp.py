@@ -7,7 +7,8 @@ carry (``unsupported``, ``system``, ``order``, ...) and messages the platform co
 short text (``name: phone, phone``; ``name, address (latitude, longitude)``). A Flow submission
 (``interactive.nfm_reply``) reads as its form's ``response_json`` (else its ``body``); a
 template quick reply (``button``) or interactive button or list reply as its title, the id of
-what it chose in ``metadata["choice_id"]``. A
+what it chose in ``metadata["choice_id"]``. The first message from a click-to-WhatsApp ad
+keeps its ``referral`` object in ``metadata["referral"]``. A
 message with ``group_id`` belongs to that group, else it is a DM with its sender (``from``, a
 phone number). One payload must hold one message: a webhook batching several is split first
 with :func:`split_cloud_webhook`.
@@ -130,6 +131,10 @@ def _read_cloud(body: Fields) -> MessageEvent | None:
     content = _cloud_content(message)
     if content is None:
         return None
+    referral = message.opt_obj("referral")
+    if referral is not None:
+        extra = {**(content.metadata or {}), "referral": dict(referral.data)}
+        content = content._replace(metadata=extra)
     sender = message.id("from")
     group = message.opt_id("group_id")
     names = [
