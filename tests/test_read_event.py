@@ -46,6 +46,7 @@ FIELD_NAMES = [
     "channel_type", "payload", "files", "object", "entry", "changes", "field", "value",
     "messages", "contacts", "profile", "group_id", "key", "remoteJid", "participant",
     "remoteJidAlt", "conversation", "ephemeralMessage", "extendedTextMessage",
+    "callback_query", "data", "business_message", "venue", "reply_to_message", "date",
 ]  # fmt: skip
 SCALARS = (
     st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=12)
@@ -64,6 +65,9 @@ SAMPLES: list[tuple[str, Any]] = [
     ("telegram", telegram.forum_topic(telegram.ANA)),
     ("telegram", telegram.private()),
     ("telegram", telegram.update(chat={"id": 1, "type": "group"}, photo=[{"file_id": "p"}])),
+    ("telegram", telegram.callback(data="deploy:yes")),
+    ("telegram", telegram.update(chat={"id": 1, "type": "private"}, venue={"title": "T"},
+                                 reply_to_message={"message_id": 2, "text": "q"})),
     ("discord", discord.in_guild(discord.THREAD)),
     ("discord", discord.dispatch("900000000000000000")),
     ("discord", discord.in_guild(discord.CHANNEL, channel_type=0)),
