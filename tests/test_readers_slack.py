@@ -181,6 +181,38 @@ def test_shared_and_forwarded_messages_keep_their_attachment_text(hermes_home: P
     assert linked.text == "https://example.com"
 
 
+def slash_command(**fields: str) -> dict[str, str]:
+    """A slash command as Slack POSTs it (form fields, decoded by the host), after
+    https://api.slack.com/interactivity/slash-commands#app_command_handling."""
+    return {
+        "token": "x", "team_id": TEAM, "team_domain": "acme", "channel_id": "C1",
+        "channel_name": "general", "user_id": "U1", "user_name": "ana", "command": "/ask",
+        "text": "what is due", "api_app_id": "A1", "response_url": "https://hooks.slack.com/c/1",
+        "trigger_id": "13345224609.738474920.8088930838d88f008e0", **fields,
+    }  # fmt: skip
+
+
+def test_slash_commands_read_as_the_command_line(hermes_home: Path) -> None:
+    event = read("slack", slash_command(), hermes_home)
+    assert event is not None
+    assert (event.text, event.reply_to_message_id, event.source.thread_id) == (
+        "/ask what is due", None, None,
+    )  # fmt: skip
+    assert (event.source.user_name, event.message_id) == ("ana", None)
+    assert keyed("slack", slash_command(), hermes_home)[0] == (
+        f"agent:main:slack:group:s={TEAM}:c=C1:u=U1"
+    )
+    # A DM's channel_name is "directmessage"; Socket Mode wraps the same fields in a
+    # ``slash_commands`` envelope (https://api.slack.com/apis/socket-mode).
+    dm = slash_command(channel_id="D5", channel_name="directmessage", text="")
+    envelope = {"envelope_id": "e2", "type": "slash_commands", "payload": dm,
+                "accepts_response_payload": True}  # fmt: skip
+    wrapped = read("slack", envelope, hermes_home)
+    assert wrapped is not None
+    assert wrapped.text == "/ask"
+    assert keyed("slack", envelope, hermes_home)[0] == f"agent:main:slack:dm:s={TEAM}:c=D5"
+
+
 NOT_MESSAGES = [
     ("url verification", {"token": "x", "challenge": "abc", "type": "url_verification"}),
     ("edit", callback(subtype="message_changed", hidden=True, message={"text": "new"})),
@@ -196,6 +228,36 @@ NOT_MESSAGES = [
               text="Reminder: stand-up.")),
     ("Slackbot notice in a channel",
      callback(user="USLACKBOT", text="Only visible to you: this channel is archived soon.")),
+    # The AI assistant pane's events (https://api.slack.com/events/assistant_thread_started and
+    # .../assistant_thread_context_changed): the user opened the pane or moved to another
+    # channel; what they write there arrives as ``message`` events.
+    ("assistant thread started",
+     {**callback(), "event": {"type": "assistant_thread_started", "event_ts": "1715873754.429808",
+      "assistant_thread": {"user_id": "U1", "channel_id": "D5",
+                           "thread_ts": "1729999327.187299",
+                           "context": {"channel_id": "C1", "team_id": TEAM}}}}),
+    ("assistant thread context changed",
+     {**callback(), "event": {"type": "assistant_thread_context_changed",
+      "event_ts": "1715873754.429808",
+      "assistant_thread": {"user_id": "U1", "channel_id": "D5",
+                           "thread_ts": "1729999327.187299",
+                           "context": {"channel_id": "C2", "team_id": TEAM}}}}),
+    # Shortcuts (https://api.slack.com/interactivity/shortcuts/using): a global one has no
+    # conversation; a message shortcut names an action on a message, for the host's handler.
+    ("global shortcut",
+     {"type": "shortcut", "token": "x", "action_ts": "1581106241.371594",
+      "team": {"id": TEAM, "domain": "acme"}, "user": {"id": "U1", "username": "ana",
+      "team_id": TEAM}, "callback_id": "open_notes", "trigger_id": "944799105734.773906753841"}),
+    ("message shortcut",
+     {"type": "message_action", "token": "x", "action_ts": "1581106241.371594",
+      "team": {"id": TEAM, "domain": "acme"}, "user": {"id": "U1", "name": "ana"},
+      "channel": {"id": "C1", "name": "general"}, "callback_id": "summarise",
+      "trigger_id": "944799105734.773906753841", "message_ts": "1712345678.000200",
+      "message": {"type": "message", "user": "U2", "ts": "1712345678.000200", "text": "hi"},
+      "response_url": "https://hooks.slack.com/app/1"}),
+    ("socket mode interactive envelope",
+     {"envelope_id": "e3", "type": "interactive", "payload": {"type": "shortcut",
+      "callback_id": "open_notes", "team": {"id": TEAM}, "user": {"id": "U1"}}}),
 ]  # fmt: skip
 
 

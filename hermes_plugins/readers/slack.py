@@ -1,9 +1,14 @@
-"""Slack Events API ``event_callback`` payloads into events.
+"""Slack Events API ``event_callback`` payloads and slash commands into events.
 
 The payload is the HTTP request body (``{"type": "event_callback", "team_id": ..., "event":
 {...}}``) or the Socket Mode envelope around it (``{"type": "events_api", "payload": {...}}``).
-Other payload types (``url_verification``, rate-limit notices) and inner events other than
-``message`` and ``app_mention`` are not user messages, nor are messages from bots (``bot_id``) or
+A slash command (the form fields Slack POSTs, decoded by the host, or Socket Mode's
+``slash_commands`` envelope) reads as its command line (``/ask what is due``) in its channel.
+Other payload types (``url_verification``, rate-limit notices, shortcuts and other interactive
+payloads, which the host's own handlers answer) and inner events other than ``message`` and
+``app_mention`` (``assistant_thread_started`` and ``assistant_thread_context_changed`` among
+them: the assistant pane opened or moved; what the user writes there comes as ``message``
+events) are not user messages, nor are messages from bots (``bot_id``) or
 from Slackbot (user ``USLACKBOT``, which has no ``bot_id``: its reminders and notices), hidden
 ones and subtypes other than a thread reply also sent to the channel (``thread_broadcast``), a
 file share (``file_share``) and ``/me`` (``me_message``): edits, deletions, joins, topic
@@ -42,8 +47,10 @@ _CHANNEL_TYPES = {"im": "dm", "mpim": "group", "channel": "group", "group": "gro
 def read_slack_event(payload: Mapping[str, Any], context: ReadContext) -> MessageEvent | None:
     """The event of an ``event_callback`` (see the module docstring)."""
     body = Fields(payload, "body")
-    if body.text("type") == "events_api":
+    if body.text("type") in ("events_api", "slash_commands"):
         body = body.obj("payload")
+    if body.has("command") and not body.has("type"):
+        return _slash_command(body)
     if body.text("type") != "event_callback":
         return None
     event = body.obj("event")
@@ -93,6 +100,22 @@ def _text(event: Fields) -> str:
         if attachment.flag("is_share") or attachment.flag("is_msg_unfurl")
     ]
     return "\n".join(part for part in (event.text("text"), *shared) if part)
+
+
+def _slash_command(body: Fields) -> MessageEvent:
+    """A slash command as its command line; it has no message id and no thread."""
+    channel = body.id("channel_id")
+    direct = body.text("channel_name") == "directmessage" or channel.startswith("D")
+    line = " ".join(part for part in (body.text("command"), body.text("text")) if part)
+    source = SessionSource(
+        platform="slack",
+        chat_id=channel,
+        chat_type="dm" if direct else "group",
+        user_id=body.id("user_id"),
+        user_name=body.text("user_name"),
+        scope_id=_workspace(body, Fields({}, body.path)),
+    )
+    return MessageEvent(source=source, text=line)
 
 
 def _workspace(body: Fields, event: Fields) -> str | None:
