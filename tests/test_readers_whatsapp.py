@@ -566,3 +566,54 @@ def test_a_click_to_whatsapp_referral_goes_to_metadata(hermes_home: Path) -> Non
     plain = read("whatsapp", cloud(text()), hermes_home)
     assert plain is not None
     assert plain.metadata == {}
+
+
+# Senders with a username (Meta's "Business-scoped user IDs" page, .../whatsapp/business-scoped-
+# user-ids/): every messages webhook carries the sender's business-scoped user id (BSUID) as
+# ``contacts[].user_id`` (and the message's ``from_user_id``), with ``profile.username``; the
+# phone number (``from``, ``wa_id``) is left out when the user hides it.
+BSUID = "US.13491208655302741918"
+_BY_USERNAME = {"profile": {"name": "Maria", "username": "maria.lopez"}, "user_id": BSUID}
+
+
+def hidden(body: str = "hi", **extra: Any) -> dict[str, Any]:
+    """A text message from a user whose phone number is withheld."""
+    message = {**text(body), "from_user_id": BSUID, **extra}
+    del message["from"]
+    return message
+
+
+USERNAME_KEYS = [
+    ("DM keyed by from_user_id", cloud(hidden(), contacts=[_BY_USERNAME]),
+     f"agent:main:whatsapp:dm:c={BSUID}"),
+    ("DM keyed by the one contact's user_id", cloud(
+        {k: v for k, v in hidden().items() if k != "from_user_id"}, contacts=[_BY_USERNAME]),
+     f"agent:main:whatsapp:dm:c={BSUID}"),
+    ("group member keyed by user_id", cloud(hidden(group_id="Y2FwaV9ncm91cDoxNTU1"),
+                                            contacts=[_BY_USERNAME]),
+     f"agent:main:whatsapp:group:c=Y2FwaV9ncm91cDoxNTU1:u={BSUID}"),
+    ("a phone number still wins", cloud(text(from_user_id=BSUID),
+                                        contacts=[{**_BY_USERNAME, "wa_id": PHONE}]),
+     f"agent:main:whatsapp:dm:c={PHONE}"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("case", "payload", "key"), USERNAME_KEYS,
+                         ids=[u[0] for u in USERNAME_KEYS])  # fmt: skip
+def test_senders_without_a_phone_number_are_keyed_by_their_user_id(
+    case: str, payload: Any, key: str, hermes_home: Path
+) -> None:
+    assert read_as(payload, hermes_home) == (key, "hi", None, None)
+    event = read("whatsapp", payload, hermes_home)
+    assert event is not None
+    assert event.source.user_name == "Maria"
+
+
+def test_a_batch_of_username_senders_splits_by_user_id(hermes_home: Path) -> None:
+    other = {"profile": {"name": "Ali", "username": "ali"}, "user_id": "MY.8812345"}
+    batched = cloud(hidden("one"), {**hidden("two"), "id": "wamid.2", "from_user_id": "MY.8812345"},
+                    contacts=[_BY_USERNAME, other])  # fmt: skip
+    events = [read("whatsapp", part, hermes_home) for part in split_cloud_webhook(batched)]
+    assert [(e.text, e.source.user_id, e.source.user_name) for e in events if e is not None] == [
+        ("one", BSUID, "Maria"), ("two", "MY.8812345", "Ali")
+    ]  # fmt: skip

@@ -9,9 +9,10 @@ short text (``name: phone, phone``; ``name, address (latitude, longitude)``). A 
 template quick reply (``button``) or interactive button or list reply as its title, the id of
 what it chose in ``metadata["choice_id"]``. The first message from a click-to-WhatsApp ad
 keeps its ``referral`` object in ``metadata["referral"]``. A
-message with ``group_id`` belongs to that group, else it is a DM with its sender (``from``, a
-phone number). One payload must hold one message: a webhook batching several is split first
-with :func:`split_cloud_webhook`.
+message with ``group_id`` belongs to that group, else it is a DM with its sender: ``from``, a
+phone number, or for a user whose number is withheld (usernames) the business-scoped user id,
+``from_user_id`` else the one ``contacts[].user_id``. One payload must hold one message: a
+webhook batching several is split first with :func:`split_cloud_webhook`.
 
 **WhatsApp Web** (a bridge built on the multi-device protocol, e.g. Baileys): one ``WAMessage``
 (``{"key": {"remoteJid": ..., "fromMe": ..., "id": ...}, "message": {...}, "pushName": ...}``).
@@ -37,6 +38,7 @@ from hermes_core.domain.errors import shown
 from hermes_core.domain.models import MessageEvent, MessageType, SessionSource
 from hermes_core.domain.specs import ReadContext
 from hermes_plugins.readers.fields import Fields, malformed
+from hermes_plugins.readers.whatsapp_text import card_text, place_text, vcard_phones
 
 _CLOUD_MEDIA = {
     "image": MessageType.PHOTO,
@@ -106,12 +108,17 @@ def split_cloud_webhook(payload: Mapping[str, Any]) -> list[dict[str, Any]]:
     splitting and reading every part cost about what reading the whole body once does."""
     parts = []
     for entry, change, value, messages in _cloud_changes(Fields(payload, "payload")):
-        contacts: dict[str | None, list[Mapping[str, Any]]] = {}
+        contacts: dict[str, list[Mapping[str, Any]]] = {}
         for contact in value.objs("contacts") if messages else ():
-            contacts.setdefault(contact.opt_id("wa_id"), []).append(contact.data)
+            for name in {contact.opt_id("wa_id"), contact.opt_id("user_id")} - {None}:
+                contacts.setdefault(str(name), []).append(contact.data)
         for message in messages:
-            sender = message.opt_id("from")
-            part = {**value.data, "contacts": contacts.get(sender, []), "messages": [message.data]}
+            sender = message.opt_id("from") or message.opt_id("from_user_id")
+            if sender is not None:
+                mine = contacts.get(sender, [])
+            else:  # one message: its contacts are the sender's
+                mine = (value.data.get("contacts") or []) if len(messages) == 1 else []
+            part = {**value.data, "contacts": mine, "messages": [message.data]}
             changes = [{**change.data, "value": part}]
             parts.append({**payload, "entry": [{**entry.data, "changes": changes}]})
     return parts
@@ -135,12 +142,16 @@ def _read_cloud(body: Fields) -> MessageEvent | None:
     if referral is not None:
         extra = {**(content.metadata or {}), "referral": dict(referral.data)}
         content = content._replace(metadata=extra)
-    sender = message.id("from")
+    contacts = value.objs("contacts")
+    sender = message.opt_id("from") or message.opt_id("from_user_id")
+    if sender is None and len(contacts) == 1:
+        sender = contacts[0].opt_id("user_id")
+    sender = sender or message.id("from")
     group = message.opt_id("group_id")
     names = [
         contact.obj("profile").text("name")
-        for contact in value.objs("contacts")
-        if contact.opt_id("wa_id") == sender and contact.has("profile")
+        for contact in contacts
+        if sender in (contact.opt_id("wa_id"), contact.opt_id("user_id")) and contact.has("profile")
     ]
     source = SessionSource(
         platform="whatsapp",
@@ -172,11 +183,11 @@ def _cloud_content(message: Fields) -> Content | None:
             media.text("caption") or "", media_type, media.opt_id("id"), reply_id, media.text("url")
         )
     if kind == "location":
-        text = _place(message.obj("location"), "latitude", "longitude")
+        text = place_text(message.obj("location"), "latitude", "longitude")
         return Content(text, MessageType.LOCATION, None, reply_id)
     if kind == "contacts":
         cards = [
-            _card(card.obj("name").text("formatted_name") if card.has("name") else None,
+            card_text(card.obj("name").text("formatted_name") if card.has("name") else None,
                   [phone.text("phone") for phone in card.objs("phones")])
             for card in message.objs("contacts")
         ]  # fmt: skip
@@ -291,16 +302,15 @@ def _web_shared(message: Fields) -> Content | None:
     """A shared location, contact card(s) or poll as text; None for what is not read."""
     place = message.opt_obj("locationMessage")
     if place is not None:
-        text = _place(place, "degreesLatitude", "degreesLongitude")
+        text = place_text(place, "degreesLatitude", "degreesLongitude")
         return Content(text, MessageType.LOCATION, None, _quoted(place))
     contact = message.opt_obj("contactMessage")
     cards = [contact] if contact is not None else []
     listed = message.opt_obj("contactsArrayMessage")
     cards += listed.objs("contacts") if listed is not None else []
     if cards:
-        text = "; ".join(
-            filter(None, (_card(card.text("displayName"), _vcard_phones(card)) for card in cards))
-        )
+        named = (card_text(card.text("displayName"), vcard_phones(card)) for card in cards)
+        text = "; ".join(filter(None, named))
         return Content(text, MessageType.TEXT, None, _quoted(contact or listed or cards[0]))
     poll = next((message.obj(name) for name in _WEB_POLLS if message.has(name)), None)
     if poll is not None:
@@ -308,42 +318,6 @@ def _web_shared(message: Fields) -> Content | None:
         text = f"Poll: {poll.text('name') or ''}" + (f" ({options})" if options else "")
         return Content(text, MessageType.TEXT, None, _quoted(poll))
     return None
-
-
-def _place(place: Fields, latitude: str, longitude: str) -> str:
-    """``name, address (latitude, longitude)``, leaving out what the location lacks."""
-    words = ", ".join(part for part in (place.text("name"), place.text("address")) if part)
-    degrees = [_number(place, latitude), _number(place, longitude)]
-    if None not in degrees:
-        words = f"{words} ({degrees[0]}, {degrees[1]})".strip()
-    return words
-
-
-def _number(place: Fields, name: str) -> str | None:
-    value = place.data.get(name)
-    if value is None:
-        return None
-    if isinstance(value, int | float) and not isinstance(value, bool):
-        return str(value)
-    raise malformed(f"{place.path}.{name}", "must be a number")
-
-
-def _card(name: str | None, phones: list[str | None]) -> str:
-    """``name: phone, phone`` of one shared contact."""
-    numbers = ", ".join(phone for phone in phones if phone)
-    if not numbers:
-        return name or ""
-    return f"{name}: {numbers}" if name else numbers
-
-
-def _vcard_phones(card: Fields) -> list[str | None]:
-    """The numbers of a vCard's ``TEL`` lines (``item1.TEL;waid=...:+1 940 555 1234``)."""
-    phones: list[str | None] = []
-    for line in (card.text("vcard") or "").splitlines():
-        name, _, value = line.partition(":")
-        if name.split(";")[0].rpartition(".")[2].upper() == "TEL":
-            phones.append(value.strip())
-    return phones
 
 
 def _context_metadata(message: Fields) -> dict[str, Any]:
