@@ -244,10 +244,82 @@ def test_forwards_read_the_forwarded_message(hermes_home: Path) -> None:
     assert threaded.text == "the plan is attached"
 
 
+def interaction(kind: int, data: dict[str, Any], **fields: Any) -> dict[str, Any]:
+    """An INTERACTION_CREATE dispatch after the interaction object at
+    https://discord.com/developers/docs/interactions/receiving-and-responding#interaction-object
+    (type 2 APPLICATION_COMMAND, 3 MESSAGE_COMPONENT; ``channel`` a partial channel; ``member`` in
+    a guild, ``user`` in a DM)."""
+    body = {
+        "id": "1400000000000000000", "application_id": "500", "type": kind, "data": data,
+        "guild_id": GUILD, "channel_id": CHANNEL,
+        "channel": {"id": CHANNEL, "type": 0, "guild_id": GUILD, "name": "general"},
+        "member": {"user": ANA, "nick": "Annie", "roles": []}, "token": "tok", "version": 1,
+        **fields,
+    }  # fmt: skip
+    return {"op": 0, "s": 9, "t": "INTERACTION_CREATE", "d": body}
+
+
+ASK = {"id": "600", "name": "ask", "type": 1,
+       "options": [{"name": "question", "type": 3, "value": "what is due"},
+                   {"name": "private", "type": 5, "value": True}]}  # fmt: skip
+
+
+def test_slash_commands_read_as_their_command_line(hermes_home: Path) -> None:
+    event = read("discord", interaction(2, ASK), hermes_home)
+    assert event is not None
+    assert (event.text, event.reply_to_message_id, event.source.thread_id) == (
+        "/ask what is due true", None, None,
+    )  # fmt: skip
+    assert (event.source.user_id, event.source.user_name) == (ANA["id"], "Annie")
+    assert keyed("discord", interaction(2, ASK), hermes_home) == (
+        f"agent:main:discord:group:c={CHANNEL}:u={ANA['id']}", False,
+    )  # fmt: skip
+    # A sub-command (option type 1) nests its own options; in a thread the partial channel
+    # names its parent; in a DM the interaction has ``user`` and no guild.
+    add = {"name": "add", "type": 1, "options": [{"name": "text", "type": 3, "value": "buy milk"}]}
+    nested = {"id": "601", "name": "notes", "type": 1, "options": [add]}
+    thread = {"id": THREAD, "type": 11, "guild_id": GUILD, "parent_id": CHANNEL, "name": "plan"}
+    inside = interaction(2, nested, channel_id=THREAD, channel=thread)
+    threaded = read("discord", inside, hermes_home)
+    assert threaded is not None
+    assert threaded.text == "/notes add buy milk"
+    assert keyed("discord", inside, hermes_home)[0] == (
+        f"agent:main:discord:thread:c={CHANNEL}:t={THREAD}"
+    )
+    dm = interaction(2, ASK, guild_id=None, member=None, user=BEN, channel_id="900",
+                     channel={"id": "900", "type": 1})  # fmt: skip
+    assert keyed("discord", dm, hermes_home)[0] == "agent:main:discord:dm:c=900"
+
+
+def test_components_read_as_their_custom_id_under_their_message(hermes_home: Path) -> None:
+    # A button's ``data`` has ``custom_id`` and ``component_type`` 2; a select menu's adds the
+    # chosen ``values``; ``message`` is the message the component is on.
+    under = {"id": "1350000000000000000", "channel_id": CHANNEL, "author": BEN, "content": "ok?"}
+    button = interaction(3, {"custom_id": "approve", "component_type": 2}, message=under)
+    event = read("discord", button, hermes_home)
+    assert event is not None
+    assert (event.text, event.reply_to_message_id, event.source.thread_id) == (
+        "approve", "1350000000000000000", None,
+    )  # fmt: skip
+    assert keyed("discord", button, hermes_home)[0] == (
+        f"agent:main:discord:group:c={CHANNEL}:u={ANA['id']}"
+    )
+    menu = {"custom_id": "size", "component_type": 3, "values": ["s", "m"]}
+    chosen = read("discord", interaction(3, menu, message=under), hermes_home)
+    assert chosen is not None
+    assert chosen.text == "size s m"
+    bare = interaction(3, {"custom_id": "approve", "component_type": 2}, message=under)["d"]
+    assert read("discord", bare, hermes_home) is not None
+
+
 NOT_MESSAGES = [
     ("update", {"op": 0, "s": 2, "t": "MESSAGE_UPDATE", "d": dispatch(CHANNEL)["d"]}),
     ("reaction", {"op": 0, "s": 3, "t": "MESSAGE_REACTION_ADD", "d": {"user_id": "1"}}),
     ("heartbeat ack", {"op": 11, "d": None}),
+    ("interaction ping", interaction(1, {})),
+    ("autocomplete", interaction(4, ASK)),
+    ("modal submit", interaction(5, {"custom_id": "form", "components": []})),
+    ("bot's interaction", interaction(2, ASK, member={"user": {"id": "3", "bot": True}})),
     ("bot author", dispatch("9", author={"id": "3", "username": "b", "bot": True})),
     ("webhook", dispatch("9", webhook_id="44")),
     ("thread created notice", dispatch("9", type=18)),

@@ -1,4 +1,4 @@
-"""Discord gateway ``MESSAGE_CREATE`` dispatches into events.
+"""Discord gateway ``MESSAGE_CREATE`` and ``INTERACTION_CREATE`` dispatches into events.
 
 The payload is the gateway dispatch (``{"op": 0, "t": "MESSAGE_CREATE", "d": {...}}``) or its
 ``d`` object alone. Other dispatches (``MESSAGE_UPDATE``, reactions, ...) are not user messages,
@@ -10,6 +10,12 @@ A forward (``message_reference.type`` 1) has no content of its own: its text and
 are read from the forwarded message in ``message_snapshots``; it is not a reply.
 A reply's ``referenced_message`` (null when deleted) gives the replied-to content as
 ``metadata["reply_to_text"]``.
+
+An interaction (``INTERACTION_CREATE``, or the bare interaction object an HTTP interactions
+endpoint receives) is read when it is a slash command, as its command line (``/ask what is
+due``), or a component, as its ``custom_id`` and a select menu's chosen values, replying to the
+message the component is on; pings, autocomplete, modal submissions and bots' interactions are
+not. Its ``channel`` object is used before the host's cache; it has no message id.
 
 A message without ``guild_id`` is a DM. A guild message's channel may be a thread (or a forum
 post, which is a thread): ``MESSAGE_CREATE`` says which by its extra field ``channel_type``, so a
@@ -37,6 +43,9 @@ _USER_MESSAGE_TYPES = frozenset({0, 19})
 """A plain message and a reply."""
 _VOICE_MESSAGE_FLAG = 1 << 13
 _FORWARD = 1
+_COMMAND, _COMPONENT = 2, 3
+"""Interaction types APPLICATION_COMMAND and MESSAGE_COMPONENT (1 is PING, 4 autocomplete, 5 a
+modal's submission)."""
 """``message_reference.type`` of a forward (0 is a reply)."""
 
 
@@ -44,9 +53,14 @@ def read_discord_message(payload: Mapping[str, Any], context: ReadContext) -> Me
     """The event of a ``MESSAGE_CREATE`` dispatch (see the module docstring)."""
     dispatch = Fields(payload, "dispatch")
     if "d" in dispatch.data or "op" in dispatch.data:
-        if dispatch.integer("op") != 0 or dispatch.text("t") != "MESSAGE_CREATE":
+        name = dispatch.text("t")
+        if dispatch.integer("op") != 0 or name not in ("MESSAGE_CREATE", "INTERACTION_CREATE"):
             return None
+        if name == "INTERACTION_CREATE":
+            return _interaction(dispatch.obj("d"), context)
         message = dispatch.obj("d")
+    elif "token" in dispatch.data and "application_id" in dispatch.data:
+        return _interaction(Fields(payload, "interaction"), context)
     else:
         message = Fields(payload, "message")
     author = message.obj("author")
@@ -90,11 +104,73 @@ def read_discord_message(payload: Mapping[str, Any], context: ReadContext) -> Me
     )
 
 
-def _guild_source(message: Fields, context: ReadContext, common: dict[str, Any]) -> SessionSource:
-    """The source of a guild message: a thread under its parent, or a channel."""
+def _interaction(interaction: Fields, context: ReadContext) -> MessageEvent | None:
+    """A slash command (its command line) or a component (its ``custom_id`` and chosen values,
+    replying to the message it is on); other interactions and bots' are None."""
+    kind = interaction.integer("type")
+    if kind not in (_COMMAND, _COMPONENT):
+        return None
+    member = interaction.opt_obj("member")
+    user = member.obj("user") if member else interaction.obj("user")
+    if user.flag("bot"):
+        return None
+    data = interaction.obj("data")
+    if kind == _COMMAND:
+        text = " ".join(["/" + (data.text("name") or ""), *_options(data)])
+        reply_to = None
+    else:
+        text = " ".join([data.text("custom_id") or "", *(str(v) for v in _values(data))])
+        message = interaction.opt_obj("message")
+        reply_to = message.opt_id("id") if message else None
+    names = (member.text("nick") if member else None, user.text("global_name"))
+    guild_id = interaction.opt_id("guild_id")
+    common: dict[str, Any] = {
+        "platform": "discord",
+        "user_id": user.id("id"),
+        "user_name": next((name for name in names if name), None) or user.text("username"),
+        "scope_id": guild_id,
+        "message_id": None,
+    }
+    channel_id = interaction.id("channel_id")
+    if guild_id is None:
+        source = SessionSource(chat_id=channel_id, chat_type="dm", **common)
+    else:
+        channel = interaction.opt_obj("channel")
+        source = _guild_source(interaction, context, common, channel.data if channel else None)
+    return MessageEvent(source=source, text=text.strip(), reply_to_message_id=reply_to)
+
+
+def _options(data: Fields, depth: int = 0) -> list[str]:
+    """A command's option values in order, a sub-command's (group's) name before its own; Discord
+    nests at most a group and a sub-command, deeper nesting is not read."""
+    words: list[str] = []
+    for option in data.objs("options"):
+        if option.integer("type") in (1, 2):
+            if depth < 2:
+                words += [option.text("name") or "", *_options(option, depth + 1)]
+        elif (value := option.data.get("value")) is not None:
+            words.append(str(value).lower() if isinstance(value, bool) else str(value))
+    return words
+
+
+def _values(data: Fields) -> list[object]:
+    """A select menu's chosen values."""
+    values = data.data.get("values")
+    if values is None:
+        return []
+    if not isinstance(values, list):
+        raise malformed(f"{data.path}.values", "must be an array")
+    return values
+
+
+def _guild_source(
+    message: Fields, context: ReadContext, common: dict[str, Any], given: object = None
+) -> SessionSource:
+    """The source of a guild message: a thread under its parent, or a channel. ``given`` is the
+    channel object an interaction carries, used before the host's cache."""
     channel_id = message.id("channel_id")
     kind = message.integer("channel_type")
-    found = context.lookup_chat(channel_id) if context.lookup_chat is not None else None
+    found = given or (context.lookup_chat(channel_id) if context.lookup_chat is not None else None)
     if found is None and (kind is None or kind in _THREAD_TYPES):
         said = "a thread's" if kind is not None else "whose type and"
         raise malformed(
