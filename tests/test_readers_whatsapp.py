@@ -507,15 +507,15 @@ QUOTES = [
     ("text quoting text", {"extendedTextMessage": {"text": "@60123456789 at noon", "contextInfo": {
         "stanzaId": "3EB0ASKED", "participant": f"{PHONE}@s.whatsapp.net",
         "quotedMessage": {"conversation": "what time?"}, "mentionedJid": MENTIONED}}},
-     "@60123456789 at noon", "3EB0ASKED", {"quoted_text": "what time?", "mentions": MENTIONED}),
+     "@60123456789 at noon", "3EB0ASKED", {"reply_to_text": "what time?", "mentions": MENTIONED}),
     ("image quoting a captioned image", {"imageMessage": {"caption": "this one", "contextInfo": {
         "stanzaId": "3EB0PIC", "quotedMessage": {"imageMessage": {"caption": "which?"}}}}},
-     "this one", "3EB0PIC", {"quoted_text": "which?"}),
+     "this one", "3EB0PIC", {"reply_to_text": "which?"}),
     ("quote of a quote reads one level", {"extendedTextMessage": {"text": "yes", "contextInfo": {
         "stanzaId": "3EB0B", "quotedMessage": {"extendedTextMessage": {
             "text": "sure?", "contextInfo": {"stanzaId": "3EB0A",
                                              "quotedMessage": {"conversation": "deep"}}}}}}},
-     "yes", "3EB0B", {"quoted_text": "sure?"}),
+     "yes", "3EB0B", {"reply_to_text": "sure?"}),
     ("mentions without a quote", {"extendedTextMessage": {"text": "hi all", "contextInfo": {
         "mentionedJid": MENTIONED}}},
      "hi all", None, {"mentions": MENTIONED}),

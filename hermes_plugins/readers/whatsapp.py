@@ -19,7 +19,7 @@ webhook batching several is split first with :func:`split_cloud_webhook`.
 Own messages (``fromMe``), status and newsletter broadcasts, edits, deletions, reactions and
 stubs are not user messages. Shared contacts, locations and polls read as text (a poll as
 ``Poll: question (option / option)``). The replied-to message's text (``contextInfo.quotedMessage``)
-goes to ``metadata["quoted_text"]``, the mentioned JIDs (``contextInfo.mentionedJid``) to
+goes to ``metadata["reply_to_text"]``, the mentioned JIDs (``contextInfo.mentionedJid``) to
 ``metadata["mentions"]``. ``<id>@g.us`` is a group whose sender is ``key.participant``;
 ``<digits>@s.whatsapp.net`` (with or without a ``:<device>`` suffix) and ``<digits>@lid`` are DMs.
 When a LID-addressed chat or sender also comes with its phone-number JID, the phone-number JID is
@@ -321,7 +321,7 @@ def _web_shared(message: Fields) -> Content | None:
 
 
 def _context_metadata(message: Fields) -> dict[str, Any]:
-    """``quoted_text`` (the replied-to message's text) and ``mentions`` (the mentioned JIDs) from
+    """``reply_to_text`` (the replied-to message's text) and ``mentions`` (the mentioned JIDs) from
     the ``contextInfo`` of the message's content."""
     found = (name for name, part in message.data.items()
              if isinstance(part, Mapping) and part.get("contextInfo") is not None)  # fmt: skip
@@ -333,7 +333,7 @@ def _context_metadata(message: Fields) -> dict[str, Any]:
     quoted = info.opt_obj("quotedMessage")
     said = _web_content(quoted, quoting=False) if quoted is not None else None
     if said is not None and said.text:
-        metadata["quoted_text"] = said.text
+        metadata["reply_to_text"] = said.text
     mentions = info.data.get("mentionedJid")
     if mentions is not None and not isinstance(mentions, list):
         raise malformed(f"{info.path}.mentionedJid", "must be a list")
