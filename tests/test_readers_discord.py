@@ -286,6 +286,11 @@ def test_slash_commands_read_as_their_command_line(hermes_home: Path) -> None:
     assert keyed("discord", inside, hermes_home)[0] == (
         f"agent:main:discord:thread:c={CHANNEL}:t={THREAD}"
     )
+    # A partial channel without ``parent_id`` leaves a thread's parent to the host's cache.
+    partial = interaction(2, nested, channel_id=THREAD, channel={"id": THREAD, "type": 11})
+    assert keyed("discord", partial, hermes_home, CACHE)[0] == (
+        f"agent:main:discord:thread:c={CHANNEL}:t={THREAD}"
+    )
     dm = interaction(2, ASK, guild_id=None, member=None, user=BEN, channel_id="900",
                      channel={"id": "900", "type": 1})  # fmt: skip
     assert keyed("discord", dm, hermes_home)[0] == "agent:main:discord:dm:c=900"

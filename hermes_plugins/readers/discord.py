@@ -167,10 +167,13 @@ def _guild_source(
     message: Fields, context: ReadContext, common: dict[str, Any], given: object = None
 ) -> SessionSource:
     """The source of a guild message: a thread under its parent, or a channel. ``given`` is the
-    channel object an interaction carries, used before the host's cache."""
+    channel object an interaction carries, used before the host's cache unless it is a thread
+    without its ``parent_id``."""
     channel_id = message.id("channel_id")
     kind = message.integer("channel_type")
-    found = given or (context.lookup_chat(channel_id) if context.lookup_chat is not None else None)
+    found = given if _complete(given) else None
+    if found is None and context.lookup_chat is not None:
+        found = context.lookup_chat(channel_id)
     if found is None and (kind is None or kind in _THREAD_TYPES):
         said = "a thread's" if kind is not None else "whose type and"
         raise malformed(
@@ -196,6 +199,13 @@ def _guild_source(
         prospective_thread_id=common["message_id"] if context.answer_in_thread else None,
         **common,
     )
+
+
+def _complete(channel: object) -> bool:
+    """Whether an interaction's channel object says all the source needs."""
+    if not isinstance(channel, Mapping):
+        return False
+    return channel.get("type") not in _THREAD_TYPES or channel.get("parent_id") is not None
 
 
 def _content(
