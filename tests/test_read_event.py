@@ -86,8 +86,15 @@ def manager(tmp_path_factory: pytest.TempPathFactory) -> HermesPluginManager:
     return fresh_plugin_manager(tmp_path_factory.mktemp("home"))
 
 
+LONGEST_PROFILE = "p" * 64
+"""The longest profile name a gateway multiplexing profiles may key an event by."""
+
+
 def _read_safely(platform: str, payload: object, manager: HermesPluginManager) -> None:
-    """Reading gives an event or None, or raises the named error with a field and a message."""
+    """Reading gives an event or None, or raises the named error with a field and a message;
+    an event read is keyed as ``handle_message`` would key it, in both schemas, per user and per
+    thread, under the default namespace and the longest profile's (the key builder raises
+    nothing for it)."""
     error: MalformedEventError | None = None
     try:
         event = read_event(platform, payload, context=CONTEXT, plugins=manager)
@@ -97,6 +104,16 @@ def _read_safely(platform: str, payload: object, manager: HermesPluginManager) -
         assert error.field
         assert str(error).endswith(".")
     assert event is None or isinstance(event, MessageEvent)
+    if event is not None:
+        _key_every_way(event, manager)
+
+
+def _key_every_way(event: MessageEvent, manager: HermesPluginManager) -> None:
+    for schema, profile in itertools.product(KEY_SCHEMAS, (None, LONGEST_PROFILE)):
+        build_session_key(
+            event.source, thread_sessions_per_user=True, profile=profile, plugins=manager,
+            schema=schema,
+        )  # fmt: skip
 
 
 @pytest.mark.slow
@@ -186,8 +203,6 @@ UNKEYABLE_IDS = ["a\nb", "1\x00", "\x1b]0;title\x07", "9" * 3000, "x" * 1100, "7
 """Ids the key builder refuses: control characters, newlines, thousands of digits, and ids of
 about a thousand characters, whose key fits in 1024 under ``agent:main`` but not under a long
 profile's namespace."""
-LONGEST_PROFILE = "p" * 64
-"""The longest profile name a gateway multiplexing profiles may key an event by."""
 
 
 @pytest.mark.parametrize(("platform", "sample"), SAMPLES, ids=[p for p, _ in SAMPLES])
@@ -211,12 +226,8 @@ def test_every_event_read_has_a_session_key(
             except MalformedEventError as exc:
                 refused += exc.field == "source"
                 continue
-            for schema, profile in itertools.product(KEY_SCHEMAS, (None, LONGEST_PROFILE)):
-                if event is not None:
-                    build_session_key(
-                        event.source, thread_sessions_per_user=True, profile=profile,
-                        plugins=manager, schema=schema,
-                    )  # fmt: skip
+            if event is not None:
+                _key_every_way(event, manager)
     assert refused
 
 
