@@ -64,7 +64,8 @@ def split_reply(text: str, limit: int, *, measure: Callable[[str], int] = len) -
     else a line break, else a sentence end (``.``, ``!``, ``?`` before a space, or the CJK full
     stop, exclamation and question marks),
     else a space, else hard at the limit without separating a character from its combining marks
-    or a surrogate pair. A fenced code block (```` ``` ````) that fits in one part is never cut;
+    or a surrogate pair. A fenced code block (between lines of three backticks) that fits in one
+    part is never cut;
     a longer one is cut at its line breaks (inside a line only when one line is too long), the
     part is closed with the block's fence and the next part reopens it with the same info string,
     so every part renders as the text did. (A block whose fence lines would take more than half
