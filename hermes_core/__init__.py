@@ -14,6 +14,14 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     __version__: str | None
     from hermes_core.config.schema import GatewayConfig
+    from hermes_core.domain.connectors import (
+        Connector,
+        ConnectorContext,
+        Inbox,
+        WebhookRoute,
+        WebRequest,
+        WebResponse,
+    )
     from hermes_core.domain.errors import (
         ConfigError,
         GatewayLockedError,
@@ -48,6 +56,7 @@ if TYPE_CHECKING:
         SessionSource,
     )
     from hermes_core.domain.specs import (
+        ConnectorSpec,
         EvictionCandidate,
         EvictionPolicy,
         LifecycleEvent,
@@ -127,6 +136,13 @@ _LAZY = {
     "split_reply": "hermes_core.domain.splitting",
     "utf16_len": "hermes_core.domain.splitting",
     "EvictionCandidate": "hermes_core.domain.specs",
+    "ConnectorSpec": "hermes_core.domain.specs",
+    "Connector": "hermes_core.domain.connectors",
+    "ConnectorContext": "hermes_core.domain.connectors",
+    "Inbox": "hermes_core.domain.connectors",
+    "WebhookRoute": "hermes_core.domain.connectors",
+    "WebRequest": "hermes_core.domain.connectors",
+    "WebResponse": "hermes_core.domain.connectors",
     "EvictionPolicy": "hermes_core.domain.specs",
     "LifecycleEvent": "hermes_core.domain.specs",
     "PlatformSpec": "hermes_core.domain.specs",
@@ -174,6 +190,9 @@ __all__ = [
     "Adapter",
     "Agent",
     "ConfigError",
+    "Connector",
+    "ConnectorContext",
+    "ConnectorSpec",
     "EchoAgent",
     "EvictionCandidate",
     "EvictionPolicy",
@@ -185,6 +204,7 @@ __all__ = [
     "HomeChannel",
     "HostCallbacks",
     "InMemoryAdapter",
+    "Inbox",
     "InvalidValueError",
     "KeyResolution",
     "LifecycleEvent",
@@ -214,6 +234,9 @@ __all__ = [
     "StoreSpec",
     "TurnRequest",
     "UnknownPlatformError",
+    "WebRequest",
+    "WebResponse",
+    "WebhookRoute",
     "__version__",
     "build_key_from_flags",
     "build_session_context",

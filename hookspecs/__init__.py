@@ -28,5 +28,6 @@ SPEC_MODULES: tuple[str, ...] = (
     "hermes_hookspecs.recovery",
     "hermes_hookspecs.eviction",
     "hermes_hookspecs.lifecycle",
+    "hermes_hookspecs.connectors",
 )
 """Import paths of every hook specification module, in registration order."""

@@ -83,6 +83,21 @@ def test_record_is_idempotent_and_clears_the_owning_marker(store: SessionStore) 
     assert len(ledger.rows.obligations(("pending",))) == 1
 
 
+def test_a_permanent_failure_is_abandoned_at_once(store: SessionStore) -> None:
+    _record(store)
+    ledger = store._obligations.ledger
+    assert ledger is not None
+    claimed = ledger.claim(ledger.rows.obligations(("pending",))[0])
+    assert claimed is not None
+    blocked = SendResult(ok=False, failure_kind="permanent", error="bot was blocked by the user")
+    assert not ledger.settle(claimed, blocked)
+    abandoned = ledger.rows.obligations(("abandoned",))
+    assert [(r.failure_kind, r.last_error) for r in abandoned] == [
+        ("permanent", "bot was blocked by the user")
+    ]
+    assert ledger.due("boot", ["telegram"]) == []
+
+
 def test_claim_and_settle(store: SessionStore) -> None:
     _record(store)
     ledger = store._obligations.ledger

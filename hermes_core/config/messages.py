@@ -52,17 +52,19 @@ def near_misses(
                 yield from near_misses(section, child, f"{prefix}{name}.{entry}.")
 
 
-def config_error(exc: ValidationError, source: str, root: type[BaseModel]) -> ConfigError:
+def config_error(
+    exc: ValidationError, source: str, root: type[BaseModel], prefix: tuple[str, ...] = ()
+) -> ConfigError:
     """The first pydantic error of validating ``root`` as a ConfigError naming the key, the file
-    and what is accepted."""
+    and what is accepted; ``prefix`` is where ``root``'s section sits in the file."""
     error = exc.errors()[0]
     loc = tuple(part for part in error["loc"] if part != "[key]")
-    key = dotted(loc)
+    key = dotted((*prefix, *loc))
     model, field = _field_at(root, loc)
     if error["type"] == "extra_forbidden" and model is not None:
         known = _settings(model)
         match = difflib.get_close_matches(str(loc[-1]), known, 1)
-        hint = f" (did you mean {dotted((*loc[:-1], match[0]))}?)" if match else ""
+        hint = f" (did you mean {dotted((*prefix, *loc[:-1], match[0]))}?)" if match else ""
         message = f"unknown key {key}{hint}; accepted keys: {', '.join(known)}"
         return ConfigError(key, f"{source}: {message}", source=source)
     if error["loc"][-1:] == ("[key]",):

@@ -26,7 +26,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BeforeValidator, Field, ValidationError, model_validator
+from pydantic import BeforeValidator, ConfigDict, Field, ValidationError, model_validator
 
 from hermes_core.config.environment import apply_environment
 from hermes_core.config.loading import read_yaml
@@ -58,7 +58,7 @@ __all__ = [
     "LEGACY_RESET_WARNING", "AgentCacheConfig", "AgentConfig", "BusyQueueConfig",
     "DeliveryLedgerConfig", "DisplayConfig", "GatewayConfig", "GatewaySection",
     "HomeChannelConfig", "HousekeepingConfig", "KeysConfig", "MemoryBudgetSetting",
-    "PlatformConfig", "PluginsConfig", "PrivacyConfig", "StorageConfig",
+    "PlatformConfig", "PluginsConfig", "PrivacyConfig", "ServerConfig", "StorageConfig",
 ]  # fmt: skip
 
 logger = logging.getLogger(__name__)
@@ -119,7 +119,11 @@ class HomeChannelConfig(SharedSection):
 
 class PlatformConfig(SharedSection):
     """``platforms.<name>``; a ``None`` flag inherits the top-level value. ``bot_username``
-    is this bot's name there: ``/new@<name>`` and the like are obeyed only when addressed to it."""
+    is this bot's name there: ``/new@<name>`` and the like are obeyed only when addressed to it.
+    The other keys are kept as written (``model_extra``): they belong to the platform's connector
+    (see :meth:`~hermes_core.domain.connectors.ConnectorContext.settings_as`) or to the host."""
+
+    model_config = ConfigDict(extra="allow")
 
     enabled: Flag = False
     home_channel: HomeChannelConfig | None = Field(None, description="{chat_id, name} or null")
@@ -128,6 +132,20 @@ class PlatformConfig(SharedSection):
     bot_username: str | None = Field(
         None, pattern=r"^[^\s@]+$", description="the bot's user name, without @ or spaces"
     )
+
+
+class ServerConfig(Section):
+    """``server``: the HTTP app that ``hermes-sessions serve`` runs (webhooks, health, metrics)."""
+
+    host: str = Field("127.0.0.1", min_length=1, description="a host name or address to bind")
+    port: int = Field(8080, ge=0, le=65535, description="a port number from 0 to 65535")
+    public_url: str | None = Field(
+        None, pattern=r"^https?://\S+$", description="the app's public base URL (http(s)://...)"
+    )
+    max_body_bytes: int = Field(
+        1 << 20, ge=1024, le=64 << 20, description="a number of bytes from 1024 to 67108864"
+    )
+    metrics: Flag = True
 
 
 class StorageConfig(Section):
@@ -307,6 +325,7 @@ class GatewayConfig(SharedSection):
     agent: AgentConfig = AgentConfig()
     privacy: PrivacyConfig = PrivacyConfig()
     plugins: PluginsConfig = PluginsConfig()
+    server: ServerConfig = ServerConfig()
 
     @classmethod
     def from_yaml(

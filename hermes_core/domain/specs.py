@@ -6,15 +6,26 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
-from typing import Any, Literal, get_args
+from typing import Annotated, Any, Literal, get_args
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
 from hermes_core.config.schema import GatewayConfig
+from hermes_core.domain.connectors import ConnectorContext
 from hermes_core.domain.models import PLATFORM_NAME_RE, MessageEvent, SessionEntry, SessionSource
 from hermes_core.domain.timeutil import utc_now
 
 _SPEC_CONFIG = ConfigDict(frozen=True, extra="forbid", arbitrary_types_allowed=True)
+
+
+def _platform_name(value: str) -> str:
+    if not PLATFORM_NAME_RE.fullmatch(value):
+        raise ValueError(f"platform name {value!r} must match ^[a-z0-9_]+$")
+    return value
+
+
+PlatformName = Annotated[str, AfterValidator(_platform_name)]
+"""A platform name, ``^[a-z0-9_]+$``."""
 
 
 @dataclass(frozen=True)
@@ -46,7 +57,7 @@ class PlatformSpec(BaseModel):
 
     model_config = _SPEC_CONFIG
 
-    name: str
+    name: PlatformName
     """Unique platform name, ``^[a-z0-9_]+$`` (the key's platform component)."""
     label: str | None = None
     """Display label in the prompt; default: the title-cased name."""
@@ -78,13 +89,6 @@ class PlatformSpec(BaseModel):
     state_dirs: Callable[[Path], Sequence[Path]] | None = None
     """Directories of the platform's own files under a state directory (the argument), such as
     WhatsApp's lid-mapping files: ``doctor`` reports one that exists but that it cannot read."""
-
-    @field_validator("name")
-    @classmethod
-    def _name(cls, value: str) -> str:
-        if not PLATFORM_NAME_RE.fullmatch(value):
-            raise ValueError(f"platform name {value!r} must match ^[a-z0-9_]+$")
-        return value
 
     @property
     def display_label(self) -> str:
@@ -325,6 +329,21 @@ class EvictionPolicy(BaseModel):
     name: str = Field(min_length=1)
     plan: Callable[[Sequence[EvictionCandidate], EvictionReason, int], Sequence[str]]
     """Given candidates in LRU order, the reason and a limit, the keys to release, in order."""
+
+
+class ConnectorSpec(BaseModel):
+    """A connector for one platform: how its events arrive and how replies reach it
+    (:class:`~hermes_core.domain.connectors.Connector`), built from ``platforms.<name>``."""
+
+    model_config = _SPEC_CONFIG
+
+    platform: PlatformName
+    """The platform it connects (a name some plugin registers with a ``PlatformSpec``)."""
+    build: Callable[[ConnectorContext], Any]
+    """Builds the connector (no I/O yet: ``Connector.start`` connects); raises ``ConfigError``
+    naming the ``platforms.<name>`` key to fix."""
+    summary: str = ""
+    """One line for ``hermes-sessions plugins``: what the connector talks to."""
 
 
 LifecycleKind = Literal[

@@ -183,7 +183,8 @@ class Delivery:
             logger.error("a send could not be settled; the reply stays owed: %s", error)
         elif not settling.result() and result.failure_kind == "rate_limited":
             retry = functools.partial(self.send_due, "rate_limit", [row.platform])
-            self._background.later(RATE_LIMIT_RETRY_SECS * max(1, row.attempts), retry)
+            wait = result.retry_after or RATE_LIMIT_RETRY_SECS * max(1, row.attempts)
+            self._background.later(wait, retry)
 
     async def send_due(
         self,

@@ -27,6 +27,7 @@ from cachetools import LRUCache
 from hermes_core.config.schema import GatewayConfig
 from hermes_core.domain.errors import ConfigError, PluginError
 from hermes_core.domain.specs import (
+    ConnectorSpec,
     EvictionPolicy,
     LifecycleEvent,
     PlatformSpec,
@@ -205,6 +206,7 @@ class HermesPluginManager(pluggy.PluginManager):
             ("platforms", "hermes_register_platforms", PlatformSpec, offers.platforms),
             ("stores", "hermes_register_stores", StoreSpec, offers.stores),
             ("recovery_steps", "hermes_register_recovery_steps", RecoveryStep, offers.steps),
+            ("connectors", "hermes_register_connectors", ConnectorSpec, offers.connectors),
         )
         for concern, hook_name, kind, into in lists:
             for plugin_name, result, error in self._call_each(hook_name, config=self.config):
@@ -258,7 +260,7 @@ class HermesPluginManager(pluggy.PluginManager):
         (:class:`PluginConflictError`, :class:`PlatformConflictError` for platforms), an
         essential plugin disabled without a replacement or a misnamed ``plugins.disable`` entry
         (:class:`ConfigError`), or, when strict, a registration hook that failed."""
-        for concern in ("platforms", "stores", "recovery_steps", "eviction_policy"):
+        for concern in ("platforms", "stores", "recovery_steps", "eviction_policy", "connectors"):
             self._raise_for(concern)
 
     def problems(self) -> list[str]:
@@ -287,6 +289,11 @@ class HermesPluginManager(pluggy.PluginManager):
     def store_plugin(self, spec: StoreSpec) -> str:
         """The name of the plugin that registered ``spec`` (one of :meth:`stores`)."""
         return next(name for name, offered in self._offers().stores if offered is spec)
+
+    def connectors(self) -> dict[str, ConnectorSpec]:
+        """Connectors by platform name."""
+        self._raise_for("connectors")
+        return {spec.platform: spec for _, spec in self._offers().connectors}
 
     def recovery_steps(self, phase: str = "startup") -> list[RecoveryStep]:
         """Recovery steps of ``phase`` in run order (ascending order, ties by name)."""

@@ -44,6 +44,8 @@ def find_problems(
         ("stores", "storage scheme",
          _owners((scheme, p) for p, spec in offers.stores for scheme in spec.schemes)),
         ("recovery_steps", "recovery step", _owners((s.name, p) for p, s in offers.steps)),
+        ("connectors", "connector for platform",
+         _owners((c.platform, p) for p, c in offers.connectors)),
     )  # fmt: skip
     for concern, what, owners in claims:
         for claimed, plugins in owners.items():

@@ -13,7 +13,13 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from hermes_core.domain.errors import HermesError, UnknownPlatformError, shown
-from hermes_core.domain.specs import EvictionPolicy, PlatformSpec, RecoveryStep, StoreSpec
+from hermes_core.domain.specs import (
+    ConnectorSpec,
+    EvictionPolicy,
+    PlatformSpec,
+    RecoveryStep,
+    StoreSpec,
+)
 
 __all__ = [
     "NO_ORIGIN", "Absent", "Concern", "Offers", "Origin", "PlatformRegistry", "PluginInfo",
@@ -24,18 +30,20 @@ PluginStatus = Literal["loaded", "conflict", "failed", "disabled"]
 """``loaded``: in use; ``conflict``: claims something another plugin claims too; ``failed``: did
 not import or register, or a registration hook raised; ``disabled``: in ``plugins.disable``."""
 
-Concern = Literal["platforms", "stores", "recovery_steps", "eviction_policy"]
+Concern = Literal["platforms", "stores", "recovery_steps", "eviction_policy", "connectors"]
 """What a problem concerns: the registrations of one kind (and the getter that raises it)."""
 
 
 @dataclass(frozen=True)
 class Provides:
-    """What a plugin registers: platforms, storage URL schemes, recovery steps, eviction policy."""
+    """What a plugin registers: platforms, storage URL schemes, recovery steps, eviction policy,
+    connectors (by platform)."""
 
     platforms: tuple[str, ...] = ()
     schemes: tuple[str, ...] = ()
     steps: tuple[str, ...] = ()
     policy: str | None = None
+    connectors: tuple[str, ...] = ()
 
     def describe(self) -> str:
         """One line, e.g. ``platforms: local, signal; steps: clean_shutdown``."""
@@ -44,6 +52,7 @@ class Provides:
             for label, names in (
                 ("platforms", self.platforms), ("schemes", self.schemes), ("steps", self.steps),
                 ("policy", (self.policy,) if self.policy else ()),
+                ("connectors", self.connectors),
             )
             if names
         ]  # fmt: skip
@@ -100,6 +109,7 @@ class Offers:
     stores: list[tuple[str, StoreSpec]] = field(default_factory=list)
     steps: list[tuple[str, RecoveryStep]] = field(default_factory=list)
     policies: list[tuple[str, EvictionPolicy]] = field(default_factory=list)
+    connectors: list[tuple[str, ConnectorSpec]] = field(default_factory=list)
     failures: list[tuple[str, Concern, str]] = field(default_factory=list)
     """(plugin, concern, message) of each registration hook that raised or returned junk."""
     dropped: list[tuple[str, str]] = field(default_factory=list)
@@ -136,6 +146,7 @@ class Offers:
             ),
             steps=tuple(step.name for name, step in self.steps if name == plugin_name),
             policy=policies[0] if policies else None,
+            connectors=tuple(c.platform for name, c in self.connectors if name == plugin_name),
         )
 
 

@@ -49,7 +49,11 @@ SILENT_MARKERS = frozenset(
     {"[SILENT]", "SILENT", "NO_REPLY", "NO REPLY", "[静默]", "静默", "[沉默]", "沉默"}
 )
 
-FailureKind = Literal["rejected", "disconnected", "rate_limited", "crashed"]
+FailureKind = Literal["rejected", "disconnected", "rate_limited", "crashed", "permanent"]
+"""Why a send failed: ``rejected`` (the platform refused it; tried again at the next occasion
+while attempts are left), ``disconnected`` (no connection), ``rate_limited`` (tried again after
+``SendResult.retry_after``), ``crashed`` (the process died mid-send), ``permanent`` (it can never
+be delivered, e.g. the bot is blocked or the chat is gone: abandoned at once)."""
 _SPACES = re.compile(r"\s+")
 
 
@@ -89,6 +93,8 @@ class SendResult:
     ok: bool
     failure_kind: FailureKind | None = None
     error: str | None = None
+    retry_after: float | None = None
+    """For ``rate_limited``: the seconds the platform asked to wait, when it said."""
 
 
 Occasion = Literal["boot", "takeover", "reconnect", "rate_limit"]
@@ -118,7 +124,10 @@ class DeliveryLedger:
                 LifecycleEvent(
                     kind="ledger_transition", session_key=row.session_key,
                     session_id=row.session_id,
-                    detail={"obligation_id": row.obligation_id, "state": state, **detail},
+                    detail={
+                        "obligation_id": row.obligation_id, "state": state,
+                        "platform": row.platform, **detail,
+                    },
                 )
             )  # fmt: skip
 
@@ -130,7 +139,8 @@ class DeliveryLedger:
         except StoreError as exc:
             logger.error("delivery ledger: could not mark a reply %s: %s", state, exc)
             return
-        self._transition(row, state)
+        kind = changes.get("failure_kind")
+        self._transition(row, state, **({"failure_kind": kind} if kind else {}))
 
     def claim_state(self, attempts: int = 1, marked_sends: int = 0) -> dict[str, Any]:
         """The fields of a row claimed now: ``attempting`` with ``attempts`` spent (and
@@ -181,7 +191,13 @@ class DeliveryLedger:
             self._transition(row, "delivered")
             return True
         kind = result.failure_kind or "rejected"
-        self._update(row, "failed", failure_kind=kind, last_error=result.error)
+        state = "abandoned" if kind == "permanent" else "failed"
+        if state == "abandoned":
+            logger.warning(
+                "delivery ledger: abandoned a reply for %s: the platform will never accept it "
+                "(%s)", row.session_key, result.error or "permanent failure",
+            )  # fmt: skip
+        self._update(row, state, failure_kind=kind, last_error=result.error)
         return False
 
     def abandon(self, row: Obligation, reason: str) -> None:
