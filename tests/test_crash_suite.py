@@ -26,7 +26,7 @@ from support.gateway_driver import (
 
 from conftest import CRASH_TABLE
 from hermes_core import MessageEvent
-from hermes_core.turns.crashpoints import CRASH_ALIASES, CRASH_POINTS, arm
+from hermes_core.turns.crashpoints import CONNECTOR_CRASH_POINTS, CRASH_ALIASES, CRASH_POINTS, arm
 from hermes_core.turns.resume import resume_note
 
 pytestmark = pytest.mark.slow
@@ -136,6 +136,15 @@ def test_every_name_arms_its_place(name: str) -> None:
         assert point in CRASH_POINTS
         assert arm({"HERMES_CRASH_AT": name}) == point
         assert arm({"HERMES_CRASH_AT": f"{name}_typo"}) is None
+    finally:
+        arm({})
+
+
+@pytest.mark.parametrize("name", CONNECTOR_CRASH_POINTS)
+def test_connector_points_arm(name: str) -> None:
+    """The connectors' points are armed like the gateway's (their tests run a serving process)."""
+    try:
+        assert arm({"HERMES_CRASH_AT": name}) == name
     finally:
         arm({})
 

@@ -19,7 +19,12 @@ CRASH_POINTS = (
     "enqueued", "marker_written", "reply_stored", "sent", "marker_cleared", "recovery_done",
     "drain_marked", "drain_timed_out", "clean_shutdown_written",
 )  # fmt: skip
-"""Every point, one per place, in pipeline order."""
+"""Every point of the gateway, one per place, in pipeline order."""
+
+CONNECTOR_CRASH_POINTS = ("connector_before_ack",)
+"""Points in the platform connectors, reached only in a serving process: a connector's
+``handle_message`` returned for an event (it is stored) and the platform is not yet told
+(no 200 sent, no polling offset moved past it)."""
 
 CRASH_ALIASES = {
     "user_stored": "marker_written",  # the turn's user message is stored in the marker's commit
@@ -41,10 +46,10 @@ def arm(environ: Mapping[str, str] | None = None) -> str | None:
     """
     value = (os.environ if environ is None else environ).get("HERMES_CRASH_AT", "").strip()
     point = CRASH_ALIASES.get(value, value)
-    if point and point not in CRASH_POINTS:
+    if point and point not in (*CRASH_POINTS, *CONNECTOR_CRASH_POINTS):
         logger.warning(
             "HERMES_CRASH_AT=%s is not a crash point and is ignored (valid: %s)",
-            value, ", ".join((*CRASH_POINTS, *CRASH_ALIASES)),
+            value, ", ".join((*CRASH_POINTS, *CONNECTOR_CRASH_POINTS, *CRASH_ALIASES)),
         )  # fmt: skip
         point = ""
     _Armed.point = point or None
