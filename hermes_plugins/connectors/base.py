@@ -18,11 +18,12 @@ from cachetools import LRUCache
 from hermes_core.domain.connectors import Inbox, WebResponse
 from hermes_core.domain.errors import MalformedEventError, MessageNotStoredError
 from hermes_core.domain.models import MessageEvent, SessionSource
+from hermes_core.turns.crashpoints import crash_point
 from hermes_core.turns.ledger import SendResult
 
 __all__ = [
-    "API_TIMEOUT", "PartSender", "accept_event", "http_failure", "json_body", "retry_after",
-    "transport_failure",
+    "API_TIMEOUT", "PartSender", "accept_event", "accept_payload", "http_failure", "json_body",
+    "retry_after", "transport_failure",
 ]  # fmt: skip
 
 logger = logging.getLogger(__name__)
@@ -44,15 +45,25 @@ async def accept_event(
     body: bytes, read: Callable[[Mapping[str, Any]], MessageEvent | None], inbox: Inbox | None
 ) -> WebResponse:
     """The answer to a webhook POST carrying one event, after storing it: 400 for a body that
-    is not a JSON object; 200 once stored, or for what is not a user message or cannot be read
-    (the platform would only deliver it again); 503 while the gateway cannot store it, so that
-    the platform delivers it again later."""
+    is not a JSON object, else :func:`accept_payload`'s answer."""
     try:
         payload = json_body(body)
     except ValueError:
         return WebResponse.text(400, "the body is not JSON")
     if not isinstance(payload, Mapping):
         return WebResponse.text(400, "the body is not a JSON object")
+    return await accept_payload(payload, read, inbox)
+
+
+async def accept_payload(
+    payload: Mapping[str, Any],
+    read: Callable[[Mapping[str, Any]], MessageEvent | None],
+    inbox: Inbox | None,
+) -> WebResponse:
+    """The answer to a webhook's decoded payload, after storing its event: 200 once stored, or
+    for what is not a user message or cannot be read (the platform would only deliver it
+    again); 503 while the gateway cannot store it, so that the platform delivers it again later.
+    The crash point ``connector_before_ack`` lies between storing and answering."""
     try:
         event = read(payload)
     except MalformedEventError as exc:
@@ -66,6 +77,7 @@ async def accept_event(
         await inbox.handle_message(event)
     except MessageNotStoredError:
         return WebResponse.text(503, "not stored; deliver it again")
+    crash_point("connector_before_ack")
     return WebResponse.text(200, "stored")
 
 
