@@ -57,13 +57,15 @@ def _visible_entry_points(*, group: str) -> importlib.metadata.EntryPoints:
 
 def pytest_configure(config: pytest.Config) -> None:
     """The suite counts on the built-in plugins alone: from collection on, the plugin manager
-    does not see the entry points of third-party plugins installed in the environment, only
-    those of :data:`VISIBLE_DISTRIBUTIONS`. Child processes do not inherit this: a test that
-    starts one says what it loads (``HERMES_PLUGINS_AUTOLOAD=0``, or the
-    :func:`installed_plugins` disabled)."""
+    and the agent loader do not see the entry points of third-party distributions installed in
+    the environment, only those of :data:`VISIBLE_DISTRIBUTIONS`. Child processes do not
+    inherit this: a test that starts one says what it loads (``HERMES_PLUGINS_AUTOLOAD=0``, or
+    the :func:`installed_plugins` disabled)."""
+    from hermes_core.gateway import agent_loading
     from hermes_core.plugins import manager as plugins
 
     plugins.entry_points = _visible_entry_points  # type: ignore[attr-defined,assignment]
+    agent_loading.entry_points = _visible_entry_points  # type: ignore[attr-defined,assignment]
 
 
 def builtins_only(environ: dict[str, str] | None = None, **extra: str) -> dict[str, str]:
@@ -108,6 +110,7 @@ def fake_distribution(
 
     ``fake_distribution(name, entry_points={"ep": "module"}, modules={"module": "source"})``
     returns the site directory; importlib.metadata discovers it like a pip-installed package.
+    The entry points go in ``group`` (default ``hermes.plugins``).
     """
     counter = iter(range(1000))
     installed: list[str] = []
@@ -120,6 +123,7 @@ def fake_distribution(
         modules: dict[str, str] | None = None,
         version: str = "1.0",
         extra_path: Path | None = None,
+        group: str = "hermes.plugins",
     ) -> Path:
         site = tmp_path / f"site-{next(counter)}"
         info = site / f"{name.replace('-', '_')}-{version}.dist-info"
@@ -128,7 +132,7 @@ def fake_distribution(
             f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n", encoding="utf-8"
         )
         lines = "\n".join(f"{ep} = {target}" for ep, target in entry_points.items())
-        (info / "entry_points.txt").write_text(f"[hermes.plugins]\n{lines}\n", encoding="utf-8")
+        (info / "entry_points.txt").write_text(f"[{group}]\n{lines}\n", encoding="utf-8")
         for module, source in (modules or {}).items():
             (site / f"{module}.py").write_text(textwrap.dedent(source), encoding="utf-8")
         installed.extend([*(modules or {}), *entry_points.values()])

@@ -115,10 +115,10 @@ def test_an_agent_named_by_import_path_is_built_from_the_lane_entry(
     ((key, _),) = turns(out)
     assert f"  → slack:C1: {key} heard ping\n" in out
     for spec, why in (
-        ("support.agents", "is not MODULE:ATTR"),
+        ("support.agents", "no agent of that name in the entry point group hermes.agents"),
         ("support.nowhere:X", "importing 'support.nowhere' failed"),
         ("support.agents:Missing", "has no attribute 'Missing'"),
-        ("support.agents:no_entry", "cannot be called with one argument"),
+        ("support.agents:no_entry", "takes 0 required arguments"),
     ):
         code, out, err = chat(capsys, monkeypatch, "ping\n", *argv, "--agent", spec)
         assert code == 2

@@ -11,10 +11,7 @@ import argparse
 import asyncio
 import contextlib
 import errno
-import importlib
-import inspect
 import json
-import os
 import re
 import stat
 import sys
@@ -28,8 +25,9 @@ from hermes_core.config.schema import GatewayConfig
 from hermes_core.domain.errors import HermesError, InvalidValueError, MessageNotStoredError
 from hermes_core.domain.models import MessageEvent, SessionSource
 from hermes_core.domain.terminal import safe_text
-from hermes_core.gateway.agents import ConsoleAdapter, EchoAgent
-from hermes_core.gateway.runtime import AgentFactory, Gateway
+from hermes_core.gateway.agent_loading import LoadedAgent, load_agent
+from hermes_core.gateway.agents import ConsoleAdapter
+from hermes_core.gateway.runtime import Gateway
 from hermes_core.plugins.manager import HermesPluginManager, create_plugin_manager
 
 PROG = "hermes-sessions"
@@ -58,8 +56,9 @@ def register(commands: Any, parents: list[argparse.ArgumentParser]) -> None:
     """Add ``chat`` and ``replay``."""
     agent = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
     agent.add_argument(
-        "--agent", metavar="MODULE:ATTR", help="the agent: a class or factory called with the "
-        "lane's SessionEntry (default: the echo agent)",
+        "--agent", metavar="NAME", help="the agent, instead of the configuration's agent.use: "
+        "an entry point of hermes.agents (echo, openai, ...) or MODULE:ATTR naming a factory "
+        "called with the lane's SessionEntry or a builder called with (options, config)",
     )  # fmt: skip
     chat = commands.add_parser(
         "chat", parents=[*parents, agent], allow_abbrev=False,
@@ -83,61 +82,25 @@ def register(commands: Any, parents: list[argparse.ArgumentParser]) -> None:
     replay.set_defaults(handler=replay_command, creates_state_dir=True)
 
 
-def agent_factory(spec: str | None) -> AgentFactory:
-    """The agent factory ``--agent MODULE:ATTR`` names (imported with the current directory on
-    the path, as ``python -m`` would), or the echo agent's."""
-    if spec is None:
-        return lambda entry: EchoAgent()
-    module_name, _, attr = spec.partition(":")
-    if not module_name or not attr:
-        raise InvalidValueError(
-            "agent", f"--agent {spec!r} is not MODULE:ATTR; write e.g. --agent mybot:MyAgent."
-        )  # fmt: skip
-    if os.getcwd() not in sys.path:
-        sys.path.insert(0, os.getcwd())
-    try:
-        target: Any = importlib.import_module(module_name)
-    except Exception as exc:  # any failure of the operator's module is reported
-        raise InvalidValueError(
-            "agent", f"--agent {spec!r}: importing {module_name!r} failed ({exc!r}); check the "
-            "module path and that it is installed or in the current directory."
-        ) from exc  # fmt: skip
-    for part in attr.split("."):
-        if not hasattr(target, part):
-            raise InvalidValueError(
-                "agent", f"--agent {spec!r}: {module_name!r} has no attribute {attr!r}; name a "
-                "class or factory defined there."
-            )  # fmt: skip
-        target = getattr(target, part)
-    try:
-        inspect.signature(target).bind(None)
-    except TypeError:
-        raise InvalidValueError(
-            "agent", f"--agent {spec!r} cannot be called with one argument (the lane's "
-            "SessionEntry); name a class or factory that takes it."
-        ) from None  # fmt: skip
-    except ValueError:
-        pass  # no signature to inspect (a built-in): the first turn shows whether it works
-    factory: AgentFactory = target
-    return factory
-
-
-def _gateway(args: argparse.Namespace, config: GatewayConfig) -> Gateway:
-    """A gateway with the chosen agent and a console adapter for every registered platform."""
-    factory = agent_factory(args.agent)
+def _gateway(args: argparse.Namespace, config: GatewayConfig) -> tuple[Gateway, LoadedAgent]:
+    """A gateway with the agent of ``--agent`` or ``agent.use`` and a console adapter for every
+    registered platform; and that agent, to close after the gateway stops."""
+    agent = load_agent(config, args.agent)
     plugins = create_plugin_manager(config)
     adapters = [ConsoleAdapter(name) for name in plugins.platforms()]
-    return Gateway(config, plugins, factory, adapters)
+    return Gateway(config, plugins, agent.factory, adapters), agent
 
 
-async def _run(gateway: Gateway, body: Callable[[], Awaitable[int]]) -> int:
+async def _run(gateway: Gateway, agent: LoadedAgent, body: Callable[[], Awaitable[int]]) -> int:
     """Start ``gateway`` (refused with ``GatewayLockedError`` while another holds the state),
-    run ``body``, stop it with a drain and say how it stopped; ``body``'s exit status."""
+    run ``body``, stop it with a drain, close ``agent`` and say how it stopped; ``body``'s exit
+    status."""
     await gateway.start()
     try:
         status = await body()
     finally:
         drained = await gateway.stop()
+        await agent.aclose()
     print("gateway stopped" if drained else
           "gateway stopped; the turns left running resume at its next start")  # fmt: skip
     return status
@@ -283,10 +246,10 @@ async def _chat(gateway: Gateway, console: Console) -> int:
 
 def chat_command(args: argparse.Namespace, config: GatewayConfig) -> int:
     """``chat --platform P --chat-id C [...]``: an interactive console gateway."""
-    gateway = _gateway(args, config)
+    gateway, agent = _gateway(args, config)
     console = Console(args, gateway.plugins)  # a bad --platform or id: an error before the start
     try:
-        return asyncio.run(_run(gateway, lambda: _chat(gateway, console)))
+        return asyncio.run(_run(gateway, agent, lambda: _chat(gateway, console)))
     except KeyboardInterrupt:
         print()
         return 130
@@ -355,5 +318,5 @@ def replay_command(args: argparse.Namespace, config: GatewayConfig) -> int:
             "events, one JSON object per line."
         ) from exc  # fmt: skip
     with lines:
-        gateway = _gateway(args, config)
-        return asyncio.run(_run(gateway, lambda: _replay(gateway, path, lines)))
+        gateway, agent = _gateway(args, config)
+        return asyncio.run(_run(gateway, agent, lambda: _replay(gateway, path, lines)))

@@ -284,9 +284,22 @@ class AgentCacheConfig(Section):
         return _memory_budget(self.memory_high_mb)
 
 
-class AgentConfig(SharedSection):
-    """``agent``; a freshness window <= 0 means every interrupted turn is fresh."""
+AGENT_SPEC = r"^(?:[A-Za-z0-9][\w.-]*|[A-Za-z_][\w.]*:[A-Za-z_][\w.]*)$"
+"""An entry point name (``openai``) or an import string (``package.module:factory``)."""
 
+
+class AgentConfig(SharedSection):
+    """``agent``; a freshness window <= 0 means every interrupted turn is fresh. ``use`` names
+    the agent (see :func:`hermes_core.gateway.agent_loading.load_agent`) and ``options`` are
+    handed to it as they are."""
+
+    use: str = Field(
+        "echo", pattern=AGENT_SPEC, description="an agent's entry point name in the group "
+        "hermes.agents (such as echo or openai) or an import string package.module:factory",
+    )  # fmt: skip
+    options: Annotated[dict[str, Any], BeforeValidator(lambda v: {} if v is None else v)] = Field(
+        default_factory=dict, description="a mapping of the agent's option names to values"
+    )
     gateway_timeout: Secs = 1800.0
     restart_drain_timeout: Secs = 60.0
     gateway_auto_continue_freshness: AnySecs = 3600.0

@@ -1,8 +1,12 @@
-"""An agent for ``--agent`` tests: built from the lane's entry, it answers with that lane's key."""
+"""Agents for ``--agent`` and ``agent.use`` tests: one built from the lane's entry, answering
+with that lane's key, and a builder taking options."""
 
 from __future__ import annotations
 
-from hermes_core import Agent, SessionEntry, TurnRequest
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from hermes_core import Agent, GatewayConfig, SessionEntry, TurnRequest
 
 
 class LaneAgent(Agent):
@@ -18,3 +22,24 @@ class LaneAgent(Agent):
 def no_entry() -> LaneAgent:
     """A factory that takes no entry (refused by ``--agent``)."""
     raise AssertionError("never called")
+
+
+def two_entries(entry: SessionEntry, other: SessionEntry, third: SessionEntry) -> LaneAgent:
+    """Requires three arguments: neither a factory nor a builder."""
+    raise AssertionError("never called")
+
+
+class Greeter(Agent):
+    """Replies ``<greeting>, <message>``."""
+
+    def __init__(self, greeting: str) -> None:
+        self.greeting = greeting
+
+    async def run_turn(self, request: TurnRequest) -> str | None:
+        return f"{self.greeting}, {request.message}"
+
+
+def greeters(options: Mapping[str, Any], config: GatewayConfig) -> Callable[[SessionEntry], Agent]:
+    """A builder: ``options["greeting"]`` (default ``hello``) for every lane's agent."""
+    greeting = str(options.get("greeting", "hello"))
+    return lambda entry: Greeter(greeting)
