@@ -68,6 +68,7 @@ if TYPE_CHECKING:
         StoreSpec,
     )
     from hermes_core.domain.splitting import split_reply, utf16_len
+    from hermes_core.gateway.agent_loading import LoadedAgent, agent_options, load_agent
     from hermes_core.gateway.agents import (
         Adapter,
         Agent,
@@ -159,6 +160,9 @@ _LAZY = {
     "HostCallbacks": "hermes_core.gateway.agents",
     "SendResult": "hermes_core.turns.ledger",
     "Gateway": "hermes_core.gateway.runtime",
+    "LoadedAgent": "hermes_core.gateway.agent_loading",
+    "agent_options": "hermes_core.gateway.agent_loading",
+    "load_agent": "hermes_core.gateway.agent_loading",
     "SearchHit": "hermes_core.store",
     "SessionStore": "hermes_core.store",
 }
@@ -208,6 +212,7 @@ __all__ = [
     "InvalidValueError",
     "KeyResolution",
     "LifecycleEvent",
+    "LoadedAgent",
     "MalformedEventError",
     "MessageEvent",
     "MessageNotStoredError",
@@ -238,6 +243,7 @@ __all__ = [
     "WebResponse",
     "WebhookRoute",
     "__version__",
+    "agent_options",
     "build_key_from_flags",
     "build_session_context",
     "build_session_context_prompt",
@@ -246,6 +252,7 @@ __all__ = [
     "default_plugin_manager",
     "hookimpl",
     "is_shared_multi_user_session",
+    "load_agent",
     "parse_session_key",
     "prefix_sender",
     "read_event",

@@ -65,7 +65,8 @@ def config_error(
         known = _settings(model)
         match = difflib.get_close_matches(str(loc[-1]), known, 1)
         hint = f" (did you mean {dotted((*prefix, *loc[:-1], match[0]))}?)" if match else ""
-        message = f"unknown key {key}{hint}; accepted keys: {', '.join(known)}"
+        accepted = f"accepted keys: {', '.join(known)}" if known else "it takes no keys"
+        message = f"unknown key {key}{hint}; {accepted}"
         return ConfigError(key, f"{source}: {message}", source=source)
     if error["loc"][-1:] == ("[key]",):
         accepted = "keys that are strings"
