@@ -127,6 +127,26 @@ def test_an_agent_named_by_import_path_is_built_from_the_lane_entry(
         assert out == ""
 
 
+def test_chat_takes_the_configured_agent_and_options_unless_the_flag_names_one(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "config.yaml"
+    path.write_text("agent:\n  use: support.agents:greeters\n  options: {greeting: ahoy}\n")
+    argv = ["--config", str(path), "--platform", "slack", "--chat-id", "C1",
+            "--state-dir", str(tmp_path / "state")]  # fmt: skip
+    code, out, _ = chat(capsys, monkeypatch, "ping\n", *argv)
+    assert code == 0
+    assert "  → slack:C1: ahoy, ping\n" in out
+    code, out, _ = chat(capsys, monkeypatch, "pong\n", *argv, "--agent", "echo")
+    assert code == 0
+    assert "  → slack:C1: echo: pong\n" in out
+    path.write_text("agent:\n  use: openai\n  options: {model: m, api_key_env: NO_SUCH_KEY}\n")
+    code, out, err = chat(capsys, monkeypatch, "ping\n", *argv)
+    assert code == 2
+    assert "agent.options.api_key_env names NO_SUCH_KEY, which is not set" in err
+    assert out == ""
+
+
 def test_chat_is_refused_in_one_line_while_a_gateway_holds_the_state(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
