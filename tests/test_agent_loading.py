@@ -101,6 +101,7 @@ def test_a_third_party_distribution_registers_an_agent_by_name(
         ("support.agents:no_entry", "takes 0 required arguments; name an agent factory taking"),
         ("support.agents:two_entries", "takes 3 required arguments"),
         ("support.agents:__doc__", "names a str, not something to call"),
+        ("support.agents:broken_builder", "is a builder that returned a NoneType; a builder"),
     ],
 )  # fmt: skip
 def test_a_bad_name_is_a_named_error_saying_what_to_change(spec: str, problem: str) -> None:

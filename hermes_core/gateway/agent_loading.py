@@ -110,7 +110,13 @@ def load_agent(config: GatewayConfig, override: str | None = None) -> LoadedAgen
     required = _required_arguments(target)
     if required == 2:
         builder: AgentBuilder = target
-        return LoadedAgent(spec, builder(options, config))
+        built = builder(options, config)
+        if not callable(built):
+            raise choice.refuse(
+                f"is a builder that returned a {type(built).__name__}; a builder returns the "
+                "agent factory, called with each lane's SessionEntry"
+            )
+        return LoadedAgent(spec, built)
     if required not in (1, None):
         raise choice.refuse(
             f"takes {required} required arguments; name an agent factory taking the lane's "

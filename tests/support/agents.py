@@ -43,3 +43,8 @@ def greeters(options: Mapping[str, Any], config: GatewayConfig) -> Callable[[Ses
     """A builder: ``options["greeting"]`` (default ``hello``) for every lane's agent."""
     greeting = str(options.get("greeting", "hello"))
     return lambda entry: Greeter(greeting)
+
+
+def broken_builder(options: Mapping[str, Any], config: GatewayConfig) -> Any:
+    """A builder that returns no factory."""
+    return None
