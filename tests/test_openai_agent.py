@@ -1,23 +1,24 @@
 """The ``openai`` agent against a fake OpenAI-compatible endpoint that the test serves on the
-loopback interface (Starlette under uvicorn): real HTTP, nothing in its path mocked."""
+loopback interface (:class:`support.loopback.LoopbackServer`): real HTTP, nothing in its path
+mocked."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
 import socket
-from collections.abc import AsyncIterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
 import pytest
-import uvicorn
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
+from support.loopback import LoopbackServer
 
 from hermes_core import Gateway, GatewayConfig, InMemoryAdapter, MessageEvent, SessionEntry
 from hermes_core.domain.errors import ConfigError
@@ -39,13 +40,13 @@ class FakeEndpoint:
     status: int = 200
     body: bytes | None = None
     """Sent as it is instead of a completion (an unreadable answer)."""
-    stall: asyncio.Event | None = None
-    """Set: the endpoint waits for it before answering (a slow model)."""
+    stalled: bool = False
+    """True: the endpoint answers only once it is false again (a slow model)."""
 
     async def completions(self, request: Request) -> Response:
         self.received.append((dict(request.headers), await request.json()))
-        if self.stall is not None:
-            await self.stall.wait()
+        while self.stalled:
+            await asyncio.sleep(0.01)
         if self.status != 200:
             return JSONResponse({"error": {"message": f"echoed {KEY}"}}, self.status)
         if self.body is not None:
@@ -55,22 +56,13 @@ class FakeEndpoint:
 
 
 @pytest.fixture
-async def endpoint() -> AsyncIterator[FakeEndpoint]:
+def endpoint() -> Iterator[FakeEndpoint]:
     fake = FakeEndpoint()
     app = Starlette(routes=[Route("/v1/chat/completions", fake.completions, methods=["POST"])])
-    listener = socket.socket()
-    listener.bind(("127.0.0.1", 0))
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="off"))
-    serving = asyncio.create_task(server.serve(sockets=[listener]))
-    while not server.started:
-        await asyncio.sleep(0.01)
-    fake.url = f"http://127.0.0.1:{listener.getsockname()[1]}/v1"
-    yield fake
-    if fake.stall is not None:
-        fake.stall.set()
-    server.should_exit = True
-    await serving
-    listener.close()
+    with LoopbackServer(app) as server:
+        fake.url = f"{server.url}/v1"
+        yield fake
+        fake.stalled = False  # the stalled request ends, and the server with it
 
 
 def _config(endpoint: FakeEndpoint, **options: Any) -> GatewayConfig:
@@ -147,7 +139,7 @@ async def test_an_endpoint_without_a_key_gets_no_authorization(
 async def test_a_slow_endpoint_gives_the_timeout_reply(
     endpoint: FakeEndpoint, api_key: str, caplog: pytest.LogCaptureFixture
 ) -> None:
-    endpoint.stall = asyncio.Event()
+    endpoint.stalled = True
     loaded = load_agent(_config(endpoint, timeout_secs=0.2))
     reply = await _turn(loaded, "hi", [])
     assert reply == f"{ERROR_PREFIX} the model endpoint timed out after 0.2 s."

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from importlib.metadata import entry_points
 from typing import Any, TypeVar
 
-from pydantic import BaseModel, ValidationError, create_model
+from pydantic import BaseModel, ValidationError
 
 from hermes_core.config.messages import config_error
 from hermes_core.config.schema import AGENT_SPEC, GatewayConfig
@@ -137,14 +137,11 @@ def agent_options(
     """``options`` read into ``model`` (a pydantic model; give it ``extra="forbid"``); a refused
     value is a :class:`~hermes_core.domain.errors.ConfigError` naming ``agent.options.<key>``,
     the file and what is accepted, as the schema's own errors do."""
-    section = create_model("AgentSection", __base__=Section, options=(model, ...))
-    root = create_model("AgentRoot", __base__=Section, agent=(section, ...))
     try:
-        validated: Any = root.model_validate({"agent": {"options": dict(options)}})
+        return model.model_validate(dict(options))
     except ValidationError as exc:
-        raise config_error(exc, config.source or "<defaults>", root) from None
-    result: OptionsT = validated.agent.options
-    return result
+        source = config.source or "<defaults>"
+        raise config_error(exc, source, model, prefix=("agent", "options")) from None
 
 
 def echo_agents(options: Mapping[str, Any], config: GatewayConfig) -> AgentFactory:
