@@ -18,7 +18,7 @@ import threading
 from collections import deque
 from pathlib import Path
 
-from hermes_core import GatewayConfig, PlatformSpec, hookimpl
+from hermes_core import ConnectorContext, ConnectorSpec, GatewayConfig, PlatformSpec, hookimpl
 from hermes_plugins.readers.whatsapp import read_whatsapp_payload
 
 MAX_ALIASES = 64
@@ -179,3 +179,17 @@ def hermes_register_platforms(config: GatewayConfig) -> list[PlatformSpec]:
             state_dirs=whatsapp_state_dirs,
         )
     ]
+
+
+def _build_connector(context: ConnectorContext) -> object:
+    """The Cloud API connector, imported only when built (it needs the ``serve`` extra)."""
+    from hermes_plugins.connectors.whatsapp import WhatsAppConnector
+
+    return WhatsAppConnector(context)
+
+
+@hookimpl
+def hermes_register_connectors(config: GatewayConfig) -> list[ConnectorSpec]:
+    """Register the WhatsApp Cloud API connector (:mod:`hermes_plugins.connectors.whatsapp`)."""
+    summary = "WhatsApp Cloud API: Meta's signed webhook in, /<phone-number-id>/messages out"
+    return [ConnectorSpec(platform="whatsapp", build=_build_connector, summary=summary)]
