@@ -20,6 +20,8 @@ from hermes_core.domain.models import SessionSource
 from hermes_core.plugins.manager import create_plugin_manager
 
 BUILTINS = ["platforms", "telegram", "discord", "slack", "whatsapp"]
+CONNECTING = {"whatsapp"}
+"""The built-in platform plugins that also provide a connector."""
 GROUP = "-1002285219667"
 README_EXAMPLE = [
     "--platform", "telegram", "--chat-type", "group", "--chat-id", GROUP, "--user-id", "alice",
@@ -76,7 +78,8 @@ def test_plugins_json(capsys: pytest.CaptureFixture[str]) -> None:
         assert plugin["status"] == "loaded"
         assert plugin["distribution"] == "hermes-sessions"
         assert plugin["builtin"] is True
-        assert plugin["hooks"] == ["hermes_register_platforms"]
+        connector = ["hermes_register_connectors"] if plugin["name"] in CONNECTING else []
+        assert plugin["hooks"] == [*connector, "hermes_register_platforms"]
         assert plugin["problems"] == []
     steps = next(plugin for plugin in plugins if plugin["name"] == "recovery_steps")
     assert steps["provides"] == {
@@ -85,6 +88,7 @@ def test_plugins_json(capsys: pytest.CaptureFixture[str]) -> None:
             "jsonl_backlog_replay", "fts_rebuild_if_stale", "clean_shutdown", "stuck_loop",
             "queue_restore",
         ],
+        "connectors": [],
     }  # fmt: skip
 
 
