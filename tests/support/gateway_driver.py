@@ -296,6 +296,11 @@ class Child:
     def running(self) -> bool:
         return self.process.is_alive()
 
+    def ended_within(self, seconds: float) -> bool:
+        """Wait up to ``seconds`` for the child to end on its own (returns as soon as it does)."""
+        self.process.join(seconds)
+        return not self.process.is_alive()
+
     def kill(self) -> None:
         if self.process.is_alive():
             self.process.kill()
