@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import sqlite3
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -32,11 +33,15 @@ from hermes_core import (
     Gateway,
     GatewayConfig,
     LifecycleEvent,
+    MessageEvent,
     hookimpl,
     read_event,
 )
 from hermes_core.domain.connectors import WebRequest, WebResponse
+from hermes_core.domain.errors import StoreError
+from hermes_core.gateway.texts import REFUSED_NOT_SAVED
 from hermes_core.testing import fresh_plugin_manager
+from hermes_core.turns.pipeline import Turn
 from hermes_plugins.connectors.whatsapp import MAX_TEXT, WhatsAppConnector, cloud_failure
 
 USER = "15551234567"
@@ -61,10 +66,13 @@ def api() -> Iterator[tuple[FakeCloudApi, str]]:
         yield fake, server.url
 
 
-def _config(home: Path, url: str, **settings: Any) -> GatewayConfig:
+def _config(
+    home: Path, url: str, sections: dict[str, Any] | None = None, **settings: Any
+) -> GatewayConfig:
+    """A configuration with the connector's ``settings`` and other top-level ``sections``."""
     section = {"enabled": True, "phone_number_id": PHONE_NUMBER_ID, "api_base": url, **settings}
     data = {"gateway": {"housekeeping": {"initial_delay_secs": 3600}},
-            "platforms": {"whatsapp": section}}  # fmt: skip
+            "platforms": {"whatsapp": section}, **(sections or {})}  # fmt: skip
     return GatewayConfig.from_dict(data, environ={"HERMES_HOME": str(home)})
 
 
@@ -105,8 +113,10 @@ class Served:
 
 
 @asynccontextmanager
-async def serving(home: Path, url: str, **settings: Any) -> AsyncIterator[Served]:
-    config = _config(home, url, **settings)
+async def serving(
+    home: Path, url: str, sections: dict[str, Any] | None = None, **settings: Any
+) -> AsyncIterator[Served]:
+    config = _config(home, url, sections, **settings)
     connector = _connector(config)
     ledger = LedgerStates()
     plugins = fresh_plugin_manager(home)
@@ -244,6 +254,55 @@ async def test_a_reply_outside_the_24_hour_window_is_abandoned(
     assert len(fake.attempts) == 1
     assert not fake.attempts[0].accepted
     assert served.ledger.states[-1] == "abandoned"
+
+
+async def test_a_message_the_store_cannot_take_gets_a_5xx_and_is_answered_when_sent_again(
+    hermes_home: Path, api: tuple[FakeCloudApi, str]
+) -> None:
+    fake, url = api
+    body = webhook_body(text_message(USER, "hi", "wamid.s"))
+    quick = {"storage": {"sqlite_busy_timeout_secs": 0.3}}
+    async with serving(hermes_home, url, quick) as served:
+        holder = sqlite3.connect(hermes_home / "state.db", isolation_level=None)
+        holder.execute("BEGIN IMMEDIATE")  # another process holds the write lock
+        try:
+            assert (await served.post(body)).status == 503
+        finally:
+            holder.execute("ROLLBACK")
+            holder.close()
+        assert (await served.post(body)).status == 200  # Meta delivers it again
+        await served.gateway.idle()
+        await _sent(fake, 2)
+    assert fake.texts() == [REFUSED_NOT_SAVED, "echo: hi"]
+
+
+async def test_a_batch_whose_second_message_is_not_stored_is_answered_once_when_sent_again(
+    hermes_home: Path, api: tuple[FakeCloudApi, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    fake, url = api
+    other = "447700900123"
+    body = webhook_body(text_message(USER, "one", "wamid.a"), text_message(other, "two", "wamid.b"))
+    async with serving(hermes_home, url) as served:
+        pipeline = served.gateway.pipeline
+        assert pipeline is not None
+        begin = pipeline.begin
+
+        def broken(key: str, event: MessageEvent, consumed: int | None = None) -> Turn | None:
+            if event.text == "two":
+                raise StoreError("disk full")
+            return begin(key, event, consumed)
+
+        monkeypatch.setattr(pipeline, "begin", broken)
+        assert (await served.post(body)).status == 503  # the first was stored, not the second
+        monkeypatch.setattr(pipeline, "begin", begin)
+        assert (await served.post(body)).status == 200  # Meta delivers the whole body again
+        await served.gateway.idle()
+        await _sent(fake, 3)
+        await asyncio.sleep(0.2)
+    replies = sorted((sent.to, sent.text) for sent in fake.attempts)
+    assert replies == sorted(
+        [(USER, "echo: one"), (other, REFUSED_NOT_SAVED), (other, "echo: two")]
+    )
 
 
 def test_meta_error_codes_become_failure_kinds() -> None:
