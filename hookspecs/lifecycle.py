@@ -16,8 +16,12 @@ def hermes_on_lifecycle_event(event: LifecycleEvent) -> None:
 
     **When:** after the commit of: a session created, reset, suspended, replaced or reopened;
     resume marked or cleared; a turn started or ended; an agent soft-released or fully cleaned up;
-    a queue item accepted, refused, merged or discarded; a delivery-ledger transition; a recovery
-    step's result. ``event.kind`` names which.
+    a queue item accepted, refused, merged or discarded; a delivery-ledger transition (its
+    ``detail`` names the ``state``, the ``platform`` and, for a failed send, the
+    ``failure_kind``); a recovery step's result; a store commit (``store_committed``, on the
+    store's writer thread, with the ``seconds`` it took and the writer ``steps`` it held); a
+    lane taken over from a gateway process whose lease expired (``lane_taken_over``).
+    ``event.kind`` names which.
 
     **Mode:** every implementation is called on its own, in pluggy's call order: the last
     registered plugin first, ``tryfirst=True`` implementations before the others and

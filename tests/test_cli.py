@@ -83,7 +83,7 @@ def test_plugins_json(capsys: pytest.CaptureFixture[str]) -> None:
         assert plugin["problems"] == []
     steps = next(plugin for plugin in plugins if plugin["name"] == "recovery_steps")
     assert steps["provides"] == {
-        "platforms": [], "schemes": [], "policy": None,
+        "platforms": [], "schemes": [], "policy": None, "connectors": [],
         "steps": [
             "jsonl_backlog_replay", "fts_rebuild_if_stale", "clean_shutdown", "stuck_loop",
             "queue_restore",

@@ -196,6 +196,27 @@ def test_core_imports_no_plugin_module() -> None:
     assert graph["hermes_plugins"] == set()  # the list of built-ins imports nothing
 
 
+SERVE_EXTRA = ("httpx", "starlette", "uvicorn", "prometheus_client")
+
+
+def test_embedding_the_core_needs_nothing_of_the_serve_extra(tmp_path: Path) -> None:
+    """The core, every built-in plugin's registration (connectors included) and the command
+    line load without the serve extra's packages: embedding needs none of them."""
+    script = (
+        "import sys, hermes_core\n"
+        "from hermes_core import GatewayConfig, create_plugin_manager, Gateway\n"
+        "from hermes_core.cli.main import _parser\n"
+        f"config = GatewayConfig.from_dict({{}}, environ={{'HERMES_HOME': {str(tmp_path)!r}}})\n"
+        "plugins = create_plugin_manager(config)\n"
+        "plugins.connectors(); plugins.platforms(); _parser()\n"
+        f"print(sorted(m for m in {SERVE_EXTRA!r} if m in sys.modules))\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, check=True, cwd=ROOT
+    )
+    assert result.stdout.strip() == "[]"
+
+
 def _import_alone(module: str) -> tuple[str, str]:
     result = subprocess.run(
         [sys.executable, "-c", f"import {module}"],

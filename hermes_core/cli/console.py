@@ -54,12 +54,7 @@ USAGES = {
 
 def register(commands: Any, parents: list[argparse.ArgumentParser]) -> None:
     """Add ``chat`` and ``replay``."""
-    agent = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
-    agent.add_argument(
-        "--agent", metavar="NAME", help="the agent, instead of the configuration's agent.use: "
-        "an entry point of hermes.agents (echo, openai, ...) or MODULE:ATTR naming a factory "
-        "called with the lane's SessionEntry or a builder called with (options, config)",
-    )  # fmt: skip
+    agent = agent_argument()
     chat = commands.add_parser(
         "chat", parents=[*parents, agent], allow_abbrev=False,
         help="talk to a gateway on the state directory as a user of a platform",
@@ -80,6 +75,17 @@ def register(commands: Any, parents: list[argparse.ArgumentParser]) -> None:
     )  # fmt: skip
     replay.add_argument("events", metavar="EVENTS.jsonl", type=Path)
     replay.set_defaults(handler=replay_command, creates_state_dir=True)
+
+
+def agent_argument() -> argparse.ArgumentParser:
+    """The ``--agent`` option of the commands that run a gateway."""
+    agent = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+    agent.add_argument(
+        "--agent", metavar="NAME", help="the agent, instead of the configuration's agent.use: "
+        "an entry point of hermes.agents (echo, openai, ...) or MODULE:ATTR naming a factory "
+        "called with the lane's SessionEntry or a builder called with (options, config)",
+    )  # fmt: skip
+    return agent
 
 
 def _gateway(args: argparse.Namespace, config: GatewayConfig) -> tuple[Gateway, LoadedAgent]:

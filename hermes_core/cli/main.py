@@ -24,7 +24,7 @@ if TYPE_CHECKING:
 PROG = "hermes-sessions"
 EXIT_ERROR = 2
 MAX_ERROR_CHARS = 2000  # the longest error line (values are cut by errors.shown already)
-COMMAND_MODULES = ("keying", "browse", "lanes", "doctor", "migrate", "console")
+COMMAND_MODULES = ("keying", "browse", "lanes", "doctor", "migrate", "console", "serving")
 """The modules of :mod:`hermes_core.cli` that register the commands, in help order."""
 
 Handler = Callable[[argparse.Namespace, "GatewayConfig"], int]

@@ -99,10 +99,20 @@ class Inbox(Protocol):
 class Connector(Protocol):
     """A platform connection: events in (a poller or routes), replies out (``adapter``)."""
 
-    platform: str
-    adapter: Adapter
-    routes: Sequence[WebhookRoute]
-    """The HTTP routes the app serves for this connector (empty for a poller)."""
+    @property
+    def platform(self) -> str:
+        """The platform's name."""
+        ...
+
+    @property
+    def adapter(self) -> Adapter:
+        """Sends the gateway's replies to the platform."""
+        ...
+
+    @property
+    def routes(self) -> Sequence[WebhookRoute]:
+        """The HTTP routes the app serves for this connector (empty for a poller)."""
+        ...
 
     async def start(self, inbox: Inbox) -> None:
         """Connect and begin handing events to ``inbox`` (a poller starts its task here); returns

@@ -350,7 +350,7 @@ LifecycleKind = Literal[
     "session_created", "session_reset", "session_suspended", "session_replaced",
     "session_reopened", "resume_marked", "resume_cleared", "turn_started", "turn_ended",
     "agent_soft_released", "agent_cleaned_up", "queue_accepted", "queue_refused", "queue_merged",
-    "queue_discarded", "ledger_transition", "recovery_step",
+    "queue_discarded", "ledger_transition", "recovery_step", "store_committed", "lane_taken_over",
 ]  # fmt: skip
 
 

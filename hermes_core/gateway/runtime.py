@@ -220,10 +220,14 @@ class Gateway:
     ) -> None:
         await self.stop()
 
-    async def serve(self) -> bool:
+    async def serve(
+        self, *, before_stop: Callable[[], Coroutine[Any, Any, None]] | None = None
+    ) -> bool:
         """Run until SIGINT or SIGTERM (Unix), then stop with a drain; returns what ``stop``
-        returns. Starts the gateway unless it is started already. A second signal during the
-        drain interrupts the turns still running at once (they resume after the next start)."""
+        returns. Starts the gateway unless it is started already. ``before_stop`` is awaited
+        after the first signal, before the drain (a server stops taking events there). A second
+        signal during the drain interrupts the turns still running at once (they resume after
+        the next start)."""
         loop = asyncio.get_running_loop()
         signalled = asyncio.Event()
 
@@ -243,6 +247,11 @@ class Gateway:
             if self._loop is None:
                 await self.start()
             await signalled.wait()
+            if before_stop is not None:
+                try:
+                    await before_stop()
+                except Exception:  # the drain still runs: the turns' replies are owed
+                    logger.exception("stopping before the drain failed; draining anyway")
             return await self.stop()
         finally:
             for signum in handled:

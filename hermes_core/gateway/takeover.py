@@ -16,6 +16,7 @@ from collections.abc import Callable, Coroutine
 from typing import Any
 
 from hermes_core.config.schema import GatewayConfig
+from hermes_core.domain.specs import LifecycleEvent
 from hermes_core.store import SessionStore
 from hermes_core.turns.queue import TurnQueue
 from hermes_core.turns.recovery import marker_max_age, record_crash_left_replies
@@ -93,6 +94,9 @@ class Takeovers:
             return
         finally:
             self._recovering.discard(key)
+        plugins = self.store.plugins
+        if plugins.observing:
+            plugins.notify(LifecycleEvent(kind="lane_taken_over", session_key=key))
         self._dispatch(key)
 
     async def _abandon(self, key: str) -> None:

@@ -24,7 +24,7 @@ from hermes_core.domain.errors import (
     StoreUnavailableError,
 )
 from hermes_core.domain.keys import KeySchema
-from hermes_core.domain.specs import StoreCapability, StoreSpec
+from hermes_core.domain.specs import LifecycleEvent, StoreCapability, StoreSpec
 from hermes_core.plugins.manager import HermesPluginManager
 from hermes_core.store.backend import Maintenance, StoreBackend
 from hermes_core.store.capabilities import WITHOUT, BoundBackend, bind_backend
@@ -180,7 +180,13 @@ class Backing:
             atomic=lambda: "atomic_batches" in self.bound.spec.capabilities,
             read_only=self._read_only, threads=threads, bind=bind,
             lock_order=bound.leases is not None,
+            observe=self._committed if self._plugins.observing else None,
         )  # fmt: skip
+
+    def _committed(self, seconds: float, steps: int) -> None:
+        """Tell observers of a commit: how long it took and how many writer steps it held."""
+        detail = {"seconds": seconds, "steps": steps}
+        self._plugins.notify(LifecycleEvent(kind="store_committed", detail=detail))
 
     def use(self, bound: BoundBackend) -> None:
         """Run on ``bound`` from now on."""

@@ -30,6 +30,7 @@ import asyncio
 import logging
 import queue
 import threading
+import time
 import zlib
 from collections.abc import Callable
 from concurrent.futures import Future
@@ -99,13 +100,17 @@ class StoreWriter:
         threads: int = 1,
         bind: Callable[[int], None] = lambda index: None,
         lock_order: bool = False,
+        observe: Callable[[float, int], None] | None = None,
     ) -> None:
         """``threads``: writer threads; thread ``i`` calls ``bind(i)`` first (the backend gives it
         writer connection ``i``). ``lock_order``: run each batch's steps in the order of their
         lanes (a store that other processes write at the same time: every batch then locks
         its lanes' rows in one order, so two processes' batches never wait for each other in
-        a cycle, which the database would end after its deadlock timeout by failing one)."""
+        a cycle, which the database would end after its deadlock timeout by failing one).
+        ``observe(seconds, steps)``: called on the writer thread after each commit, with how
+        long it took and how many steps it held."""
         self._transaction = transaction
+        self._observe = observe
         self._lock_order = lock_order
         self._atomic = atomic
         """Whether a transaction can be rolled back now; if not, steps run one by one (a
@@ -288,6 +293,7 @@ class StoreWriter:
     def _commit(self, batch: list[_Step], counts: list[int]) -> None:
         """Run the batch in one transaction; on any failure run each step alone."""
         results: list[Any] = []
+        began = time.perf_counter()
         try:
             with self._transaction():
                 for step in batch:
@@ -300,12 +306,14 @@ class StoreWriter:
                 self._alone(step, counts)
             return
         counts[0] += 1
+        self._observed(began, len(batch))
         self._finish([(step, result, None) for step, result in zip(batch, results, strict=True)])
 
     def _alone(self, step: _Step, counts: list[int]) -> None:
         """Run a step outside any batch: each of its writes commits on its own, so a backend's
         own fault handling (a full-text index failing open) applies as it does without a
         writer."""
+        began = time.perf_counter()
         try:
             result = self._execute(step, counts)
         except BaseException as exc:  # noqa: BLE001 - handed to the step's caller
@@ -314,7 +322,15 @@ class StoreWriter:
             self._finish([(step, None, exc)])
             return
         counts[0] += 1
+        self._observed(began, 1)
         self._finish([(step, result, None)])
+
+    def _observed(self, began: float, steps: int) -> None:
+        if self._observe is not None:
+            try:
+                self._observe(time.perf_counter() - began, steps)
+            except Exception:  # an observer never breaks a commit
+                logger.exception("a commit observer failed")
 
     def _execute(self, step: _Step, counts: list[int]) -> Any:
         self._local.step = step
