@@ -21,7 +21,6 @@ from hermes_core.gateway.agent_loading import LoadedAgent
 from hermes_core.gateway.agents import EchoAgent
 from hermes_core.serve.runner import serve
 
-
 ECHO = LoadedAgent("echo", lambda entry: EchoAgent())
 
 
@@ -99,9 +98,7 @@ async def test_serve_answers_then_stops_taking_events_and_drains_on_sigterm(
     hook = _HookPlugin()
     plugins.register(hook, name="hook")
     out = io.StringIO()
-    serving = asyncio.create_task(
-        serve(config, plugins, ECHO, environ={}, out=out)
-    )
+    serving = asyncio.create_task(serve(config, plugins, ECHO, environ={}, out=out))
     url = (await _line(out, "serving on ")).removeprefix("serving on ")
     assert out.getvalue().splitlines()[0] == "matrix: webhook /matrix"
     (connector,) = hook.built
