@@ -1,12 +1,25 @@
 """Slack: the workspace (``scope_id``) is a key component when set, so channels with the same id
 in two workspaces never share a session. Reads Events API ``event_callback`` payloads
-(:mod:`hermes_plugins.readers.slack`).
+(:mod:`hermes_plugins.readers.slack`). Its connector (the Events API over HTTP, replies with
+``chat.postMessage``) is :mod:`hermes_plugins.connectors.slack`, imported only when built.
 """
 
 from __future__ import annotations
 
-from hermes_core import GatewayConfig, PlatformSpec, SessionSource, hookimpl
+from typing import TYPE_CHECKING
+
+from hermes_core import (
+    ConnectorContext,
+    ConnectorSpec,
+    GatewayConfig,
+    PlatformSpec,
+    SessionSource,
+    hookimpl,
+)
 from hermes_plugins.readers.slack import read_slack_event
+
+if TYPE_CHECKING:
+    from hermes_plugins.connectors.slack import SlackConnector
 
 
 def workspace_scope(source: SessionSource) -> str | None:
@@ -18,3 +31,17 @@ def workspace_scope(source: SessionSource) -> str | None:
 def hermes_register_platforms(config: GatewayConfig) -> list[PlatformSpec]:
     """Register ``slack`` with its workspace scope (not PII-safe) and its event reader."""
     return [PlatformSpec(name="slack", scope=workspace_scope, read_event=read_slack_event)]
+
+
+def build_connector(context: ConnectorContext) -> SlackConnector:
+    """The Slack connector (imported here: it needs the ``serve`` extra's ``httpx``)."""
+    from hermes_plugins.connectors.slack import build
+
+    return build(context)
+
+
+@hookimpl
+def hermes_register_connectors(config: GatewayConfig) -> list[ConnectorSpec]:
+    """Register the Slack connector: Events API requests in, ``chat.postMessage`` out."""
+    summary = "Slack Events API over HTTP (signed requests), replies with chat.postMessage"
+    return [ConnectorSpec(platform="slack", build=build_connector, summary=summary)]
