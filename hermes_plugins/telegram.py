@@ -1,9 +1,13 @@
 """Telegram: the generic key rule (forum topics are threads); ids may be pseudonymised; reads
-Bot API ``Update`` objects (:mod:`hermes_plugins.readers.telegram`)."""
+Bot API ``Update`` objects (:mod:`hermes_plugins.readers.telegram`); connects through the Bot
+API (:mod:`hermes_plugins.connectors.telegram`, imported only when built: it needs the ``serve``
+extra)."""
 
 from __future__ import annotations
 
-from hermes_core import GatewayConfig, PlatformSpec, hookimpl
+from typing import Any
+
+from hermes_core import ConnectorContext, ConnectorSpec, GatewayConfig, PlatformSpec, hookimpl
 from hermes_plugins.readers.telegram import read_telegram_update
 
 
@@ -11,3 +15,17 @@ from hermes_plugins.readers.telegram import read_telegram_update
 def hermes_register_platforms(config: GatewayConfig) -> list[PlatformSpec]:
     """Register ``telegram`` as PII-safe, with its ``Update`` reader."""
     return [PlatformSpec(name="telegram", pii_safe=True, read_event=read_telegram_update)]
+
+
+def build_connector(context: ConnectorContext) -> Any:
+    """The Telegram connector of ``platforms.telegram`` (imports ``httpx`` only now)."""
+    from hermes_plugins.connectors.telegram import build_telegram
+
+    return build_telegram(context)
+
+
+@hookimpl
+def hermes_register_connectors(config: GatewayConfig) -> list[ConnectorSpec]:
+    """Register the Telegram Bot API connector (long polling or a webhook)."""
+    summary = "Telegram Bot API: getUpdates long polling or a webhook; replies with sendMessage"
+    return [ConnectorSpec(platform="telegram", build=build_connector, summary=summary)]
