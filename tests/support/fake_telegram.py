@@ -1,0 +1,168 @@
+"""A fake Telegram Bot API (a Starlette app; serve it with ``LoopbackServer``) for the connector
+tests: ``getMe``, ``getWebhookInfo``, ``setWebhook``, ``getUpdates`` with real long polling and
+Telegram's offset rule, and ``sendMessage``, which records what it received and can be told to
+refuse (429 with ``retry_after``, 403, entities it cannot parse)."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse
+from starlette.routing import Route
+
+from hermes_core.domain.splitting import utf16_len
+
+TOKEN = "123456:TEST-token_for-the-fake"
+BOT_USERNAME = "hermes_test_bot"
+POLL_STEP_SECS = 0.02
+
+
+@dataclass(frozen=True)
+class Sent:
+    """One ``sendMessage`` the fake accepted."""
+
+    chat_id: str
+    thread_id: str | None
+    reply_to: int | None
+    text: str
+    parse_mode: str | None
+
+
+@dataclass
+class FakeTelegram:
+    """The fake's state, shared between the test and the server's thread."""
+
+    token: str = TOKEN
+    pending: list[dict[str, Any]] = field(default_factory=list)
+    """Updates not yet confirmed (an offset above their id confirms them)."""
+    sent: list[Sent] = field(default_factory=list)
+    offsets: list[int | None] = field(default_factory=list)
+    """The ``offset`` of every ``getUpdates``, in order."""
+    allowed_updates: list[str] | None = None
+    webhook: dict[str, Any] = field(default_factory=dict)
+    """What ``setWebhook`` was given (``url``, ``secret_token``, ...)."""
+    refused: deque[tuple[int, str, dict[str, Any]]] = field(default_factory=deque)
+    """Answers of the next ``sendMessage`` calls: (status, description, parameters)."""
+    refuse_entities: bool = False
+    """Whether a ``sendMessage`` with a ``parse_mode`` is refused as unparsable."""
+    attempts: int = 0
+    """Every ``sendMessage`` received, refused ones included."""
+    _ids: itertools.count[int] = field(default_factory=lambda: itertools.count(100))
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def queue(self, update: dict[str, Any]) -> int:
+        """Queue ``update`` for the pollers, under a new ``update_id`` (returned)."""
+        with self._lock:
+            update_id = next(self._ids)
+            self.pending.append({"update_id": update_id, **update})
+        return update_id
+
+    def refuse_next(self, status: int, description: str, **parameters: Any) -> None:
+        """Answer the next ``sendMessage`` with this error (once)."""
+        self.refused.append((status, description, parameters))
+
+    def texts(self) -> list[str]:
+        return [message.text for message in self.sent]
+
+    def app(self) -> Starlette:
+        return Starlette(routes=[Route("/bot{token}/{method}", self._handle, methods=["POST"])])
+
+    async def _handle(self, request: Request) -> JSONResponse:
+        if request.path_params["token"] != self.token:
+            return _error(401, "Unauthorized")
+        params = await request.json() if await request.body() else {}
+        method = request.path_params["method"]
+        if method == "getMe":
+            return _ok({"id": 123456, "is_bot": True, "username": BOT_USERNAME})
+        if method == "getWebhookInfo":
+            return _ok({"url": self.webhook.get("url", ""), "pending_update_count": 0})
+        if method == "setWebhook":
+            self.webhook = dict(params)
+            return _ok(True)
+        if method == "getUpdates":
+            return await self._get_updates(params)
+        if method == "sendMessage":
+            return self._send_message(params)
+        return _error(404, "Not Found: method not found")
+
+    async def _get_updates(self, params: dict[str, Any]) -> JSONResponse:
+        if self.webhook.get("url"):
+            return _error(409, "Conflict: can't use getUpdates method while webhook is active")
+        offset = params.get("offset")
+        with self._lock:
+            self.offsets.append(offset)
+            self.allowed_updates = params.get("allowed_updates", self.allowed_updates)
+            if offset is not None:  # what lies below the offset is confirmed and forgotten
+                self.pending = [u for u in self.pending if u["update_id"] >= offset]
+        deadline = time.monotonic() + float(params.get("timeout", 0))
+        while True:
+            with self._lock:
+                batch = self.pending[: int(params.get("limit", 100))]
+            if batch or time.monotonic() >= deadline:
+                return _ok(batch)
+            await asyncio.sleep(POLL_STEP_SECS)
+
+    def _send_message(self, params: dict[str, Any]) -> JSONResponse:
+        with self._lock:
+            self.attempts += 1
+            if self.refused:
+                status, description, parameters = self.refused.popleft()
+                return _error(status, description, parameters)
+        text = str(params.get("text", ""))
+        if self.refuse_entities and params.get("parse_mode"):
+            return _error(400, "Bad Request: can't parse entities: Can't find end of the entity")
+        if str(params.get("message_thread_id")) == "1":
+            return _error(400, "Bad Request: message thread not found")
+        if not text or utf16_len(text) > 4096:
+            return _error(400, "Bad Request: message is too long")
+        thread = params.get("message_thread_id")
+        reply = params.get("reply_parameters") or {}
+        sent = Sent(
+            chat_id=str(params.get("chat_id")),
+            thread_id=str(thread) if thread is not None else None,
+            reply_to=reply.get("message_id"),
+            text=text,
+            parse_mode=params.get("parse_mode"),
+        )
+        with self._lock:
+            self.sent.append(sent)
+            message_id = next(self._ids)
+        return _ok({"message_id": message_id, "chat": {"id": params.get("chat_id")}, "text": text})
+
+
+def message_update(
+    chat_id: int, text: str, *, message_id: int, thread_id: int | None = None, user_id: int = 42
+) -> dict[str, Any]:
+    """A ``message`` update from a user: in a private chat, or in a forum topic of a
+    supergroup when ``thread_id`` is given."""
+    if thread_id is None:
+        chat: dict[str, Any] = {"id": chat_id, "type": "private", "first_name": "Ana"}
+        topic: dict[str, Any] = {}
+    else:
+        chat = {"id": chat_id, "type": "supergroup", "title": "Forum", "is_forum": True}
+        topic = {"message_thread_id": thread_id, "is_topic_message": True}
+    return {
+        "message": {
+            "message_id": message_id, "date": 1_700_000_000, "chat": chat, "text": text,
+            "from": {"id": user_id, "is_bot": False, "first_name": "Ana"}, **topic,
+        }
+    }  # fmt: skip
+
+
+def _ok(result: Any) -> JSONResponse:
+    return JSONResponse({"ok": True, "result": result})
+
+
+def _error(status: int, description: str, parameters: dict[str, Any] | None = None) -> JSONResponse:
+    body: dict[str, Any] = {"ok": False, "error_code": status, "description": description}
+    if parameters:
+        body["parameters"] = parameters
+    return JSONResponse(body, status_code=status)
