@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager
@@ -15,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from support.fake_telegram import BOT_USERNAME, TOKEN, FakeTelegram, message_update
 from support.loopback import LoopbackServer
 
@@ -221,6 +223,24 @@ async def test_the_general_topic_is_not_named_as_a_thread(
     assert state.sent[0].reply_to == 12
 
 
+async def test_a_button_press_is_answered_in_its_chat_replying_to_no_message(
+    fake: tuple[FakeTelegram, str], hermes_home: Path
+) -> None:
+    state, url = fake
+    config = _config(hermes_home, url)
+    press = {"callback_query": {
+        "id": "4382095830293847562", "data": "yes",
+        "from": {"id": 42, "is_bot": False, "first_name": "Ana"},
+        "message": message_update(42, "Continue?", message_id=30)["message"],
+    }}  # fmt: skip
+    async with serving(config, _build(config)):
+        state.queue(press)
+        await until(lambda: len(state.sent) == 1)
+    assert state.sent[0].chat_id == "42"
+    assert state.sent[0].reply_to is None
+    assert state.sent[0].text == "echo: yes"
+
+
 class RefusingInbox:
     """Refuses to store the event with text ``refused`` ``times`` times, then records it."""
 
@@ -366,3 +386,19 @@ def test_webhook_mode_needs_a_usable_secret(hermes_home: Path) -> None:
     assert caught.value.key == "platforms.telegram.webhook_secret_env"
     with pytest.raises(ConfigError, match="letters, digits"):
         _build(config, TELEGRAM_WEBHOOK_SECRET="has spaces")
+
+
+def test_the_documented_examples_are_valid_settings(hermes_home: Path) -> None:
+    """The Telegram section's YAML examples load, and the connector accepts their keys."""
+    document = (Path(__file__).parents[1] / "docs" / "connectors.md").read_text(encoding="utf-8")
+    section = document.split("## Telegram", 1)[1].split("\n## ", 1)[0]
+    blocks = re.findall(r"```yaml\n(.*?)```", section, re.DOTALL)
+    assert len(blocks) == 2
+    for block in blocks:
+        settings = yaml.safe_load(block)
+        config = GatewayConfig.from_dict(settings, environ={"HERMES_HOME": str(hermes_home)})
+        connector = _build(config, TELEGRAM_WEBHOOK_SECRET=SECRET)
+        written = settings["platforms"]["telegram"]
+        assert {key: getattr(connector.settings, key) for key in written if key != "enabled"} == {
+            key: value for key, value in written.items() if key != "enabled"
+        }

@@ -36,6 +36,9 @@ MESSAGE_LIMIT = 4096
 GENERAL_TOPIC = "1"
 """The thread id of a forum's General topic, which ``sendMessage`` refuses as
 ``message_thread_id`` ("message thread not found"): a message without one goes there."""
+MESSAGE_ID_BOUND = 1 << 31
+"""Message ids fit in 32 bits; a button press's event carries its callback query's id, a
+64-bit number, which is no message to reply to."""
 _ENTITIES_REFUSED = "can't parse entities"
 """What a 400 answer's description says when the text is not valid in its ``parse_mode``."""
 
@@ -135,12 +138,12 @@ class TelegramAdapter:
         self, source: SessionSource, text: str, *, reply_to: str | None = None
     ) -> SendResult:
         """Send ``text`` into the chat and forum topic of ``source``, the first part replying
-        to ``reply_to`` (when it is a message id; it is not for a button press)."""
+        to ``reply_to`` when it is a message id (a button press's is not)."""
         base: dict[str, Any] = {"chat_id": source.chat_id}
         if source.thread_id and source.thread_id != GENERAL_TOPIC:
             base["message_thread_id"] = source.thread_id
         reply = None
-        if reply_to and reply_to.isdecimal():
+        if reply_to and reply_to.isdecimal() and int(reply_to) < MESSAGE_ID_BOUND:
             reply = {"message_id": int(reply_to), "allow_sending_without_reply": True}
 
         async def send_part(part: str, index: int) -> SendResult:
