@@ -20,7 +20,7 @@ from hermes_core.domain.models import SessionSource
 from hermes_core.plugins.manager import create_plugin_manager
 
 BUILTINS = ["platforms", "telegram", "discord", "slack", "whatsapp"]
-CONNECTING = {"slack", "whatsapp"}
+CONNECTING = {"telegram", "slack", "whatsapp"}
 """The built-in platform plugins that also provide a connector."""
 GROUP = "-1002285219667"
 README_EXAMPLE = [
@@ -61,7 +61,7 @@ def test_plugins_table(capsys: pytest.CaptureFixture[str]) -> None:
     for name in BUILTINS:
         assert rows[name][1:3] == ["loaded", "hermes-sessions"]
         assert rows[name][4] == "platforms:"
-    assert rows["telegram"][5:] == ["telegram"]
+    assert rows["telegram"][5:] == ["telegram;", "connectors:", "telegram"]
     assert rows["eviction"][4:] == ["policy:", "lru"]
     assert "Problems:" not in lines
 
