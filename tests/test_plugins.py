@@ -59,7 +59,7 @@ def test_builtins_are_listed_with_distribution(hermes_home: Path) -> None:
     assert [info.name for info in infos] == BUILTINS
     assert all(info.builtin and info.distribution == "hermes-sessions" for info in infos)
     hooks = {info.name: info.hooks for info in infos}
-    assert hooks["telegram"] == ("hermes_register_platforms",)
+    assert hooks["telegram"] == ("hermes_register_connectors", "hermes_register_platforms")
     assert hooks["sql_store"] == ("hermes_register_stores",)
     assert hooks["recovery_steps"] == ("hermes_register_recovery_steps",)
     assert hooks["eviction"] == ("hermes_eviction_policy",)
