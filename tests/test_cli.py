@@ -88,7 +88,6 @@ def test_plugins_json(capsys: pytest.CaptureFixture[str]) -> None:
             "jsonl_backlog_replay", "fts_rebuild_if_stale", "clean_shutdown", "stuck_loop",
             "queue_restore",
         ],
-        "connectors": [],
     }  # fmt: skip
 
 
