@@ -1,10 +1,11 @@
-"""The Slack connector against a fake Slack over real HTTP on 127.0.0.1: signed Events API
-requests in (the signature computed as Slack documents it), ``chat.postMessage`` out, through a
-real Gateway on SQLite with the echo agent."""
+"""The Slack connector over real HTTP on 127.0.0.1: signed Events API requests (the signature
+computed as Slack documents it) to the served app, ``chat.postMessage`` to a fake Slack, through
+a real Gateway on SQLite with the echo agent."""
 
 from __future__ import annotations
 
 import asyncio
+import sqlite3
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager
@@ -24,12 +25,15 @@ from support.fake_slack import (
     message_event,
     signed_headers,
 )
-from support.loopback import LoopbackServer
+from support.loopback import LoopbackServer, served_here
 
 from hermes_core import ConfigError, ConnectorContext, GatewayConfig, read_event
 from hermes_core.domain.connectors import WebRequest
 from hermes_core.gateway.agents import EchoAgent
 from hermes_core.gateway.runtime import Gateway
+from hermes_core.gateway.texts import REFUSED_NOT_SAVED
+from hermes_core.serve.app import build_app
+from hermes_core.serve.runner import build_connectors
 from hermes_core.testing import fresh_plugin_manager
 from hermes_plugins.connectors.slack import SlackConnector, build
 from hermes_plugins.connectors.slack_api import MESSAGE_LIMIT, escape_mrkdwn, post_failure
@@ -61,15 +65,12 @@ def _context(home: Path, section: dict[str, Any], environ: dict[str, str]) -> Co
 class Running:
     connector: SlackConnector
     gateway: Gateway
+    client: httpx.AsyncClient
 
     async def post(self, body: bytes, headers: dict[str, str]) -> tuple[int, bytes]:
-        """Slack's request to the connector's route: (status, body)."""
-        request = WebRequest(
-            method="POST", path="/slack", headers={k.lower(): v for k, v in headers.items()},
-            query={}, body=body,
-        )  # fmt: skip
-        response = await self.connector.routes[0].handle(request)
-        return response.status, response.body
+        """Slack's request to the app's route over HTTP: (status, body)."""
+        answer = await self.client.post("/slack", content=body, headers=headers)
+        return answer.status_code, answer.content
 
     async def deliver(self, body: dict[str, Any], **signing: Any) -> tuple[int, bytes]:
         """``body`` signed as Slack signs it."""
@@ -78,15 +79,24 @@ class Running:
 
 
 @asynccontextmanager
-async def running(home: Path, api_base: str) -> AsyncIterator[Running]:
-    context = _context(home, {"api_base": api_base}, SECRETS)
-    connector = build(context)
+async def running(
+    home: Path, api_base: str, settings: dict[str, Any] | None = None
+) -> AsyncIterator[Running]:
+    """The gateway and the Slack connector as ``serve`` builds them, the app on 127.0.0.1."""
+    config = GatewayConfig.from_dict(
+        {"platforms": {"slack": {"enabled": True, "api_base": api_base}}, **(settings or {})},
+        environ={"HERMES_HOME": str(home)},
+    )
     plugins = fresh_plugin_manager(home)
-    gateway = Gateway(context.config, plugins, lambda entry: EchoAgent(), [connector.adapter])
+    (connector,) = build_connectors(config, plugins, SECRETS)
+    assert isinstance(connector, SlackConnector)
+    gateway = Gateway(config, plugins, lambda entry: EchoAgent(), [connector.adapter])
+    app = build_app(gateway, [connector], config)
     async with gateway:
         await connector.start(gateway)
         try:
-            yield Running(connector, gateway)
+            async with served_here(app) as url, httpx.AsyncClient(base_url=url) as client:
+                yield Running(connector, gateway, client)
         finally:
             await connector.stop()
 
@@ -246,6 +256,27 @@ async def test_a_slash_command_is_acknowledged_empty_and_answered_in_its_channel
         await _until(lambda: len(slack.posted) == 1)
     assert slack.posted[0].channel == "C0GENERAL"
     assert slack.texts == ["echo: /ask what is due"]
+
+
+async def test_an_event_the_store_cannot_take_gets_a_5xx_and_is_answered_when_retried(
+    hermes_home: Path, fake: tuple[FakeSlack, str]
+) -> None:
+    slack, api = fake
+    event = message_event("are you there", "1700000000.001000")
+    quick = {"storage": {"sqlite_busy_timeout_secs": 0.3}}
+    async with running(hermes_home, api, quick) as bot:
+        holder = sqlite3.connect(hermes_home / "state.db", isolation_level=None)
+        holder.execute("BEGIN IMMEDIATE")  # another process holds the write lock
+        try:
+            assert (await bot.deliver(event))[0] == 503
+        finally:
+            holder.execute("ROLLBACK")
+            holder.close()
+        assert (await bot.deliver(event, retry=1))[0] == 200  # Slack delivers it again
+        await _until(lambda: "echo: are you there" in slack.texts)
+        await bot.gateway.idle()
+        await asyncio.sleep(0.2)
+    assert slack.texts == [REFUSED_NOT_SAVED, "echo: are you there"]
 
 
 async def test_events_before_start_get_a_5xx(hermes_home: Path) -> None:
