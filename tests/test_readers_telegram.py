@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 from support.readers import keyed, read
 
-from hermes_core import MalformedEventError, MessageType
+from hermes_core import MalformedEventError, MessageType, build_key_from_flags
 
 GROUP = -1002285219667
 ANA = {"id": 42, "is_bot": False, "first_name": "Ana", "last_name": "Lima", "username": "ana"}
@@ -337,3 +337,71 @@ def test_business_messages_read_with_their_connection(hermes_home: Path) -> None
     )
     echo = {**message, "sender_business_bot": {"id": 777, "is_bot": True, "first_name": "H"}}
     assert read("telegram", {"update_id": 4, "business_message": echo}, hermes_home) is None
+
+
+FORUM = {"id": GROUP, "type": "supergroup", "title": "Team", "is_forum": True}
+GENERAL_KEY = f"agent:main:telegram:group:c={GROUP}:t=1"
+
+
+def test_a_forum_message_outside_any_topic_is_in_the_general_topic(hermes_home: Path) -> None:
+    # Chat.is_forum: "True, if the supergroup chat is a forum (has topics enabled)";
+    # Message.message_thread_id: "Unique identifier of a message thread or forum topic to which
+    # the message belongs; for supergroups only"; Message.is_topic_message: "True, if the
+    # message is sent to a topic in a forum supergroup" (Bot API, "Chat", "Message"). A message
+    # in the General topic has neither, so it is keyed as thread 1, as the original gateway does.
+    ana = read("telegram", update(chat=FORUM, text="general hello", **{"from": ANA}), hermes_home)
+    assert ana is not None
+    assert (ana.text, ana.source.thread_id, ana.reply_to_message_id) == ("general hello", "1", None)
+    assert keyed("telegram", update(chat=FORUM, text="x", **{"from": ANA}), hermes_home) == (
+        GENERAL_KEY,
+        True,
+    )
+    assert keyed("telegram", update(chat=FORUM, text="y", **{"from": BEN}), hermes_home) == (
+        GENERAL_KEY,
+        True,
+    )
+    # A reply inside the General topic carries the reply chain's message_thread_id without
+    # is_topic_message: still the General topic, and a real reply.
+    earlier = {"message_id": 5, "date": 1, "chat": FORUM, "text": "lunch?"}
+    reply = update(chat=FORUM, message_thread_id=5, reply_to_message=earlier, text="yes",
+                   **{"from": BEN})  # fmt: skip
+    event = read("telegram", reply, hermes_home)
+    assert event is not None
+    assert (event.source.thread_id, event.reply_to_message_id) == ("1", "5")
+    assert event.metadata == {"reply_to_text": "lunch?"}
+    assert keyed("telegram", reply, hermes_home) == (GENERAL_KEY, True)
+    # A supergroup without topics keeps its per-user lanes.
+    plain = update(chat={**FORUM, "is_forum": False}, text="x", **{"from": ANA})
+    assert keyed("telegram", plain, hermes_home) == (
+        f"agent:main:telegram:group:c={GROUP}:u=42",
+        False,
+    )
+
+
+def test_general_topic_keys_in_v1_are_the_original_gateways(hermes_home: Path) -> None:
+    event = read("telegram", update(chat=FORUM, text="hi", **{"from": ANA}), hermes_home)
+    assert event is not None
+    assert build_key_from_flags(event.source, schema="v1") == f"agent:main:telegram:group:{GROUP}:1"
+    per_user = build_key_from_flags(event.source, thread_sessions_per_user=True)
+    assert per_user == f"{GENERAL_KEY}:u=42"
+
+
+def test_a_button_press_under_a_general_topic_message_reads_in_the_general_topic(
+    hermes_home: Path,
+) -> None:
+    # CallbackQuery.message (Bot API): the bot's message in the General topic carries no
+    # message_thread_id; an InaccessibleMessage keeps only chat, message_id and date 0.
+    shown = {"message_id": 31, "date": 1735689000, "chat": FORUM, "text": "Deploy now?",
+             "from": {"id": 777, "is_bot": True, "first_name": "Hermes"}}  # fmt: skip
+    for message in (shown, {"chat": FORUM, "message_id": 31, "date": 0}):
+        payload = callback(data="deploy:no", message=message)
+        event = read("telegram", payload, hermes_home)
+        assert event is not None
+        assert (event.text, event.reply_to_message_id) == ("deploy:no", "31")
+        assert event.source.thread_id == "1"
+        assert keyed("telegram", payload, hermes_home) == (GENERAL_KEY, True)
+
+
+def test_edits_in_the_general_topic_are_not_messages(hermes_home: Path) -> None:
+    edit = update(chat=FORUM, text="fixed", edit_date=1735689700, **{"from": ANA})["message"]
+    assert read("telegram", {"update_id": 5, "edited_message": edit}, hermes_home) is None

@@ -21,7 +21,7 @@ from hermes_core.plugins.events import read_event
 from hermes_core.plugins.manager import HermesPluginManager, create_plugin_manager
 from hermes_core.state.files import read_at_most, read_user_file
 from hermes_core.store import SessionStore
-from hermes_core.store.rekey import RekeyReport
+from hermes_core.store.rekey_report import RekeyReport
 
 MAX_JSON_BYTES = 16 << 20
 """A ``--source-json`` or ``--payload`` file (or standard input) may hold at most 16 MiB."""
@@ -73,10 +73,17 @@ def register(commands: Any, parents: list[argparse.ArgumentParser]) -> None:
     rekey = commands.add_parser(
         "rekey",
         parents=parents,
-        help="move every lane of a key schema v1 store to its v2 key (the gateway stopped)",
+        help="move every lane of a key schema v1 store to its v2 key, or the thread-less lanes "
+        "of Telegram forums to their General topic (the gateway stopped)",
         allow_abbrev=False,
     )
-    rekey.add_argument("--to", required=True, choices=["v2"], help="the target schema")
+    change = rekey.add_mutually_exclusive_group(required=True)
+    change.add_argument("--to", choices=["v2"], help="the target schema")
+    change.add_argument(
+        "--telegram-forum", metavar="CHAT_ID", action="append", dest="telegram_forums",
+        help="a Telegram forum supergroup's chat id (repeatable): its lanes keyed without a "
+        "topic move to its General topic (thread 1), in the store's key schema",
+    )  # fmt: skip
     rekey.add_argument(
         "--dry-run", action="store_true", help="print what would move and the collisions found"
     )
@@ -119,13 +126,13 @@ def demo_command(args: argparse.Namespace, config: GatewayConfig) -> int:
 
 
 def rekey_command(args: argparse.Namespace, config: GatewayConfig) -> int:
-    """``rekey --to v2 [--dry-run] [--json]``: exit 1 when collisions were found or lanes were
-    left as they are (both are listed)."""
+    """``rekey (--to v2 | --telegram-forum CHAT_ID ...) [--dry-run] [--json]``: exit 1 when
+    collisions were found or lanes were left as they are (both are listed)."""
     plugins = create_plugin_manager(config)
     with SessionStore(
         config.sessions_dir, config, plugins=plugins, rekeying=True, read_only=args.dry_run
     ) as store:  # the real run takes the database's writer lock: never beside a gateway
-        report = store.rekey(dry_run=args.dry_run)
+        report = store.rekey(dry_run=args.dry_run, telegram_forums=args.telegram_forums or ())
     if args.json:
         print(json.dumps(report.to_dict(), indent=2, ensure_ascii=False))
     else:
@@ -135,6 +142,8 @@ def rekey_command(args: argparse.Namespace, config: GatewayConfig) -> int:
 
 def _rekey_lines(report: RekeyReport, config: GatewayConfig) -> list[str]:
     """The human-readable report of ``rekey``."""
+    if report.telegram_forums:
+        return _general_topic_lines(report)
     if report.schema_before == "v2":
         return ["the store already uses key schema v2; nothing to do"]
     verb = "would move" if report.dry_run else "moved"
@@ -150,6 +159,19 @@ def _rekey_lines(report: RekeyReport, config: GatewayConfig) -> list[str]:
         lines.append(f"the store now uses key schema v2 ({report.batches} transactions)")
         if config.keys.key_schema != "v2":
             lines.append("set keys.schema: v2 (or remove it) before starting the gateway")
+    return lines
+
+
+def _general_topic_lines(report: RekeyReport) -> list[str]:
+    """The human-readable report of ``rekey --telegram-forum``."""
+    verb = "would move" if report.dry_run else "moved"
+    lines = [f"{old} -> {new}" for old, new in report.moves]
+    lines.append(
+        f"{verb} {len(report.moves)} lanes, {report.sessions} session rows, {report.queued} "
+        f"queued events and {report.counts} restart counts of {', '.join(report.telegram_forums)} "
+        "to the General topic"
+    )
+    lines += [f"left as it is: {key}: {why}" for key, why in report.left]
     return lines
 
 

@@ -13,6 +13,7 @@ from hermes_core.plugins.manager import HermesPluginManager
 from hermes_core.store.backend import Maintenance, StoreBackend
 from hermes_core.store.base import KEY_SCHEMA_META, MIRROR_IMPORTED, REKEYING
 from hermes_core.store.mirror import read_mirror
+from hermes_plugins.readers.telegram import GENERAL_TOPIC
 
 
 def keys_in_both(
@@ -21,6 +22,28 @@ def keys_in_both(
     """The v1 and v2 keys of ``source`` under ``config``'s settings."""
     v1 = resolve_key(source, config, plugins, schema="v1").key
     return v1, resolve_key(source, config, plugins, schema="v2").key
+
+
+def general_topic_keys(
+    source: SessionSource,
+    config: GatewayConfig,
+    plugins: HermesPluginManager,
+    schema: KeySchema,
+    forums: frozenset[str],
+) -> tuple[str, str]:
+    """The key of ``source`` under ``schema``, and the key it has now that a message outside any
+    topic of a Telegram forum (a chat in ``forums``) is in its General topic: the same key for
+    every other source."""
+    key = resolve_key(source, config, plugins, schema=schema).key
+    if (
+        source.platform != "telegram"
+        or source.chat_type != "group"
+        or source.thread_id
+        or source.chat_id not in forums
+    ):
+        return key, key
+    general = source.replace(thread_id=GENERAL_TOPIC)
+    return key, resolve_key(general, config, plugins, schema=schema).key
 
 
 def recorded_key_schema(

@@ -9,20 +9,27 @@ is unknown stay where they are and are reported.
 
 The plan is computed afresh from the store on every run and the store records ``v1>v2`` until
 the last batch commits, so an interrupted run is finished by running it again.
+
+The same machinery moves the thread-less lanes of named Telegram forum chats to their General
+topic (thread ``"1"``, ``rekey --telegram-forum``) within the store's schema: the reader keys a
+forum's messages outside any topic there since the key rule changed, and the stored origins do
+not say which chats are forums. Several per-user lanes may have one General-topic key; the most
+recently active takes it and the others are left (their sessions stay readable by id).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import logging
 from collections import defaultdict
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from hermes_core.config.schema import GatewayConfig
-from hermes_core.domain.errors import InvalidValueError, StoreUnavailableError
+from hermes_core.domain.errors import InvalidValueError, KeySchemaError, StoreUnavailableError
 from hermes_core.domain.models import SessionSource
 from hermes_core.plugins.manager import HermesPluginManager
 from hermes_core.store.backend import KeyMoves, StoredKeys
@@ -31,78 +38,14 @@ from hermes_core.store.base import KEY_SCHEMA_META, REKEYING, exclusive
 from hermes_core.store.counts import RestartCountStore
 from hermes_core.store.entries import EntryCache
 from hermes_core.store.fallback import Fallback
-from hermes_core.store.keyschema import keys_in_both
+from hermes_core.store.keyschema import general_topic_keys, keys_in_both
+from hermes_core.store.rekey_report import Collision, RekeyReport
 from hermes_core.store.writer import StoreWriter
 
 logger = logging.getLogger(__name__)
 
 KeysOf = Callable[[SessionSource], tuple[str, str]]
 """A source's (v1 key, v2 key) under the store's settings."""
-
-
-@dataclass(frozen=True)
-class Collision:
-    """A v1 key that sources with different v2 keys share today."""
-
-    key: str
-    targets: tuple[str, ...]
-    """Their v2 keys, sorted."""
-    recorded: bool = True
-    """Rows of both sources are stored. False: one source is recorded, and another source
-    (a forum topic read as a group member, or the other way round) has the same v1 key, so
-    their messages may share one session: the common case, as the key records no more."""
-
-    def describe(self) -> str:
-        """The collision as ``rekey`` prints it."""
-        targets = ", ".join(self.targets)
-        if self.recorded:
-            return (
-                f"collision: {self.key} is shared today by sources with different v2 keys "
-                f"({targets}); each row follows its own source, nothing is merged"
-            )
-        return (
-            f"collision: {self.key} is the v1 key of sources with different v2 keys ({targets}); "
-            "one of them is recorded, so if both wrote, their messages share one session, which "
-            "moves with the recorded source (check the transcript)"
-        )
-
-
-@dataclass(frozen=True)
-class RekeyReport:
-    """What ``rekey`` moved (or, in a dry run, would move) and what it found."""
-
-    dry_run: bool
-    schema_before: str
-    """``v1``, ``v2`` (nothing to do) or ``v1>v2`` (an interrupted run)."""
-    moves: tuple[tuple[str, str], ...] = ()
-    """Lanes (routing rows), old key → v2 key, in the order they move."""
-    sessions: int = 0
-    """Session rows whose key changes."""
-    queued: int = 0
-    """Queued events (dead letters included) whose key changes."""
-    unchanged: int = 0
-    """Lanes already under their v2 key (moved by an earlier run, or the same in both)."""
-    collisions: tuple[Collision, ...] = ()
-    left: tuple[tuple[str, str], ...] = ()
-    """Lanes left as they are: (key, why)."""
-    counts: int = 0
-    """Stuck-loop counts whose key changes."""
-    batches: int = 0
-    """Transactions committed (0 in a dry run)."""
-
-    def to_dict(self) -> dict[str, Any]:
-        """A JSON-ready mapping."""
-        return {
-            "dry_run": self.dry_run, "schema_before": self.schema_before,
-            "moves": [{"from": old, "to": new} for old, new in self.moves],
-            "sessions": self.sessions, "queued": self.queued, "unchanged": self.unchanged,
-            "collisions": [
-                {"key": c.key, "targets": list(c.targets), "recorded": c.recorded}
-                for c in self.collisions
-            ],
-            "left": [{"key": key, "reason": why} for key, why in self.left],
-            "counts": self.counts, "batches": self.batches,
-        }  # fmt: skip
 
 
 @dataclass
@@ -125,8 +68,10 @@ class RekeyPlan:
     """v1 key → v2 key of every source seen (restart counts follow these)."""
     report: RekeyReport
 
-    def batches(self, size: int) -> Iterator[KeyMoves]:
-        """The moves in batches of ``size`` keys; the last one records schema v2."""
+    def batches(self, size: int, schema: str = "v2") -> Iterator[KeyMoves]:
+        """The moves in batches of ``size`` keys; the last one records ``schema``, the others
+        ``v1>v2`` unless the store stays in ``schema`` throughout."""
+        interim = schema if self.report.schema_before == schema else REKEYING
         items = list(self.units.items())
         starts = range(0, len(items), size) if items else range(1)
         for start in starts:
@@ -136,22 +81,32 @@ class RekeyPlan:
                 lanes={old: unit.lane for old, unit in chunk if unit.lane is not None},
                 sessions=[move for _old, unit in chunk for move in unit.sessions],
                 queued=[move for _old, unit in chunk for move in unit.queued],
-                key_schema="v2" if last else REKEYING,
+                key_schema=schema if last else interim,
             )
 
 
 def plan_rekey(
-    stored: StoredKeys, keys_of: KeysOf, plugins: HermesPluginManager | None, schema_before: str
+    stored: StoredKeys,
+    keys_of: KeysOf,
+    plugins: HermesPluginManager | None,
+    schema_before: str,
+    *,
+    twins: bool = True,
 ) -> RekeyPlan:
-    """Where everything in ``stored`` moves (nothing is written)."""
-    planner = _Planner(keys_of, plugins)
+    """Where everything in ``stored`` moves (nothing is written); ``twins``: report the v1
+    collisions of sources not recorded (the move to v2)."""
+    planner = _Planner(keys_of, plugins, twins)
     return planner.plan(stored, schema_before)
 
 
 class _Planner:
-    def __init__(self, keys_of: KeysOf, plugins: HermesPluginManager | None) -> None:
+    def __init__(self, keys_of: KeysOf, plugins: HermesPluginManager | None, twins: bool) -> None:
         self.keys_of = keys_of
         self.plugins = plugins
+        self.find_twins = twins
+        self.updated: dict[str, str] = {}
+        """Routing key → its entry's ``updated_at``, to pick one of several lanes moving to
+        one key."""
         self.renames: dict[str, str] = {}
         self.targets: defaultdict[str, set[str]] = defaultdict(set)
         self.twins: defaultdict[str, set[str]] = defaultdict(set)
@@ -170,7 +125,8 @@ class _Planner:
             return None
         if keys[0] != keys[1]:
             self.renames[keys[0]] = keys[1]
-            self.twins[keys[0]].update(self._twin_keys(source, keys))
+            if self.find_twins:
+                self.twins[keys[0]].update(self._twin_keys(source, keys))
         return keys
 
     def _twin_keys(self, source: SessionSource, keys: tuple[str, str]) -> Iterator[str]:
@@ -238,6 +194,7 @@ class _Planner:
         unchanged = 0
         for entry in stored.routes:
             key, origin = entry["session_key"], entry.get("origin")
+            self.updated[key] = str(entry.get("updated_at") or "")
             keys = self._keys(origin)
             if keys is None:
                 self.left[key] = (
@@ -272,6 +229,17 @@ class _Planner:
         """Lane moves in an order where no move lands on a key still in use; moves that
         cannot (their v2 key belongs to a lane that stays, or a cycle) are left."""
         pending = dict(self.lanes)
+        claimed: dict[str, str] = {}
+        for old in sorted(pending, key=lambda key: (self.updated.get(key, ""), key), reverse=True):
+            new = pending[old]
+            if new in claimed:  # per-user lanes of a forum, all moving to its General topic
+                self.left[old] = (
+                    f"its new key {new} goes to {claimed[new]}, the most recently active lane "
+                    "with that key (this lane's sessions stay readable by id)"
+                )
+                del pending[old], self.lanes[old]
+            else:
+                claimed[new] = old
         vacated: set[str] = set()
         order: list[str] = []
         while pending:
@@ -283,7 +251,7 @@ class _Planner:
                 vacated.add(old)
                 del pending[old]
         for old, new in pending.items():
-            self.left[old] = f"its v2 key {new} is held by another lane"
+            self.left[old] = f"its new key {new} is held by another lane"
             del self.lanes[old]
         return order
 
@@ -319,33 +287,60 @@ class Rekeying:
         self._config = config
         self._plugins = plugins
 
-    def rekey(self, *, dry_run: bool = False, batch_size: int = 500) -> RekeyReport:
-        """Move every lane of a v1 store to its v2 key, ``batch_size`` keys per transaction
-        (see the module). A dry run only reads, so it may run on a read-only store beside a
-        running gateway; the real run needs a store opened for writing, which no gateway can
-        hold meanwhile (the database's writer lock)."""
+    def rekey(
+        self, *, dry_run: bool = False, batch_size: int = 500, telegram_forums: Sequence[str] = ()
+    ) -> RekeyReport:
+        """Move every lane of a v1 store to its v2 key, or with ``telegram_forums`` (chat ids)
+        the thread-less lanes of those forums to their General topic, ``batch_size`` keys per
+        transaction (see the module). A dry run only reads, so it may run on a read-only store
+        beside a running gateway; the real run needs a store opened for writing, which no
+        gateway can hold meanwhile (the database's writer lock)."""
+        forums = tuple(sorted(set(telegram_forums)))
+        if any(not chat.strip() for chat in forums):
+            raise InvalidValueError(
+                "telegram_forums", "a forum chat id is empty; name each forum supergroup by its "
+                "chat id as the store records it (e.g. -1002285219667)."
+            )  # fmt: skip
         if dry_run:
-            return self._rekey(True, batch_size)
-        return self._rekey_exclusively(batch_size)
+            return self._rekey(True, batch_size, forums)
+        return self._rekey_exclusively(batch_size, forums)
 
     @exclusive
-    def _rekey_exclusively(self, batch_size: int) -> RekeyReport:
-        return self._rekey(False, batch_size)
+    def _rekey_exclusively(self, batch_size: int, forums: tuple[str, ...]) -> RekeyReport:
+        return self._rekey(False, batch_size, forums)
 
-    def _keys_in_both(self, source: SessionSource) -> tuple[str, str]:
-        return keys_in_both(source, self._config, self._plugins)
+    def _keys_of(self, forums: tuple[str, ...], schema: str) -> KeysOf:
+        """(old key, new key) of a source: v1 and v2, or its keys outside and in the General
+        topic of one of ``forums`` under ``schema``."""
+        if not forums:
+            return functools.partial(keys_in_both, config=self._config, plugins=self._plugins)
+        return functools.partial(
+            general_topic_keys, config=self._config, plugins=self._plugins,
+            schema="v2" if schema == "v2" else "v1", forums=frozenset(forums),
+        )  # fmt: skip
 
-    def _rekey(self, dry_run: bool, batch_size: int) -> RekeyReport:
+    def _rekey(self, dry_run: bool, batch_size: int, forums: tuple[str, ...]) -> RekeyReport:
         backing = self._backing
         sql = backing.bound.maintenance
         if sql is None:
             raise StoreUnavailableError(backing.without("maintenance", "Re-keying"))
         before = sql.get_meta(KEY_SCHEMA_META) or backing.key_schema
-        if before == "v2":
+        if forums and before == REKEYING:
+            raise KeySchemaError(
+                "a re-key of this store to key schema v2 was interrupted; run `hermes-sessions "
+                "rekey --to v2` again to finish it, then move the forums' lanes."
+            )
+        if before == "v2" and not forums:
             return RekeyReport(dry_run=dry_run, schema_before=before)
         if not dry_run:
             self._fallback.replay_backlog()  # lanes the degraded mode wrote are re-keyed too
-        plan = plan_rekey(sql.stored_keys(), self._keys_in_both, self._plugins, before)
+        plan = plan_rekey(
+            sql.stored_keys(), self._keys_of(forums, before), self._plugins, before,
+            twins=not forums,
+        )  # fmt: skip
+        plan = dataclasses.replace(
+            plan, report=dataclasses.replace(plan.report, telegram_forums=forums)
+        )
         counts = self._counts.current
         stored = counts.load()
         moved_counts = {plan.renames.get(key, key): value for key, value in stored.items()}
@@ -353,16 +348,18 @@ class Rekeying:
         if dry_run:
             return dataclasses.replace(plan.report, counts=changed)
         batches = 0
-        for moves in plan.batches(batch_size):
+        schema = before if forums else "v2"
+        for moves in plan.batches(batch_size, schema):
             sql.move_keys(moves)
             batches += 1
         if changed:
             counts.save(moved_counts)
-        backing.key_schema = "v2"
+        backing.key_schema = "v2" if schema == "v2" else "v1"
         self._cache.clear()
         self._cache.routing_changed()
         self._fallback.flush_mirror(force=True)
         logger.warning(
-            "re-keyed %d lanes to key schema v2 in %d batches", len(plan.report.moves), batches
-        )
+            "re-keyed %d lanes %s in %d batches", len(plan.report.moves),
+            "to their forum's General topic" if forums else "to key schema v2", batches,
+        )  # fmt: skip
         return dataclasses.replace(plan.report, dry_run=False, counts=changed, batches=batches)

@@ -12,7 +12,8 @@ bot included), and channel posts the platform copied into a discussion group
 Besides the source, an event carries the message's ``date`` as ``received_at``, and in
 ``metadata`` the replied-to message's text or caption (``reply_to_text``), an album's
 ``media_group_id`` and a business message's ``business_connection_id``; a venue's text is its
-title and address.
+title and address. In a forum supergroup a message outside any topic is in the General topic,
+thread ``"1"``.
 """
 
 from __future__ import annotations
@@ -41,6 +42,9 @@ _MEDIA = (
 _LAST_DATE = 253402300799
 """9999-12-31T23:59:59Z, the last Unix time a ``datetime`` holds."""
 _MESSAGE_KEYS = ("message", "channel_post", "business_message")
+GENERAL_TOPIC = "1"
+"""The thread of a forum's General topic, whose messages carry no topic id: the original
+gateway's, so its v1 keys stay byte-compatible and the topic is one shared lane like the others."""
 
 
 def read_telegram_update(payload: Mapping[str, Any], context: ReadContext) -> MessageEvent | None:
@@ -121,8 +125,12 @@ def _chat_kind(chat: Fields) -> str:
 
 
 def _thread(message: Fields) -> str | None:
-    """The forum topic of ``message``; a supergroup's reply chain is not one."""
-    return message.opt_id("message_thread_id") if message.flag("is_topic_message") else None
+    """The forum topic of ``message``: its ``message_thread_id`` in a topic, else
+    :data:`GENERAL_TOPIC` in a forum (``chat.is_forum``); a supergroup's reply chain (a
+    ``message_thread_id`` without ``is_topic_message``) is not a topic."""
+    if message.flag("is_topic_message"):
+        return message.opt_id("message_thread_id")
+    return GENERAL_TOPIC if message.obj("chat").flag("is_forum") else None
 
 
 def _source(
