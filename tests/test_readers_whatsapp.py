@@ -571,7 +571,9 @@ def test_a_click_to_whatsapp_referral_goes_to_metadata(hermes_home: Path) -> Non
 # Senders with a username (Meta's "Business-scoped user IDs" page, .../whatsapp/business-scoped-
 # user-ids/): every messages webhook carries the sender's business-scoped user id (BSUID) as
 # ``contacts[].user_id`` (and the message's ``from_user_id``), with ``profile.username``; the
-# phone number (``from``, ``wa_id``) is left out when the user hides it.
+# phone number (``from``, ``wa_id``) is left out when the user hides it. The spelling
+# ``messages[].from_user_id`` is also that of webhooks captured from the Cloud API (beside
+# ``from`` and ``contacts[].user_id``) and of providers relaying them (YCloud's ``fromUserId``).
 BSUID = "US.13491208655302741918"
 _BY_USERNAME = {"profile": {"name": "Maria", "username": "maria.lopez"}, "user_id": BSUID}
 
@@ -617,3 +619,88 @@ def test_a_batch_of_username_senders_splits_by_user_id(hermes_home: Path) -> Non
     assert [(e.text, e.source.user_id, e.source.user_name) for e in events if e is not None] == [
         ("one", BSUID, "Maria"), ("two", "MY.8812345", "Ali")
     ]  # fmt: skip
+
+
+# Replies to a bridge's buttons, lists, template buttons and native flows, as Baileys'
+# ``proto.IMessage`` carries them (WAProto.proto: ``ButtonsResponseMessage`` with
+# ``selectedButtonId`` and ``selectedDisplayText``; ``ListResponseMessage`` with ``title`` and
+# ``singleSelectReply.selectedRowId``; ``TemplateButtonReplyMessage`` with ``selectedId``,
+# ``selectedDisplayText`` and ``selectedIndex``; ``InteractiveResponseMessage`` with ``body.text``
+# and ``nativeFlowResponseMessage`` ``name`` / ``paramsJson``), each quoting the bot's message
+# through ``contextInfo`` (``stanzaId``, ``quotedMessage``).
+_ASKED = {"stanzaId": "3EB0MENU", "participant": f"{PHONE}@s.whatsapp.net",
+          "quotedMessage": {"conversation": "Pick a plan"}}  # fmt: skip
+WEB_CHOICES = [
+    ("buttons", {"buttonsResponseMessage": {
+        "selectedButtonId": "plan-basic", "selectedDisplayText": "Basic", "type": 1,
+        "contextInfo": _ASKED}}, "Basic", "plan-basic"),
+    ("list", {"listResponseMessage": {
+        "title": "Pro (annual)", "listType": 1, "description": "best value",
+        "singleSelectReply": {"selectedRowId": "plan-pro-y"}, "contextInfo": _ASKED}},
+     "Pro (annual)", "plan-pro-y"),
+    ("template button", {"templateButtonReplyMessage": {
+        "selectedId": "plan-team", "selectedDisplayText": "Team", "selectedIndex": 2,
+        "contextInfo": _ASKED}}, "Team", "plan-team"),
+    ("native flow", {"interactiveResponseMessage": {
+        "body": {"text": "Sent", "format": 1},
+        "nativeFlowResponseMessage": {"name": "quick_reply", "paramsJson": '{"id":"plan-x"}',
+                                      "version": 3},
+        "contextInfo": _ASKED}}, '{"id":"plan-x"}', "quick_reply"),
+    ("inside messageContextInfo and ephemeral", {"ephemeralMessage": {"message": {
+        "messageContextInfo": {"deviceListMetadataVersion": 2},
+        "buttonsResponseMessage": {"selectedButtonId": "b1", "selectedDisplayText": "Yes",
+                                   "contextInfo": _ASKED}}}}, "Yes", "b1"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("case", "message", "body", "choice"), WEB_CHOICES, ids=[c[0] for c in WEB_CHOICES]
+)
+def test_web_button_list_and_template_replies_read_as_what_was_chosen(
+    case: str, message: dict[str, Any], body: str, choice: str, hermes_home: Path
+) -> None:
+    payload = web(GROUP, message, participant=f"{PHONE}@s.whatsapp.net")
+    assert read_as(payload, hermes_home) == (
+        f"agent:main:whatsapp:group:c={GROUP}:u={PHONE}", body, "3EB0MENU", None
+    )  # fmt: skip
+    event = read("whatsapp", payload, hermes_home)
+    assert event is not None
+    assert event.message_type == MessageType.TEXT
+    assert event.metadata == {"choice_id": choice, "reply_to_text": "Pick a plan"}
+
+
+def test_a_web_button_reply_without_an_id_has_no_choice(hermes_home: Path) -> None:
+    payload = web(
+        f"{PHONE}@s.whatsapp.net", {"buttonsResponseMessage": {"selectedDisplayText": "Ok"}}
+    )
+    assert read_as(payload, hermes_home) == (f"agent:main:whatsapp:dm:c={PHONE}", "Ok", None, None)
+    event = read("whatsapp", payload, hermes_home)
+    assert event is not None
+    assert event.metadata == {}
+
+
+# A click-to-WhatsApp ad's first message through a Baileys bridge: the text carries
+# ``contextInfo.externalAdReply`` (WAProto.proto ``ContextInfo.ExternalAdReplyInfo``: ``title``,
+# ``body``, ``mediaType``, ``thumbnailUrl``, ``sourceType``, ``sourceId``, ``sourceUrl``,
+# ``ctwaClid``), the Web counterpart of the Cloud API's ``referral``.
+AD = {"title": "Chat with us", "body": "Free delivery this week", "mediaType": 1,
+      "thumbnailUrl": "https://scontent.xx.fbcdn.net/v/t45.1600-4/ad.png", "sourceType": "ad",
+      "sourceId": "120226305854810726", "sourceUrl": "https://fb.me/3cr4Wqqkv",
+      "ctwaClid": "ARAkLkA8rmlFeiCktEJQ"}  # fmt: skip
+
+
+def test_a_web_click_to_whatsapp_ad_context_goes_to_metadata(hermes_home: Path) -> None:
+    message = {"extendedTextMessage": {"text": "Can I get more info?",
+                                       "contextInfo": {"externalAdReply": AD}}}  # fmt: skip
+    payload = web(f"{PHONE}@s.whatsapp.net", message)
+    assert read_as(payload, hermes_home) == (
+        f"agent:main:whatsapp:dm:c={PHONE}", "Can I get more info?", None, None
+    )  # fmt: skip
+    event = read("whatsapp", payload, hermes_home)
+    assert event is not None
+    assert event.metadata == {"referral": AD}
+    bad = web(f"{PHONE}@s.whatsapp.net", {"extendedTextMessage": {
+        "text": "x", "contextInfo": {"externalAdReply": "ad"}}})  # fmt: skip
+    with pytest.raises(MalformedEventError) as caught:
+        read("whatsapp", bad, hermes_home)
+    assert caught.value.field == "payload.message.extendedTextMessage.contextInfo.externalAdReply"

@@ -18,10 +18,13 @@ webhook batching several is split first with :func:`split_cloud_webhook`.
 (``{"key": {"remoteJid": ..., "fromMe": ..., "id": ...}, "message": {...}, "pushName": ...}``).
 Own messages (``fromMe``), status and newsletter broadcasts, edits, deletions, reactions and
 stubs are not user messages. Shared contacts, locations and polls read as text (a poll as
-``Poll: question (option / option)``). The replied-to message's text (``contextInfo.quotedMessage``)
-goes to ``metadata["reply_to_text"]``, the mentioned JIDs (``contextInfo.mentionedJid``) to
-``metadata["mentions"]``. ``<id>@g.us`` is a group whose sender is ``key.participant``;
-``<digits>@s.whatsapp.net`` (with or without a ``:<device>`` suffix) and ``<digits>@lid`` are DMs.
+``Poll: question (option / option)``), and so do button, list, template-button and native-flow
+replies (what was chosen, its id in ``metadata["choice_id"]``). The replied-to message's text
+(``contextInfo.quotedMessage``) goes to ``metadata["reply_to_text"]``, the mentioned JIDs
+(``contextInfo.mentionedJid``) to ``metadata["mentions"]``, a click-to-WhatsApp ad's
+``contextInfo.externalAdReply`` to ``metadata["referral"]``. ``<id>@g.us`` is a group whose
+sender is ``key.participant``; ``<digits>@s.whatsapp.net`` (with or without a ``:<device>``
+suffix) and ``<digits>@lid`` are DMs.
 When a LID-addressed chat or sender also comes with its phone-number JID, the phone-number JID is
 used, so the key does not depend on which form the bridge saw; otherwise the plugin's
 canonicaliser maps a LID to the phone number through the bridge's mapping files. Baileys spells
@@ -38,7 +41,7 @@ from hermes_core.domain.errors import shown
 from hermes_core.domain.models import MessageEvent, MessageType, SessionSource
 from hermes_core.domain.specs import ReadContext
 from hermes_plugins.readers.fields import Fields, malformed
-from hermes_plugins.readers.whatsapp_text import card_text, place_text, vcard_phones
+from hermes_plugins.readers.whatsapp_text import card_text, place_text, vcard_phones, web_choice
 
 _CLOUD_MEDIA = {
     "image": MessageType.PHOTO,
@@ -276,7 +279,8 @@ def _web_content(message: Fields | None, *, quoting: bool = True) -> Content | N
     content = _web_body(message)
     if content is None or not quoting:
         return content
-    return content._replace(metadata=_context_metadata(message) or None)
+    metadata = {**(content.metadata or {}), **_context_metadata(message)}
+    return content._replace(metadata=metadata or None)
 
 
 def _web_body(message: Fields) -> Content | None:
@@ -299,7 +303,12 @@ def _web_body(message: Fields) -> Content | None:
 
 
 def _web_shared(message: Fields) -> Content | None:
-    """A shared location, contact card(s) or poll as text; None for what is not read."""
+    """A shared location, contact card(s), poll or a reply to buttons or a list as text; None
+    for what is not read."""
+    choice = web_choice(message)
+    if choice is not None:
+        part, text, chosen = choice
+        return Content(text, MessageType.TEXT, None, _quoted(part), None, _choice(chosen))
     place = message.opt_obj("locationMessage")
     if place is not None:
         text = place_text(place, "degreesLatitude", "degreesLongitude")
@@ -321,8 +330,9 @@ def _web_shared(message: Fields) -> Content | None:
 
 
 def _context_metadata(message: Fields) -> dict[str, Any]:
-    """``reply_to_text`` (the replied-to message's text) and ``mentions`` (the mentioned JIDs) from
-    the ``contextInfo`` of the message's content."""
+    """``reply_to_text`` (the replied-to message's text), ``mentions`` (the mentioned JIDs) and
+    ``referral`` (a click-to-WhatsApp ad's ``externalAdReply``, as sent) from the
+    ``contextInfo`` of the message's content."""
     found = (name for name, part in message.data.items()
              if isinstance(part, Mapping) and part.get("contextInfo") is not None)  # fmt: skip
     name = next(found, None)
@@ -340,6 +350,9 @@ def _context_metadata(message: Fields) -> dict[str, Any]:
     jids = [jid for jid in mentions or () if isinstance(jid, str) and jid]
     if jids:
         metadata["mentions"] = jids
+    ad = info.opt_obj("externalAdReply")
+    if ad is not None:
+        metadata["referral"] = dict(ad.data)
     return metadata
 
 

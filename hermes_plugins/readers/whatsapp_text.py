@@ -1,6 +1,6 @@
 """Shared WhatsApp content as short, stable text: a location as ``name, address (latitude,
-longitude)``, a contact card as ``name: phone, phone`` (the original bridge also hands the agent
-such content as text)."""
+longitude)``, a contact card as ``name: phone, phone``, a WhatsApp Web button, list or template
+reply as what it chose (the original bridge also hands the agent such content as text)."""
 
 from __future__ import annotations
 
@@ -32,6 +32,30 @@ def card_text(name: str | None, phones: list[str | None]) -> str:
     if not numbers:
         return name or ""
     return f"{name}: {numbers}" if name else numbers
+
+
+def web_choice(message: Fields) -> tuple[Fields, str, str | None] | None:
+    """A WhatsApp Web reply to buttons, a list, a template's buttons or a native flow: (the reply
+    part, its text, the id of what it chose); None for other content. The text is what the user
+    saw (``selectedDisplayText``, the list row's ``title``), a flow's submitted ``paramsJson``
+    else its ``body.text``, as the Cloud API reader reads the same replies."""
+    part = message.opt_obj("buttonsResponseMessage")
+    if part is not None:
+        return part, part.text("selectedDisplayText") or "", part.opt_id("selectedButtonId")
+    part = message.opt_obj("templateButtonReplyMessage")
+    if part is not None:
+        return part, part.text("selectedDisplayText") or "", part.opt_id("selectedId")
+    part = message.opt_obj("listResponseMessage")
+    if part is not None:
+        row = part.opt_obj("singleSelectReply")
+        return part, part.text("title") or "", row.opt_id("selectedRowId") if row else None
+    part = message.opt_obj("interactiveResponseMessage")
+    if part is not None:
+        flow = part.opt_obj("nativeFlowResponseMessage")
+        body = part.opt_obj("body")
+        said = (flow.text("paramsJson") if flow else None) or (body.text("text") if body else None)
+        return part, said or "", flow.text("name") if flow else None
+    return None
 
 
 def vcard_phones(card: Fields) -> list[str | None]:
