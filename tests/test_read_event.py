@@ -47,6 +47,8 @@ FIELD_NAMES = [
     "messages", "contacts", "profile", "group_id", "key", "remoteJid", "participant",
     "remoteJidAlt", "conversation", "ephemeralMessage", "extendedTextMessage",
     "callback_query", "data", "business_message", "venue", "reply_to_message", "date",
+    "is_forum", "components", "component", "custom_id", "values", "buttonsResponseMessage",
+    "listResponseMessage", "singleSelectReply", "contextInfo", "externalAdReply",
 ]  # fmt: skip
 SCALARS = (
     st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=12)
@@ -66,17 +68,24 @@ SAMPLES: list[tuple[str, Any]] = [
     ("telegram", telegram.private()),
     ("telegram", telegram.update(chat={"id": 1, "type": "group"}, photo=[{"file_id": "p"}])),
     ("telegram", telegram.callback(data="deploy:yes")),
+    ("telegram", telegram.update(chat=telegram.FORUM, text="general", **{"from": telegram.ANA})),
     ("telegram", telegram.update(chat={"id": 1, "type": "private"}, venue={"title": "T"},
                                  reply_to_message={"message_id": 2, "text": "q"})),
     ("discord", discord.in_guild(discord.THREAD)),
     ("discord", discord.dispatch("900000000000000000")),
     ("discord", discord.in_guild(discord.CHANNEL, channel_type=0)),
     ("discord", discord.forward("900000000000000000")),
+    ("discord", discord.interaction(5, discord.FEEDBACK)),
     ("slack", slack.callback(thread_ts="1712345000.000100")),
     ("slack", slack.callback(files=[{"mimetype": "image/png", "url_private": "https://x/y"}])),
     ("whatsapp", whatsapp.cloud(whatsapp.text())),
     ("whatsapp", whatsapp.cloud({**whatsapp.text(), "type": "audio", "audio": {"id": "7"}})),
     ("whatsapp", whatsapp.web(whatsapp.GROUP, participant="1@lid", participantAlt="2@c.us")),
+    ("whatsapp", whatsapp.web(whatsapp.GROUP, {"listResponseMessage": {
+        "title": "Pro", "singleSelectReply": {"selectedRowId": "pro"},
+        "contextInfo": {"stanzaId": "3EB0MENU"}}}, participant="1@lid")),
+    ("whatsapp", whatsapp.web(whatsapp.GROUP, {"extendedTextMessage": {
+        "text": "ad", "contextInfo": {"externalAdReply": whatsapp.AD}}}, participant="1@lid")),
 ]  # fmt: skip
 CONTEXT = ReadContext(lookup_chat=discord.CHANNELS.get)
 

@@ -317,13 +317,57 @@ def test_components_read_as_their_custom_id_under_their_message(hermes_home: Pat
     assert read("discord", bare, hermes_home) is not None
 
 
+# MODAL_SUBMIT (interaction type 5): ``data`` is the Modal Submit Data Structure, the modal's
+# ``custom_id`` and its submitted ``components``: action rows (type 1) around text inputs (type 4,
+# ``custom_id`` and ``value``), or labels (type 18) around one ``component``, a text input or a
+# string select (type 3, chosen ``values``); text displays (type 10) submit nothing
+# (https://discord.com/developers/docs/interactions/receiving-and-responding#interaction-object-
+# modal-submit-data-structure and .../components/reference).
+FEEDBACK = {"custom_id": "feedback", "components": [
+    {"type": 1, "components": [{"type": 4, "custom_id": "subject", "value": "Late order"}]},
+    {"type": 18, "id": 2, "component": {"type": 4, "id": 3, "custom_id": "details",
+                                         "value": "Arrived a day late.\nBox was open."}},
+    {"type": 18, "id": 4, "component": {"type": 3, "id": 5, "custom_id": "rating",
+                                         "values": ["2", "3"]}},
+    {"type": 10, "id": 6},
+]}  # fmt: skip
+
+
+def test_modal_submissions_read_as_their_fields(hermes_home: Path) -> None:
+    event = read("discord", interaction(5, FEEDBACK), hermes_home)
+    assert event is not None
+    assert event.text == (
+        "feedback\nsubject: Late order\ndetails: Arrived a day late.\nBox was open.\nrating: 2, 3"
+    )
+    assert (event.reply_to_message_id, event.source.thread_id, event.message_id) == (
+        None, None, None,
+    )  # fmt: skip
+    assert keyed("discord", interaction(5, FEEDBACK), hermes_home)[0] == (
+        f"agent:main:discord:group:c={CHANNEL}:u={ANA['id']}"
+    )
+    # A modal opened by a button carries the button's message: the submission replies to it.
+    under = {"id": "1350000000000000000", "channel_id": CHANNEL, "author": BEN, "content": "ok?"}
+    opened = read("discord", interaction(5, FEEDBACK, message=under), hermes_home)
+    assert opened is not None
+    assert opened.reply_to_message_id == "1350000000000000000"
+    empty = read("discord", interaction(5, {"custom_id": "form", "components": []}), hermes_home)
+    assert empty is not None
+    assert empty.text == "form"
+    bot = interaction(5, FEEDBACK, member={"user": {"id": "3", "bot": True}})
+    assert read("discord", bot, hermes_home) is None
+    bad = {**FEEDBACK, "components": [{"type": 1, "components": [
+        {"type": 3, "custom_id": "rating", "values": "2"}]}]}  # fmt: skip
+    with pytest.raises(MalformedEventError) as caught:
+        read("discord", interaction(5, bad), hermes_home)
+    assert caught.value.field == "dispatch.d.data.components[0].components[0].values"
+
+
 NOT_MESSAGES = [
     ("update", {"op": 0, "s": 2, "t": "MESSAGE_UPDATE", "d": dispatch(CHANNEL)["d"]}),
     ("reaction", {"op": 0, "s": 3, "t": "MESSAGE_REACTION_ADD", "d": {"user_id": "1"}}),
     ("heartbeat ack", {"op": 11, "d": None}),
     ("interaction ping", interaction(1, {})),
     ("autocomplete", interaction(4, ASK)),
-    ("modal submit", interaction(5, {"custom_id": "form", "components": []})),
     ("bot's interaction", interaction(2, ASK, member={"user": {"id": "3", "bot": True}})),
     ("bot author", dispatch("9", author={"id": "3", "username": "b", "bot": True})),
     ("webhook", dispatch("9", webhook_id="44")),

@@ -13,9 +13,11 @@ A reply's ``referenced_message`` (null when deleted) gives the replied-to conten
 
 An interaction (``INTERACTION_CREATE``, or the bare interaction object an HTTP interactions
 endpoint receives) is read when it is a slash command, as its command line (``/ask what is
-due``), or a component, as its ``custom_id`` and a select menu's chosen values, replying to the
-message the component is on; pings, autocomplete, modal submissions and bots' interactions are
-not. Its ``channel`` object is used before the host's cache; it has no message id.
+due``), a component, as its ``custom_id`` and a select menu's chosen values, replying to the
+message the component is on, or a modal's submission, as the modal's ``custom_id`` and one line
+``field: value`` per submitted field (replying to the message whose component opened it, if
+any); pings, autocomplete and bots' interactions are not. Its ``channel`` object is used before
+the host's cache; it has no message id.
 
 A message without ``guild_id`` is a DM. A guild message's channel may be a thread (or a forum
 post, which is a thread): ``MESSAGE_CREATE`` says which by its extra field ``channel_type``, so a
@@ -43,10 +45,10 @@ _USER_MESSAGE_TYPES = frozenset({0, 19})
 """A plain message and a reply."""
 _VOICE_MESSAGE_FLAG = 1 << 13
 _FORWARD = 1
-_COMMAND, _COMPONENT = 2, 3
-"""Interaction types APPLICATION_COMMAND and MESSAGE_COMPONENT (1 is PING, 4 autocomplete, 5 a
-modal's submission)."""
 """``message_reference.type`` of a forward (0 is a reply)."""
+_COMMAND, _COMPONENT, _MODAL = 2, 3, 5
+"""Interaction types APPLICATION_COMMAND, MESSAGE_COMPONENT and MODAL_SUBMIT (1 is PING, 4
+autocomplete)."""
 
 
 def read_discord_message(payload: Mapping[str, Any], context: ReadContext) -> MessageEvent | None:
@@ -105,23 +107,25 @@ def read_discord_message(payload: Mapping[str, Any], context: ReadContext) -> Me
 
 
 def _interaction(interaction: Fields, context: ReadContext) -> MessageEvent | None:
-    """A slash command (its command line) or a component (its ``custom_id`` and chosen values,
-    replying to the message it is on); other interactions and bots' are None."""
+    """A slash command (its command line), a component (its ``custom_id`` and chosen values,
+    replying to the message it is on) or a modal's submission (its fields); other interactions
+    and bots' are None."""
     kind = interaction.integer("type")
-    if kind not in (_COMMAND, _COMPONENT):
+    if kind not in (_COMMAND, _COMPONENT, _MODAL):
         return None
     member = interaction.opt_obj("member")
     user = member.obj("user") if member else interaction.obj("user")
     if user.flag("bot"):
         return None
     data = interaction.obj("data")
+    message = interaction.opt_obj("message")
+    reply_to = message.opt_id("id") if message and kind != _COMMAND else None
     if kind == _COMMAND:
         text = " ".join(["/" + (data.text("name") or ""), *_options(data)])
-        reply_to = None
+    elif kind == _MODAL:
+        text = "\n".join([data.text("custom_id") or "", *_fields(data)])
     else:
         text = " ".join([data.text("custom_id") or "", *(str(v) for v in _values(data))])
-        message = interaction.opt_obj("message")
-        reply_to = message.opt_id("id") if message else None
     names = (member.text("nick") if member else None, user.text("global_name"))
     guild_id = interaction.opt_id("guild_id")
     common: dict[str, Any] = {
@@ -151,6 +155,22 @@ def _options(data: Fields, depth: int = 0) -> list[str]:
         elif (value := option.data.get("value")) is not None:
             words.append(str(value).lower() if isinstance(value, bool) else str(value))
     return words
+
+
+def _fields(data: Fields) -> list[str]:
+    """A modal's submitted fields as ``custom_id: value`` (a select's values joined by ``, ``),
+    through action rows (``components``) and labels (``component``); fields with neither a value
+    nor values (text displays) are left out."""
+    lines: list[str] = []
+    for row in data.objs("components"):
+        inner = row.opt_obj("component")
+        for field in [inner] if inner is not None else row.objs("components") or [row]:
+            value = field.text("value")
+            values = _values(field) if value is None else []
+            if value is not None or values:
+                said = value if value is not None else ", ".join(str(v) for v in values)
+                lines.append(f"{field.text('custom_id') or ''}: {said}")
+    return lines
 
 
 def _values(data: Fields) -> list[object]:
