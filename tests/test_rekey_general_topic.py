@@ -1,5 +1,5 @@
-"""``rekey --telegram-forum``: lanes a Telegram forum's General topic had before the reader keyed
-it as thread ``"1"`` move to that key with their sessions and transcripts."""
+"""``rekey --forum telegram CHAT_ID``: lanes a Telegram forum's General topic had before the
+reader keyed it as thread ``"1"`` move to that key with their sessions and transcripts."""
 
 from __future__ import annotations
 
@@ -42,7 +42,7 @@ def general_update(user: int) -> dict[str, Any]:
 
 
 def rekey(*args: str, capsys: pytest.CaptureFixture[str]) -> tuple[int, dict[str, Any]]:
-    status = main(["rekey", "--telegram-forum", FORUM, "--json", *args])
+    status = main(["rekey", "--forum", "telegram", FORUM, "--json", *args])
     return status, json.loads(capsys.readouterr().out)
 
 
@@ -74,7 +74,11 @@ def test_thread_less_forum_lanes_move_to_the_general_topic_with_their_transcript
     assert plan["moves"] == [{"from": key["ana"], "to": general}]
     assert [left["key"] for left in plan["left"]] == [key["ben"]]
     assert "most recently active" in plan["left"][0]["reason"]
-    assert (plan["sessions"], plan["collisions"], plan["telegram_forums"]) == (1, [], [FORUM])
+    assert (plan["sessions"], plan["collisions"], plan["forums"]) == (
+        1,
+        [],
+        [{"platform": "telegram", "chat_id": FORUM}],
+    )
 
     status, done = rekey(capsys=capsys)
     assert (status, done["moves"], done["dry_run"]) == (1, plan["moves"], False)
@@ -98,18 +102,26 @@ def test_thread_less_forum_lanes_move_to_the_general_topic_with_their_transcript
     ]
 
 
-def test_the_text_report_and_an_empty_chat_id(
+def test_the_text_report_and_forums_that_cannot_move(
     hermes_home: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     config = configure(hermes_home, {}, "v2")
     with SessionStore.open(config, plugins=fresh_plugin_manager(hermes_home)) as store:
         store.get_or_create_session(ANA)
-        with pytest.raises(InvalidValueError, match="forum chat id is empty"):
-            store.rekey(dry_run=True, telegram_forums=[" "])
-    assert main(["rekey", "--telegram-forum", FORUM, "--dry-run"]) == 0
+        # Discord declares no general topic (PlatformSpec.forum_general_thread), a chat id is
+        # needed, and the platform must be registered.
+        for forum in (("discord", "766"), ("telegram", " ")):
+            with pytest.raises(InvalidValueError, match="cannot be moved to a general topic"):
+                store.rekey(dry_run=True, forums=[forum])
+        with pytest.raises(InvalidValueError, match="pager"):
+            store.rekey(dry_run=True, forums=[("pager", "1")])
+    assert main(["rekey", "--forum", "telegram", FORUM, "--dry-run"]) == 0
     out = capsys.readouterr().out
     assert f"{build_session_key(ANA)} -> agent:main:telegram:group:c={FORUM}:t=1" in out
-    assert "would move 1 lanes, 1 session rows" in out
+    assert (
+        "would move 1 lanes, 1 session rows, 0 queued events and 0 restart counts of "
+        f"telegram {FORUM} to the general topic" in out
+    )
     # One change at a time: a usage error.
-    assert main(["rekey", "--to", "v2", "--telegram-forum", FORUM]) == 2
+    assert main(["rekey", "--to", "v2", "--forum", "telegram", FORUM]) == 2
     assert "not allowed with argument --to" in capsys.readouterr().err

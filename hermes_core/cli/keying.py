@@ -74,15 +74,15 @@ def register(commands: Any, parents: list[argparse.ArgumentParser]) -> None:
         "rekey",
         parents=parents,
         help="move every lane of a key schema v1 store to its v2 key, or the thread-less lanes "
-        "of Telegram forums to their General topic (the gateway stopped)",
+        "of forum chats to their general topic (the gateway stopped)",
         allow_abbrev=False,
     )
     change = rekey.add_mutually_exclusive_group(required=True)
     change.add_argument("--to", choices=["v2"], help="the target schema")
     change.add_argument(
-        "--telegram-forum", metavar="CHAT_ID", action="append", dest="telegram_forums",
-        help="a Telegram forum supergroup's chat id (repeatable): its lanes keyed without a "
-        "topic move to its General topic (thread 1), in the store's key schema",
+        "--forum", nargs=2, metavar=("PLATFORM", "CHAT_ID"), action="append", dest="forums",
+        help="a forum chat, e.g. a Telegram forum supergroup (repeatable): its lanes keyed "
+        "without a topic move to its general topic (Telegram: thread 1), in the store's schema",
     )  # fmt: skip
     rekey.add_argument(
         "--dry-run", action="store_true", help="print what would move and the collisions found"
@@ -126,13 +126,14 @@ def demo_command(args: argparse.Namespace, config: GatewayConfig) -> int:
 
 
 def rekey_command(args: argparse.Namespace, config: GatewayConfig) -> int:
-    """``rekey (--to v2 | --telegram-forum CHAT_ID ...) [--dry-run] [--json]``: exit 1 when
+    """``rekey (--to v2 | --forum PLATFORM CHAT_ID ...) [--dry-run] [--json]``: exit 1 when
     collisions were found or lanes were left as they are (both are listed)."""
     plugins = create_plugin_manager(config)
     with SessionStore(
         config.sessions_dir, config, plugins=plugins, rekeying=True, read_only=args.dry_run
     ) as store:  # the real run takes the database's writer lock: never beside a gateway
-        report = store.rekey(dry_run=args.dry_run, telegram_forums=args.telegram_forums or ())
+        forums = [(platform, chat) for platform, chat in args.forums or ()]
+        report = store.rekey(dry_run=args.dry_run, forums=forums)
     if args.json:
         print(json.dumps(report.to_dict(), indent=2, ensure_ascii=False))
     else:
@@ -142,7 +143,7 @@ def rekey_command(args: argparse.Namespace, config: GatewayConfig) -> int:
 
 def _rekey_lines(report: RekeyReport, config: GatewayConfig) -> list[str]:
     """The human-readable report of ``rekey``."""
-    if report.telegram_forums:
+    if report.forums:
         return _general_topic_lines(report)
     if report.schema_before == "v2":
         return ["the store already uses key schema v2; nothing to do"]
@@ -163,13 +164,14 @@ def _rekey_lines(report: RekeyReport, config: GatewayConfig) -> list[str]:
 
 
 def _general_topic_lines(report: RekeyReport) -> list[str]:
-    """The human-readable report of ``rekey --telegram-forum``."""
+    """The human-readable report of ``rekey --forum``."""
     verb = "would move" if report.dry_run else "moved"
     lines = [f"{old} -> {new}" for old, new in report.moves]
     lines.append(
         f"{verb} {len(report.moves)} lanes, {report.sessions} session rows, {report.queued} "
-        f"queued events and {report.counts} restart counts of {', '.join(report.telegram_forums)} "
-        "to the General topic"
+        f"queued events and {report.counts} restart counts of "
+        f"{', '.join(f'{platform} {chat}' for platform, chat in report.forums)} "
+        "to the general topic"
     )
     lines += [f"left as it is: {key}: {why}" for key, why in report.left]
     return lines

@@ -89,6 +89,9 @@ class PlatformSpec(BaseModel):
     state_dirs: Callable[[Path], Sequence[Path]] | None = None
     """Directories of the platform's own files under a state directory (the argument), such as
     WhatsApp's lid-mapping files: ``doctor`` reports one that exists but that it cannot read."""
+    forum_general_thread: str | None = None
+    """The thread the reader gives a forum chat's messages outside any topic (Telegram's General
+    topic, ``"1"``); ``rekey --forum`` moves a named forum's lanes keyed without a thread to it."""
 
     @property
     def display_label(self) -> str:

@@ -13,7 +13,7 @@ from hermes_core.plugins.manager import HermesPluginManager
 from hermes_core.store.backend import Maintenance, StoreBackend
 from hermes_core.store.base import KEY_SCHEMA_META, MIRROR_IMPORTED, REKEYING
 from hermes_core.store.mirror import read_mirror
-from hermes_plugins.readers.telegram import GENERAL_TOPIC
+from hermes_core.store.rekey_report import Forum
 
 
 def keys_in_both(
@@ -24,26 +24,36 @@ def keys_in_both(
     return v1, resolve_key(source, config, plugins, schema="v2").key
 
 
+def check_forums(forums: frozenset[Forum], plugins: HermesPluginManager) -> None:
+    """Raise :class:`InvalidValueError` unless every forum's platform is registered and declares
+    the thread of a forum's messages outside any topic (``PlatformSpec.forum_general_thread``)."""
+    for platform, chat in sorted(forums):
+        spec = plugins.platforms().require(platform, field="forum")
+        if spec.forum_general_thread is None or not chat.strip():
+            raise InvalidValueError(
+                "forum", f"{platform} {chat!r} cannot be moved to a general topic: name the chat "
+                "id of a forum whose platform has one (Telegram's forum supergroups do)."
+            )  # fmt: skip
+
+
 def general_topic_keys(
     source: SessionSource,
     config: GatewayConfig,
     plugins: HermesPluginManager,
     schema: KeySchema,
-    forums: frozenset[str],
+    forums: frozenset[Forum],
 ) -> tuple[str, str]:
-    """The key of ``source`` under ``schema``, and the key it has now that a message outside any
-    topic of a Telegram forum (a chat in ``forums``) is in its General topic: the same key for
-    every other source."""
+    """The key of ``source`` under ``schema``, and the key it has now that a group message
+    outside any topic of a forum (in ``forums``) is in the forum's general topic: the same key
+    for every other source."""
     key = resolve_key(source, config, plugins, schema=schema).key
-    if (
-        source.platform != "telegram"
-        or source.chat_type != "group"
-        or source.thread_id
-        or source.chat_id not in forums
-    ):
+    if (source.platform, source.chat_id) not in forums or source.chat_type != "group":
         return key, key
-    general = source.replace(thread_id=GENERAL_TOPIC)
-    return key, resolve_key(general, config, plugins, schema=schema).key
+    general = plugins.platforms()[source.platform].forum_general_thread
+    if source.thread_id or general is None:
+        return key, key
+    moved = source.replace(thread_id=general)
+    return key, resolve_key(moved, config, plugins, schema=schema).key
 
 
 def recorded_key_schema(

@@ -11,7 +11,8 @@ The plan is computed afresh from the store on every run and the store records ``
 the last batch commits, so an interrupted run is finished by running it again.
 
 The same machinery moves the thread-less lanes of named Telegram forum chats to their General
-topic (thread ``"1"``, ``rekey --telegram-forum``) within the store's schema: the reader keys a
+topic (``rekey --forum telegram CHAT_ID``; the thread is the platform's
+``PlatformSpec.forum_general_thread``, ``"1"``) within the store's schema: the reader keys a
 forum's messages outside any topic there since the key rule changed, and the stored origins do
 not say which chats are forums. Several per-user lanes may have one General-topic key; the most
 recently active takes it and the others are left (their sessions stay readable by id).
@@ -38,8 +39,8 @@ from hermes_core.store.base import KEY_SCHEMA_META, REKEYING, exclusive
 from hermes_core.store.counts import RestartCountStore
 from hermes_core.store.entries import EntryCache
 from hermes_core.store.fallback import Fallback
-from hermes_core.store.keyschema import general_topic_keys, keys_in_both
-from hermes_core.store.rekey_report import Collision, RekeyReport
+from hermes_core.store.keyschema import check_forums, general_topic_keys, keys_in_both
+from hermes_core.store.rekey_report import Collision, Forum, RekeyReport
 from hermes_core.store.writer import StoreWriter
 
 logger = logging.getLogger(__name__)
@@ -288,28 +289,24 @@ class Rekeying:
         self._plugins = plugins
 
     def rekey(
-        self, *, dry_run: bool = False, batch_size: int = 500, telegram_forums: Sequence[str] = ()
+        self, *, dry_run: bool = False, batch_size: int = 500, forums: Sequence[Forum] = ()
     ) -> RekeyReport:
-        """Move every lane of a v1 store to its v2 key, or with ``telegram_forums`` (chat ids)
-        the thread-less lanes of those forums to their General topic, ``batch_size`` keys per
+        """Move every lane of a v1 store to its v2 key, or with ``forums`` ((platform, chat id)
+        pairs) the thread-less lanes of those forums to their General topic, ``batch_size`` keys per
         transaction (see the module). A dry run only reads, so it may run on a read-only store
         beside a running gateway; the real run needs a store opened for writing, which no
         gateway can hold meanwhile (the database's writer lock)."""
-        forums = tuple(sorted(set(telegram_forums)))
-        if any(not chat.strip() for chat in forums):
-            raise InvalidValueError(
-                "telegram_forums", "a forum chat id is empty; name each forum supergroup by its "
-                "chat id as the store records it (e.g. -1002285219667)."
-            )  # fmt: skip
+        chats = tuple(sorted(set(forums)))
+        check_forums(frozenset(chats), self._plugins)
         if dry_run:
-            return self._rekey(True, batch_size, forums)
-        return self._rekey_exclusively(batch_size, forums)
+            return self._rekey(True, batch_size, chats)
+        return self._rekey_exclusively(batch_size, chats)
 
     @exclusive
-    def _rekey_exclusively(self, batch_size: int, forums: tuple[str, ...]) -> RekeyReport:
+    def _rekey_exclusively(self, batch_size: int, forums: tuple[Forum, ...]) -> RekeyReport:
         return self._rekey(False, batch_size, forums)
 
-    def _keys_of(self, forums: tuple[str, ...], schema: str) -> KeysOf:
+    def _keys_of(self, forums: tuple[Forum, ...], schema: str) -> KeysOf:
         """(old key, new key) of a source: v1 and v2, or its keys outside and in the General
         topic of one of ``forums`` under ``schema``."""
         if not forums:
@@ -319,7 +316,7 @@ class Rekeying:
             schema="v2" if schema == "v2" else "v1", forums=frozenset(forums),
         )  # fmt: skip
 
-    def _rekey(self, dry_run: bool, batch_size: int, forums: tuple[str, ...]) -> RekeyReport:
+    def _rekey(self, dry_run: bool, batch_size: int, forums: tuple[Forum, ...]) -> RekeyReport:
         backing = self._backing
         sql = backing.bound.maintenance
         if sql is None:
@@ -338,9 +335,7 @@ class Rekeying:
             sql.stored_keys(), self._keys_of(forums, before), self._plugins, before,
             twins=not forums,
         )  # fmt: skip
-        plan = dataclasses.replace(
-            plan, report=dataclasses.replace(plan.report, telegram_forums=forums)
-        )
+        plan = dataclasses.replace(plan, report=dataclasses.replace(plan.report, forums=forums))
         counts = self._counts.current
         stored = counts.load()
         moved_counts = {plan.renames.get(key, key): value for key, value in stored.items()}

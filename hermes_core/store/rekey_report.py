@@ -5,6 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+Forum = tuple[str, str]
+"""A forum chat: (platform, chat id)."""
+
 
 @dataclass(frozen=True)
 class Collision:
@@ -55,9 +58,9 @@ class RekeyReport:
     """Stuck-loop counts whose key changes."""
     batches: int = 0
     """Transactions committed (0 in a dry run)."""
-    telegram_forums: tuple[str, ...] = ()
-    """The forum chats whose thread-less lanes move to their General topic; empty for the move
-    to schema v2."""
+    forums: tuple[Forum, ...] = ()
+    """The forum chats, (platform, chat id), whose thread-less lanes move to their general
+    topic; empty for the move to schema v2."""
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready mapping."""
@@ -71,5 +74,5 @@ class RekeyReport:
             ],
             "left": [{"key": key, "reason": why} for key, why in self.left],
             "counts": self.counts, "batches": self.batches,
-            "telegram_forums": list(self.telegram_forums),
+            "forums": [{"platform": p, "chat_id": chat} for p, chat in self.forums],
         }  # fmt: skip

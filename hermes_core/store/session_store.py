@@ -40,7 +40,7 @@ from hermes_core.store.obligations import Obligations
 from hermes_core.store.pruning import Pruner
 from hermes_core.store.queue_rows import QueueRows
 from hermes_core.store.rekey import Rekeying
-from hermes_core.store.rekey_report import RekeyReport
+from hermes_core.store.rekey_report import Forum, RekeyReport
 from hermes_core.store.routing import RoutingTable
 from hermes_core.store.sessions import Sessions
 from hermes_core.store.transcripts import Transcripts
@@ -342,14 +342,11 @@ class SessionStore:
     # -- maintenance -------------------------------------------------------------------------------
 
     def rekey(
-        self, *, dry_run: bool = False, batch_size: int = 500, telegram_forums: Sequence[str] = ()
+        self, *, dry_run: bool = False, batch_size: int = 500, forums: Sequence[Forum] = ()
     ) -> RekeyReport:
-        """Move every lane of a v1 store to its v2 key, or with ``telegram_forums`` the
-        thread-less lanes of those Telegram forum chats to their General topic, ``batch_size``
-        keys per transaction (``hermes-sessions rekey``); a ``dry_run`` only reads and reports."""
-        return self._rekeying.rekey(
-            dry_run=dry_run, batch_size=batch_size, telegram_forums=telegram_forums
-        )
+        """Move every lane of a v1 store to its v2 key, or the thread-less lanes of the forum
+        chats ``forums`` to their general topic (``hermes-sessions rekey``)."""
+        return self._rekeying.rekey(dry_run=dry_run, batch_size=batch_size, forums=forums)
 
     def import_sessions_json(self, path: str | Path, *, strict: bool = False) -> int:
         """Import the entries of a sessions.json whose keys the routing table lacks; the
