@@ -16,6 +16,7 @@ from urllib.parse import urlencode
 
 import httpx
 import pytest
+import yaml
 from support.fake_slack import (
     SECRET,
     TOKEN,
@@ -35,7 +36,7 @@ from hermes_core.gateway.texts import REFUSED_NOT_SAVED
 from hermes_core.serve.app import build_app
 from hermes_core.serve.runner import build_connectors
 from hermes_core.testing import fresh_plugin_manager
-from hermes_plugins.connectors.slack import SlackConnector, build
+from hermes_plugins.connectors.slack import SlackConnector, SlackSettings, build
 from hermes_plugins.connectors.slack_api import MESSAGE_LIMIT, escape_mrkdwn, post_failure
 
 SECRETS = {"SLACK_BOT_TOKEN": TOKEN, "SLACK_SIGNING_SECRET": SECRET}
@@ -80,7 +81,7 @@ class Running:
 
 @asynccontextmanager
 async def running(
-    home: Path, api_base: str, settings: dict[str, Any] | None = None
+    home: Path, api_base: str, settings: dict[str, Any] | None = None, think: float = 0.0
 ) -> AsyncIterator[Running]:
     """The gateway and the Slack connector as ``serve`` builds them, the app on 127.0.0.1."""
     config = GatewayConfig.from_dict(
@@ -90,7 +91,7 @@ async def running(
     plugins = fresh_plugin_manager(home)
     (connector,) = build_connectors(config, plugins, SECRETS)
     assert isinstance(connector, SlackConnector)
-    gateway = Gateway(config, plugins, lambda entry: EchoAgent(), [connector.adapter])
+    gateway = Gateway(config, plugins, lambda entry: EchoAgent(think), [connector.adapter])
     app = build_app(gateway, [connector], config)
     async with gateway:
         await connector.start(gateway)
@@ -118,6 +119,19 @@ async def test_a_channel_message_is_answered_in_the_channel(
         reply = slack.posted[0]
         assert (reply.channel, reply.thread_ts, reply.text) == ("C0GENERAL", None, "echo: hello")
         assert "as @hermes in Fake Team" in bot.connector.status()
+
+
+async def test_slack_is_answered_before_the_turn_runs(
+    hermes_home: Path, fake: tuple[FakeSlack, str]
+) -> None:
+    slack, api = fake
+    async with running(hermes_home, api, think=3.0) as bot:  # the agent takes Slack's 3 s
+        started = time.monotonic()
+        assert await bot.deliver(message_event("slow one", "1700000000.000150")) == (200, b"stored")
+        assert time.monotonic() - started < 1.0
+        assert slack.posted == []
+        await _until(lambda: len(slack.posted) == 1)
+    assert slack.texts == ["echo: slow one"]
 
 
 async def test_a_thread_message_is_answered_in_its_thread(
@@ -332,3 +346,12 @@ def test_slack_answers_map_to_the_ledgers_failure_kinds(
     if kind == "rate_limited":
         assert failure is not None
         assert failure.retry_after == 7
+
+
+def test_the_documented_settings_are_every_key_with_its_default() -> None:
+    document = Path(__file__).resolve().parents[1] / "docs" / "connectors.md"
+    section = document.read_text(encoding="utf-8").split("\n## Slack\n", 1)[1]
+    block = section.split("```yaml\n", 1)[1].split("```", 1)[0]
+    written = yaml.safe_load(block)["platforms"]["slack"]
+    assert set(written) - {"enabled"} == set(SlackSettings.model_fields)
+    assert SlackSettings.model_validate(written) == SlackSettings()
