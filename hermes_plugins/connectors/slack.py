@@ -34,7 +34,7 @@ from hermes_core.domain.models import MessageEvent
 from hermes_plugins.connectors.base import accept_payload, json_body
 from hermes_plugins.connectors.slack_api import SlackAdapter
 
-__all__ = ["SlackConnector", "SlackSettings", "build", "slack_signature"]
+__all__ = ["SlackConnector", "SlackSettings", "build", "signed_by_slack", "slack_signature"]
 
 MAX_SKEW_SECS = 300
 """How far a request's timestamp may be from now: Slack's five minutes."""

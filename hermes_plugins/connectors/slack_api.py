@@ -26,7 +26,7 @@ from hermes_plugins.connectors.base import (
     transport_failure,
 )
 
-__all__ = ["MESSAGE_LIMIT", "SlackAdapter", "escape_mrkdwn", "split_message"]
+__all__ = ["MESSAGE_LIMIT", "SlackAdapter", "escape_mrkdwn", "post_failure", "split_message"]
 
 logger = logging.getLogger(__name__)
 
