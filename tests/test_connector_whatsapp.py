@@ -5,13 +5,13 @@ HTTP on the loopback interface."""
 from __future__ import annotations
 
 import asyncio
-import functools
 import sqlite3
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 from support.fake_whatsapp import (
     APP_SECRET,
@@ -24,22 +24,21 @@ from support.fake_whatsapp import (
     text_message,
     webhook_body,
 )
-from support.loopback import LoopbackServer
+from support.loopback import LoopbackServer, served_here
 
 from hermes_core import (
     ConfigError,
-    ConnectorContext,
     EchoAgent,
     Gateway,
     GatewayConfig,
     LifecycleEvent,
     MessageEvent,
     hookimpl,
-    read_event,
 )
-from hermes_core.domain.connectors import WebRequest, WebResponse
 from hermes_core.domain.errors import StoreError
 from hermes_core.gateway.texts import REFUSED_NOT_SAVED
+from hermes_core.serve.app import build_app
+from hermes_core.serve.runner import build_connectors
 from hermes_core.testing import fresh_plugin_manager
 from hermes_core.turns.pipeline import Turn
 from hermes_plugins.connectors.whatsapp import MAX_TEXT, WhatsAppConnector, cloud_failure
@@ -77,39 +76,38 @@ def _config(
 
 
 def _connector(config: GatewayConfig, environ: dict[str, str] | None = None) -> WhatsAppConnector:
+    """The connector ``serve`` builds for ``config``."""
     plugins = fresh_plugin_manager(config.hermes_home)
-    context = ConnectorContext(
-        platform="whatsapp", settings=config.platforms["whatsapp"].model_extra or {},
-        config=config, environ=ENVIRON if environ is None else environ,
-        read_event=functools.partial(read_event, "whatsapp", plugins=plugins),
-    )  # fmt: skip
-    connector = plugins.connectors()["whatsapp"].build(context)
+    (connector,) = build_connectors(config, plugins, ENVIRON if environ is None else environ)
     assert isinstance(connector, WhatsAppConnector)
     return connector
 
 
 class Served:
-    """A started connector in front of a started gateway."""
+    """A started connector in front of a started gateway, its route served over HTTP."""
 
-    def __init__(self, connector: WhatsAppConnector, gateway: Gateway, ledger: LedgerStates):
+    def __init__(
+        self, connector: WhatsAppConnector, gateway: Gateway, ledger: LedgerStates, url: str
+    ) -> None:
         self.connector = connector
         self.gateway = gateway
         self.ledger = ledger
+        self.url = f"{url}/whatsapp"
 
-    async def post(self, body: bytes, headers: dict[str, str] | None = None) -> WebResponse:
+    async def post(self, body: bytes, headers: dict[str, str] | None = None) -> httpx.Response:
         """Meta's POST of ``body`` (signed unless ``headers`` say otherwise)."""
         headers = signed_headers(body) if headers is None else headers
-        return await self.request("POST", body=body, headers=headers)
+        async with httpx.AsyncClient() as client:
+            return await client.post(self.url, content=body, headers=headers)
 
-    async def request(
-        self, method: str, *, body: bytes = b"", headers: dict[str, str] | None = None,
-        query: dict[str, str] | None = None,
-    ) -> WebResponse:  # fmt: skip
-        (route,) = self.connector.routes
-        assert route.path == "/whatsapp"
-        assert method in route.methods
-        request = WebRequest(method, route.path, headers or {}, query or {}, body)
-        return await route.handle(request)
+    async def message(self, text: str, message_id: str) -> int:
+        """The status of Meta's signed POST of one text message from ``USER``."""
+        return (await self.post(webhook_body(text_message(USER, text, message_id)))).status_code
+
+    async def verify(self, query: dict[str, str]) -> httpx.Response:
+        """Meta's verification request."""
+        async with httpx.AsyncClient() as client:
+            return await client.get(self.url, params=query)
 
 
 @asynccontextmanager
@@ -122,10 +120,12 @@ async def serving(
     plugins = fresh_plugin_manager(home)
     plugins.register(ledger, name="ledger_states")
     gateway = Gateway(config, plugins, lambda entry: EchoAgent(), [connector.adapter])
+    app = build_app(gateway, [connector], config)
     async with gateway:
         await connector.start(gateway)
         try:
-            yield Served(connector, gateway, ledger)
+            async with served_here(app) as base:
+                yield Served(connector, gateway, ledger, base)
         finally:
             await connector.stop()
 
@@ -139,14 +139,13 @@ async def test_the_verification_handshake_answers_the_challenge_for_the_verify_t
 ) -> None:
     async with serving(hermes_home, api[1]) as served:
         good = {"hub.mode": "subscribe", "hub.verify_token": VERIFY_TOKEN, "hub.challenge": "1158"}
-        answer = await served.request("GET", query=good)
-        assert (answer.status, answer.body, answer.content_type.split(";")[0]) == (
-            200, b"1158", "text/plain",
-        )  # fmt: skip
+        answer = await served.verify(good)
+        assert (answer.status_code, answer.content) == (200, b"1158")
+        assert answer.headers["content-type"].startswith("text/plain")
         for bad in ({**good, "hub.verify_token": "guess"}, {**good, "hub.mode": "unsubscribe"}):
-            refused = await served.request("GET", query=bad)
-            assert refused.status == 403
-            assert VERIFY_TOKEN.encode() not in refused.body
+            refused = await served.verify(bad)
+            assert refused.status_code == 403
+            assert VERIFY_TOKEN.encode() not in refused.content
 
 
 async def test_a_signed_message_is_answered_to_the_sender_quoting_it(
@@ -155,7 +154,7 @@ async def test_a_signed_message_is_answered_to_the_sender_quoting_it(
     fake, url = api
     async with serving(hermes_home, url) as served:
         answer = await served.post(webhook_body(text_message(USER, "hello", "wamid.in1")))
-        assert answer.status == 200
+        assert answer.status_code == 200
         await served.gateway.idle()
         (sent,) = await _sent(fake, 1)
     assert (sent.to, sent.text, sent.reply_to) == (USER, "echo: hello", "wamid.in1")
@@ -167,7 +166,7 @@ async def test_a_status_callback_is_acknowledged_and_stores_nothing(
 ) -> None:
     fake, url = api
     async with serving(hermes_home, url) as served:
-        assert (await served.post(status_body("wamid.sent1", USER))).status == 200
+        assert (await served.post(status_body("wamid.sent1", USER))).status_code == 200
         await served.gateway.idle()
         assert served.gateway.store.list_sessions() == []
     assert fake.attempts == []
@@ -189,10 +188,10 @@ async def test_a_forged_or_unsigned_post_is_refused_and_stores_nothing(
     fake, url = api
     async with serving(hermes_home, url) as served:
         answer = await served.post(webhook_body(text_message(USER, "hi", "wamid.f")), headers)
-        assert answer.status == 401
+        assert answer.status_code == 401
         await served.gateway.idle()
         assert served.gateway.store.list_sessions() == []
-        assert APP_SECRET.encode() not in answer.body
+        assert APP_SECRET.encode() not in answer.content
     assert fake.attempts == []
 
 
@@ -203,10 +202,10 @@ async def test_a_body_with_two_messages_answers_both_and_a_redelivery_answers_no
     other = "447700900123"
     body = webhook_body(text_message(USER, "one", "wamid.a"), text_message(other, "two", "wamid.b"))
     async with serving(hermes_home, url) as served:
-        assert (await served.post(body)).status == 200
+        assert (await served.post(body)).status_code == 200
         await served.gateway.idle()
         await _sent(fake, 2)
-        assert (await served.post(body)).status == 200  # Meta delivers it again
+        assert (await served.post(body)).status_code == 200  # Meta delivers it again
         await served.gateway.idle()
         await asyncio.sleep(0.2)
     replies = {(sent.to, sent.text, sent.reply_to) for sent in fake.attempts}
@@ -220,7 +219,9 @@ async def test_a_long_reply_is_split_and_only_its_first_part_quotes(
     fake, url = api
     text = "\n\n".join(f"paragraph {n} " + "x" * 900 for n in range(6))
     async with serving(hermes_home, url) as served:
-        assert (await served.post(webhook_body(text_message(USER, text, "wamid.long")))).status
+        assert (
+            await served.post(webhook_body(text_message(USER, text, "wamid.long")))
+        ).status_code == 200
         await served.gateway.idle()
         parts = await _sent(fake, 2)
     assert all(len(part.text) <= MAX_TEXT for part in parts)
@@ -234,7 +235,9 @@ async def test_a_rate_limited_reply_is_sent_again(
     fake, url = api
     fake.fail_next(130429)
     async with serving(hermes_home, url, rate_limit_wait_secs=0.2) as served:
-        assert (await served.post(webhook_body(text_message(USER, "hi", "wamid.r")))).status
+        assert (
+            await served.post(webhook_body(text_message(USER, "hi", "wamid.r")))
+        ).status_code == 200
         (sent,) = await _sent(fake, 1)
         await served.gateway.idle()
     assert [attempt.accepted for attempt in fake.attempts] == [False, True]
@@ -248,7 +251,9 @@ async def test_a_reply_outside_the_24_hour_window_is_abandoned(
     fake, url = api
     fake.fail_next(131047)
     async with serving(hermes_home, url, rate_limit_wait_secs=0.1) as served:
-        assert (await served.post(webhook_body(text_message(USER, "hi", "wamid.w")))).status
+        assert (
+            await served.post(webhook_body(text_message(USER, "hi", "wamid.w")))
+        ).status_code == 200
         await served.gateway.idle()
         await asyncio.sleep(0.5)
     assert len(fake.attempts) == 1
@@ -266,11 +271,11 @@ async def test_a_message_the_store_cannot_take_gets_a_5xx_and_is_answered_when_s
         holder = sqlite3.connect(hermes_home / "state.db", isolation_level=None)
         holder.execute("BEGIN IMMEDIATE")  # another process holds the write lock
         try:
-            assert (await served.post(body)).status == 503
+            assert (await served.post(body)).status_code == 503
         finally:
             holder.execute("ROLLBACK")
             holder.close()
-        assert (await served.post(body)).status == 200  # Meta delivers it again
+        assert (await served.post(body)).status_code == 200  # Meta delivers it again
         await served.gateway.idle()
         await _sent(fake, 2)
     assert fake.texts() == [REFUSED_NOT_SAVED, "echo: hi"]
@@ -293,9 +298,9 @@ async def test_a_batch_whose_second_message_is_not_stored_is_answered_once_when_
             return begin(key, event, consumed)
 
         monkeypatch.setattr(pipeline, "begin", broken)
-        assert (await served.post(body)).status == 503  # the first was stored, not the second
+        assert (await served.post(body)).status_code == 503  # the first was stored, not the second
         monkeypatch.setattr(pipeline, "begin", begin)
-        assert (await served.post(body)).status == 200  # Meta delivers the whole body again
+        assert (await served.post(body)).status_code == 200  # Meta delivers the whole body again
         await served.gateway.idle()
         await _sent(fake, 3)
         await asyncio.sleep(0.2)
