@@ -58,6 +58,7 @@ class Serving:
             [sys.executable, "-m", "hermes_core", "serve", "--config", str(path)],
             env=environ, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         )  # fmt: skip
+        self.printed: list[str] = []
         self.url = self._wait_until_serving()
 
     def _wait_until_serving(self) -> str:
@@ -68,6 +69,7 @@ class Serving:
         def read() -> None:
             assert self.child.stdout is not None
             for line in self.child.stdout:
+                self.printed.append(line.strip())
                 match = SERVING.match(line.strip())
                 if match and not found:
                     found.append(match.group(1))
@@ -112,6 +114,10 @@ def test_killed_before_the_ack_it_answers_the_redelivered_message_once(
         doomed.post(body)
     assert doomed.child.wait(START_SECS) == -signal.SIGKILL
     again = Serving(hermes_home, url)
+    assert (
+        f"whatsapp: webhook /whatsapp, replies from phone number id {PHONE_NUMBER_ID}"
+        in (again.printed[0])
+    )
     try:
         assert again.post(body).status_code == 200  # Meta delivers it again
         fake.wait_for(1)
