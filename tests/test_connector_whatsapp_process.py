@@ -124,9 +124,12 @@ def test_killed_before_the_ack_it_answers_the_redelivered_message_once(
         time.sleep(1.0)  # room for a second answer, which must not come
     finally:
         assert again.stop() == 0
-    # The restart resumes the stored turn (an internal event, so the reply quotes nothing); the
-    # redelivered message is recognised as stored and not answered again.
-    assert [(sent.to, sent.text) for sent in fake.attempts] == [(USER, "echo: hi")]
+    # Depending on how far the turn got before the kill, the restart resumes it (an internal
+    # event: the reply quotes nothing) or sends its stored reply under the gateway's recovered-reply
+    # prefix; the redelivered message is recognised as stored and not answered again.
+    (sent,) = fake.attempts
+    assert sent.to == USER
+    assert sent.text.endswith("echo: hi")
 
 
 def test_a_store_that_cannot_take_the_message_gets_meta_a_5xx_then_answers_it_once(
