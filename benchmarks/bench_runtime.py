@@ -126,7 +126,7 @@ def _config(home: Path, url: str | None) -> GatewayConfig:
     return GatewayConfig.from_dict(settings, environ={"HERMES_HOME": str(home)})
 
 
-def _empty_postgres(url: str) -> None:
+def empty_postgres(url: str) -> None:
     """Drop and recreate the ``public`` schema (as the tests' ``empty_database`` fixture)."""
     engine = create_engine(url)
     with engine.begin() as conn:
@@ -552,7 +552,7 @@ async def run_all(url: str | None, turns: int, scale_sessions: int, frames: bool
     with ExitStack() as stack:
         home = Path(stack.enter_context(tempfile.TemporaryDirectory()))
         if url is not None and postgres:
-            _empty_postgres(url)
+            empty_postgres(url)
             where = f"PostgreSQL ({make_url(url).render_as_string(hide_password=True)})"
         run = Run(home / "gateway", url)
         floor = None if postgres else stack.enter_context(closing(Floor(home / "floor.db")))

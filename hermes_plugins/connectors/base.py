@@ -7,6 +7,7 @@ the platform plugins' registration.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 from collections.abc import Awaitable, Callable, Mapping, Sequence
@@ -22,8 +23,8 @@ from hermes_core.turns.crashpoints import crash_point
 from hermes_core.turns.ledger import SendResult
 
 __all__ = [
-    "API_TIMEOUT", "PartSender", "accept_event", "accept_payload", "http_failure", "json_body",
-    "retry_after", "transport_failure",
+    "API_CALLS", "API_TIMEOUT", "PartSender", "accept_event", "accept_payload", "api_client",
+    "http_failure", "json_body", "retry_after", "transport_failure",
 ]  # fmt: skip
 
 logger = logging.getLogger(__name__)
@@ -31,9 +32,46 @@ logger = logging.getLogger(__name__)
 API_TIMEOUT = httpx.Timeout(30.0, connect=10.0)
 """Timeouts of a call to a platform's API (a long poll sets its own read timeout)."""
 
+API_CALLS = 32
+"""Calls to one platform's API in flight at once; the others wait their turn here. httpx's pool
+scans its whole queue of waiting requests each time a connection frees up, so hundreds of
+replies handed to it at once cost time quadratic in their number; waiting here costs nothing."""
+
 _REMEMBERED_REPLIES = 4096
 """Replies whose delivered parts a connector remembers, so that sending one again (after a
 part failed) starts at the first part that did not arrive."""
+
+
+class _Bounded(httpx.AsyncBaseTransport):
+    """A transport letting :data:`API_CALLS` requests (and the reading of their answers) through
+    at once."""
+
+    def __init__(self, inner: httpx.AsyncBaseTransport) -> None:
+        self._inner = inner
+        self._slots = asyncio.Semaphore(API_CALLS)
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        async with self._slots:
+            response = await self._inner.handle_async_request(request)
+            body = await response.aread()  # read here: the connection is free once released
+            await response.aclose()
+        return httpx.Response(
+            response.status_code, headers=response.headers, content=body,
+            extensions=response.extensions,
+        )  # fmt: skip
+
+    async def aclose(self) -> None:
+        await self._inner.aclose()
+
+
+def api_client(base_url: str, headers: Mapping[str, str] | None = None) -> httpx.AsyncClient:
+    """An HTTP client for one platform's API: :data:`API_TIMEOUT`, at most :data:`API_CALLS`
+    calls in flight, their connections kept alive between calls."""
+    limits = httpx.Limits(max_connections=API_CALLS, max_keepalive_connections=API_CALLS)
+    transport = _Bounded(httpx.AsyncHTTPTransport(limits=limits))
+    return httpx.AsyncClient(
+        base_url=base_url, headers=dict(headers or {}), timeout=API_TIMEOUT, transport=transport
+    )
 
 
 def json_body(body: bytes) -> Any:

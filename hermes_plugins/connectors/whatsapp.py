@@ -39,9 +39,9 @@ from hermes_core.domain.models import SessionSource
 from hermes_core.domain.splitting import split_reply
 from hermes_core.turns.ledger import SendResult
 from hermes_plugins.connectors.base import (
-    API_TIMEOUT,
     PartSender,
     accept_payload,
+    api_client,
     http_failure,
     json_body,
     transport_failure,
@@ -165,10 +165,8 @@ class WhatsAppConnector:
         """Check the access token on the business number (``GET /<phone-number-id>``), then
         take events. A refused token is a ``ConfigError``; an unreachable API only a warning
         (webhooks are still stored; sends fail as ``disconnected`` until it answers)."""
-        client = httpx.AsyncClient(
-            base_url=self.settings.api_base.rstrip("/"),
-            headers={"Authorization": f"Bearer {self._token}"},
-            timeout=API_TIMEOUT,
+        client = api_client(
+            self.settings.api_base.rstrip("/"), {"Authorization": f"Bearer {self._token}"}
         )
         try:
             response = await client.get(f"/{self.settings.phone_number_id}")
