@@ -19,8 +19,8 @@ from hermes_core.domain.models import SessionSource
 from hermes_core.domain.splitting import split_reply
 from hermes_core.turns.ledger import SendResult
 from hermes_plugins.connectors.base import (
-    API_TIMEOUT,
     PartSender,
+    api_client,
     http_failure,
     retry_after,
     transport_failure,
@@ -105,7 +105,7 @@ class SlackAdapter:
     async def connect(self, token_key: str, api_key: str, source: str | None) -> None:
         """Open the client and check the token with ``auth.test``; a ``ConfigError`` naming
         ``token_key`` when Slack refuses it, ``api_key`` when Slack cannot be reached."""
-        client = httpx.AsyncClient(timeout=API_TIMEOUT, headers=self._headers)
+        client = api_client(self._api_base, self._headers)
         try:
             response = await client.post(f"{self._api_base}/auth.test")
             answer = _answer(response)
