@@ -339,6 +339,23 @@ async def test_a_refused_access_token_is_a_config_error_at_start(
     assert not connector.is_connected()
 
 
+async def test_an_api_outage_at_start_is_no_error_and_sends_wait_for_it(
+    hermes_home: Path, api: tuple[FakeCloudApi, str]
+) -> None:
+    fake, url = api
+    fake.down = True
+    async with serving(hermes_home, url, rate_limit_wait_secs=0.1) as served:
+        assert served.connector.is_connected()
+        assert served.connector.status().endswith(f"{PHONE_NUMBER_ID} via {url}")
+        assert await served.message("hi", "wamid.o") == 200
+        await served.gateway.idle()
+        source = served.gateway.store.list_sessions()[0].origin
+        assert source is not None
+        result = await served.connector.send(source, "direct", reply_to="wamid.o")
+    assert (result.ok, result.failure_kind) == (False, "disconnected")
+    assert fake.attempts == []
+
+
 def test_missing_settings_and_secrets_name_what_to_set(hermes_home: Path) -> None:
     config = _config(hermes_home, "http://127.0.0.1:9")
     with pytest.raises(ConfigError, match="WHATSAPP_APP_SECRET, which is not set"):

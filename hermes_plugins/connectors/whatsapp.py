@@ -163,8 +163,8 @@ class WhatsAppConnector:
 
     async def start(self, inbox: Inbox) -> None:
         """Check the access token on the business number (``GET /<phone-number-id>``), then
-        take events. A refused token is a ``ConfigError``; an unreachable API only a warning
-        (webhooks are still stored; sends fail as ``disconnected`` until it answers)."""
+        take events. A refused token is a ``ConfigError``; an unreachable API (or a 5xx) only a
+        warning (webhooks are still stored; sends fail as ``disconnected`` until it answers)."""
         client = api_client(
             self.settings.api_base.rstrip("/"), {"Authorization": f"Bearer {self._token}"}
         )
@@ -173,10 +173,14 @@ class WhatsAppConnector:
         except httpx.HTTPError as exc:
             logger.warning("the WhatsApp Cloud API did not answer at start: %s", type(exc).__name__)
         else:
-            if response.is_error:
+            if response.is_server_error:
+                logger.warning("the WhatsApp Cloud API answered HTTP %d at start",
+                               response.status_code)  # fmt: skip
+            elif response.is_error:
                 await client.aclose()
                 self._refused(response)
-            self._number = str(_answer(response).get("display_phone_number") or "")
+            else:
+                self._number = str(_answer(response).get("display_phone_number") or "")
         self._client = client
         self._inbox = inbox
 

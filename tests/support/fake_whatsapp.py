@@ -53,6 +53,8 @@ class FakeCloudApi:
         self.phone_number_id = phone_number_id
         self.token = token
         self.attempts: list[Sent] = []
+        self.down = False
+        """While set, every request is answered 503 (Meta's code 2), as in an outage."""
         self._failures: list[tuple[int, int]] = []
         self._ids = itertools.count(1)
         self._lock = threading.Lock()
@@ -87,7 +89,10 @@ class FakeCloudApi:
         return sent
 
     def _refusal(self, request: Request) -> JSONResponse | None:
-        """Meta's answer to a bad token or another business number; None when they are right."""
+        """Meta's answer to a bad token or another business number, or while ``down``; None
+        when the request may go on."""
+        if self.down:
+            return _error(503, 2, "Service temporarily unavailable")
         if request.headers.get("authorization") != f"Bearer {self.token}":
             return _error(401, 190, "Error validating access token")
         if request.path_params["number"] != self.phone_number_id:
