@@ -1,5 +1,5 @@
-"""The connector seam: registering connectors, their conflicts, and a connector's settings and
-secrets read with named errors."""
+"""The connector seam: registering connectors, their conflicts, a connector's settings and
+secrets read with named errors, and owed replies sent with the lane's whole origin."""
 
 from __future__ import annotations
 
@@ -13,8 +13,13 @@ from hermes_core import (
     ConfigError,
     ConnectorContext,
     ConnectorSpec,
+    EchoAgent,
+    Gateway,
     GatewayConfig,
     PluginConflictError,
+    SendResult,
+    SessionSource,
+    SessionStore,
     create_plugin_manager,
     hookimpl,
 )
@@ -84,3 +89,43 @@ def test_a_secret_comes_from_the_variable_the_section_names(hermes_home: Path) -
 def test_a_web_response_carries_json_and_text() -> None:
     assert WebResponse.json(200, {"ok": True}).body == b'{"ok": true}'
     assert WebResponse.text(401, "no").status == 401
+
+
+class _Recorder:
+    """An adapter that keeps the source each reply was sent to."""
+
+    platform = "slack"
+
+    def __init__(self) -> None:
+        self.sources: list[tuple[SessionSource, str, str | None]] = []
+
+    def is_connected(self) -> bool:
+        return True
+
+    async def send(
+        self, source: SessionSource, text: str, *, reply_to: str | None = None
+    ) -> SendResult:
+        self.sources.append((source, text, reply_to))
+        return SendResult(ok=True)
+
+
+async def test_an_owed_reply_sent_at_start_goes_to_the_lanes_origin(hermes_home: Path) -> None:
+    """After a restart no turn carries the reply's source: the lane's stored origin does, with
+    the chat type and the workspace a connector may need to send it."""
+    config = _config(hermes_home)
+    origin = SessionSource(
+        platform="slack", chat_id="D024BE91L", chat_type="dm", user_id="U2147483697",
+        scope_id="T061EG9R6",
+    )  # fmt: skip
+    with SessionStore(config.sessions_dir, config) as store:
+        entry = store.get_or_create_session(origin)
+        store._turns.record_delivery_obligation(
+            entry.session_key, entry.session_id, "slack", "D024BE91L", None, "owed", "m1",
+            reply_to_message_id="1700000000.000100",
+        )  # fmt: skip
+    adapter = _Recorder()
+    async with Gateway(config, None, lambda entry: EchoAgent(), [adapter]) as gateway:
+        await gateway.idle()
+    ((source, text, reply_to),) = adapter.sources
+    assert (source.chat_type, source.user_id, source.scope_id) == ("dm", "U2147483697", "T061EG9R6")
+    assert (source.chat_id, text, reply_to) == ("D024BE91L", "owed", "1700000000.000100")

@@ -125,7 +125,7 @@ class Delivery:
                     return False
                 row = claimed_row
             text = f"{prefix}\n\n{row.content}" if prefix else row.content
-            source = turn.event.source if turn is not None else None
+            source = turn.event.source if turn is not None else await self._origin(row)
             result = await self._platforms.send(row, text, source)
             if result.ok:
                 crash_point("sent")
@@ -135,6 +135,20 @@ class Delivery:
             return result.ok
         finally:
             self._sending.discard(ident)
+
+    async def _origin(self, row: Obligation) -> SessionSource | None:
+        """Where an owed reply goes when no turn carries its source: the lane's stored origin
+        (its chat type and scope, which a connector may need to send), in the row's chat and
+        thread; None when the lane is gone or now names another chat."""
+        try:
+            entry = await asyncio.to_thread(self._store.lookup_by_session_key, row.session_key)
+        except Exception:
+            logger.exception("the lane of an owed reply could not be read; sending by its row")
+            return None
+        origin = entry.origin if entry is not None else None
+        if origin is None or origin.platform != row.platform or origin.chat_id != row.chat_id:
+            return None
+        return origin.replace(thread_id=row.thread_id)
 
     async def close(self, turn: Turn, *, success: bool) -> None:
         """Close a turn that owes nothing; a store failure leaves its marker (logged), so the
