@@ -15,10 +15,11 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 import yaml
 from support.fake_telegram import BOT_USERNAME, TOKEN, FakeTelegram, message_update
-from support.loopback import LoopbackServer
+from support.loopback import LoopbackServer, served_here
 
 from hermes_core import (
     ConnectorContext,
@@ -31,9 +32,9 @@ from hermes_core import (
     create_plugin_manager,
     read_event,
 )
-from hermes_core.domain.connectors import WebRequest
 from hermes_core.domain.errors import ConfigError, MessageNotStoredError
 from hermes_core.domain.splitting import utf16_len
+from hermes_core.serve.app import build_app
 from hermes_plugins.connectors.telegram import ALLOWED_UPDATES, TelegramConnector
 
 SECRET = "s3cret_token-for-tests"
@@ -325,11 +326,24 @@ async def test_a_conflicting_poller_is_reported_in_the_status(
 # -- webhook ------------------------------------------------------------------------------------
 
 
-def _post(body: bytes, secret: str | None) -> WebRequest:
+@asynccontextmanager
+async def webhook_app(
+    config: GatewayConfig, connector: TelegramConnector
+) -> AsyncIterator[tuple[Gateway, str]]:
+    """The gateway with the connector started, and the URL of its webhook route served by the
+    HTTP app over real HTTP."""
+    async with serving(config, connector) as gateway:
+        app = build_app(gateway, [connector], config)
+        async with served_here(app) as url:
+            yield gateway, url + connector.settings.webhook_path
+
+
+async def _post(url: str, body: bytes, secret: str | None) -> httpx.Response:
     headers = {"content-type": "application/json"}
     if secret is not None:
-        headers["x-telegram-bot-api-secret-token"] = secret
-    return WebRequest("POST", "/telegram", headers, {}, body)
+        headers["X-Telegram-Bot-Api-Secret-Token"] = secret
+    async with httpx.AsyncClient() as client:
+        return await client.post(url, content=body, headers=headers)
 
 
 async def test_a_webhook_update_with_the_secret_is_stored_and_answered(
@@ -338,34 +352,41 @@ async def test_a_webhook_update_with_the_secret_is_stored_and_answered(
     state, url = fake
     config = _config(hermes_home, url, "https://bot.example.org/", mode="webhook")
     connector = _build(config, TELEGRAM_WEBHOOK_SECRET=SECRET)
-    async with serving(config, connector):
+    async with webhook_app(config, connector) as (gateway, hook):
         assert state.webhook["url"] == "https://bot.example.org/telegram"
         assert state.webhook["secret_token"] == SECRET
+        assert state.webhook["allowed_updates"] == list(ALLOWED_UPDATES)
         assert "registered with setWebhook" in connector.status()
-        [route] = connector.routes
         update = {"update_id": 5, **message_update(42, "hook", message_id=9)}
-        answer = await route.handle(_post(json.dumps(update).encode(), SECRET))
-        assert answer.status == 200
+        answer = await _post(hook, json.dumps(update).encode(), SECRET)
+        assert (answer.status_code, answer.text) == (200, "stored")
         await until(lambda: len(state.sent) == 1)
+        assert len(gateway.store.list_sessions()) == 1
     assert state.sent[0].text == "echo: hook"
     assert state.sent[0].reply_to == 9
     assert state.offsets == []  # a webhook bot never polls
 
 
-@pytest.mark.parametrize("secret", [None, "", "wrong", SECRET + "x"])
+@pytest.mark.parametrize("secret", [None, b"", b"wrong", SECRET.encode() + b"x", b"\xe9"])
 async def test_a_webhook_post_without_the_secret_is_refused_and_stores_nothing(
-    fake: tuple[FakeTelegram, str], hermes_home: Path, secret: str | None
+    fake: tuple[FakeTelegram, str], hermes_home: Path, secret: bytes | None
 ) -> None:
-    _, url = fake
+    state, url = fake
     config = _config(hermes_home, url, mode="webhook")
     connector = _build(config, TELEGRAM_WEBHOOK_SECRET=SECRET)
-    async with serving(config, connector) as gateway:
+    async with webhook_app(config, connector) as (gateway, hook):
         assert "call setWebhook" in connector.status()
+        assert state.webhook == {}
         update = {"update_id": 5, **message_update(42, "forged", message_id=9)}
-        answer = await connector.routes[0].handle(_post(json.dumps(update).encode(), secret))
-        assert answer.status == 401
-        assert SECRET not in answer.body.decode()
-        assert not gateway.store.has_any_sessions()
+        body = json.dumps(update).encode()
+        headers = {} if secret is None else {b"X-Telegram-Bot-Api-Secret-Token": secret}
+        async with httpx.AsyncClient() as client:
+            answer = await client.post(hook, content=body, headers=headers)
+        assert answer.status_code == 401
+        assert SECRET not in answer.text
+        await gateway.idle()
+        assert gateway.store.list_sessions() == []
+    assert state.attempts == 0
 
 
 async def test_a_webhook_body_that_is_not_json_is_a_400(
@@ -374,9 +395,26 @@ async def test_a_webhook_body_that_is_not_json_is_a_400(
     _, url = fake
     config = _config(hermes_home, url, mode="webhook")
     connector = _build(config, TELEGRAM_WEBHOOK_SECRET=SECRET)
-    async with serving(config, connector):
-        answer = await connector.routes[0].handle(_post(b"{not json", SECRET))
-    assert answer.status == 400
+    async with webhook_app(config, connector) as (gateway, hook):
+        answer = await _post(hook, b"{not json", SECRET)
+        assert answer.status_code == 400
+        await gateway.idle()
+        assert gateway.store.list_sessions() == []
+
+
+async def test_a_stopped_webhook_answers_503_so_that_telegram_delivers_again(
+    fake: tuple[FakeTelegram, str], hermes_home: Path
+) -> None:
+    _, url = fake
+    config = _config(hermes_home, url, mode="webhook")
+    connector = _build(config, TELEGRAM_WEBHOOK_SECRET=SECRET)
+    async with webhook_app(config, connector) as (gateway, hook):
+        await connector.stop()
+        update = {"update_id": 5, **message_update(42, "late", message_id=9)}
+        answer = await _post(hook, json.dumps(update).encode(), SECRET)
+        assert answer.status_code == 503
+        await gateway.idle()
+        assert gateway.store.list_sessions() == []
 
 
 def test_webhook_mode_needs_a_usable_secret(hermes_home: Path) -> None:
