@@ -222,8 +222,8 @@ class TelegramConnector:
                 continue
             finally:
                 self._waiting = False
-            self._report(None)
             if await self._take(updates if isinstance(updates, list) else []):
+                self._report(None)
                 failures = 0
             else:
                 failures += 1
@@ -248,8 +248,8 @@ class TelegramConnector:
                     return True  # stopped: the update stays unconfirmed
                 try:
                     await self._inbox.handle_message(event)
-                except MessageNotStoredError as exc:
-                    self._report(f"update {update_id} not stored ({exc}); fetching it again")
+                except MessageNotStoredError:  # the gateway logged why
+                    self._report(f"update {update_id} not stored; fetching it again")
                     return False
                 crash_point("connector_before_ack")
             self._offset = max(self._offset or 0, update_id + 1)

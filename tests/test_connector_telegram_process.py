@@ -1,0 +1,153 @@
+"""``hermes-sessions serve`` with the Telegram connector in a child process, long polling the fake
+Bot API: killed between storing an update and moving the offset past it, the restarted process
+gets the update again and it is answered once; while the store is unavailable the offset does
+not move, and the update is answered once the store is back."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+import yaml
+from support.fake_telegram import TOKEN, FakeTelegram, message_update
+from support.loopback import LoopbackServer
+from support.tcp_proxy import proxied
+
+from hermes_core.turns.crashpoints import CONNECTOR_CRASH_POINTS
+
+pytestmark = pytest.mark.slow
+
+CRASH_POINT = "connector_before_ack"
+WAIT_SECS = 60.0
+TERMINATE_OTHERS = (
+    "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+    "WHERE datname = current_database() AND pid <> pg_backend_pid()"
+)
+
+
+@pytest.fixture
+def fake() -> Iterator[tuple[FakeTelegram, str]]:
+    state = FakeTelegram()
+    with LoopbackServer(state.app()) as server:
+        yield state, server.url
+
+
+class Served:
+    """A ``serve`` child process; its standard output is collected by a thread."""
+
+    def __init__(self, home: Path, config: Path, crash_at: str | None = None) -> None:
+        environ = {**os.environ, "HERMES_HOME": str(home), "TELEGRAM_BOT_TOKEN": TOKEN}
+        environ.pop("HERMES_CRASH_AT", None)
+        if crash_at:
+            environ["HERMES_CRASH_AT"] = crash_at
+        self.child = subprocess.Popen(
+            [sys.executable, "-m", "hermes_core", "serve", "--config", str(config)],
+            env=environ, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        )  # fmt: skip
+        self.lines: list[str] = []
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        assert self.child.stdout is not None
+        for line in self.child.stdout:
+            self.lines.append(line.rstrip("\n"))
+
+    def output(self) -> str:
+        return "\n".join(self.lines)
+
+    def wait_serving(self) -> None:
+        until(lambda: any(line.startswith("serving on ") for line in self.lines), self)
+
+    def stop(self) -> int:
+        """SIGTERM, then the exit status (the drain finished: 0)."""
+        self.child.send_signal(signal.SIGTERM)
+        return self.child.wait(WAIT_SECS)
+
+
+def until(condition: Callable[[], bool], served: Served, secs: float = WAIT_SECS) -> None:
+    deadline = time.monotonic() + secs
+    while not condition():
+        if served.child.poll() is not None and not condition():
+            raise AssertionError(f"serve exited ({served.child.returncode}):\n{served.output()}")
+        assert time.monotonic() < deadline, f"timed out; serve said:\n{served.output()}"
+        time.sleep(0.05)
+
+
+def _write_config(home: Path, api: str, storage: str | None = None) -> Path:
+    telegram = {"enabled": True, "api_base": api, "poll_timeout_secs": 1, "retry_max_secs": 0.5}
+    settings: dict[str, object] = {"platforms": {"telegram": telegram}, "server": {"port": 0}}
+    if storage:
+        settings["storage"] = {"url": storage}
+    path = home / "serve.yaml"
+    path.write_text(yaml.safe_dump(settings), encoding="utf-8")
+    return path
+
+
+def test_the_crash_point_is_a_connector_point() -> None:
+    assert CRASH_POINT in CONNECTOR_CRASH_POINTS
+
+
+def test_killed_before_the_offset_moved_the_update_is_answered_once_after_a_restart(
+    fake: tuple[FakeTelegram, str], hermes_home: Path
+) -> None:
+    state, url = fake
+    config = _write_config(hermes_home, url)
+    update = state.queue(message_update(42, "hello", message_id=5))
+    crashed = Served(hermes_home, config, crash_at=CRASH_POINT)
+    assert crashed.child.wait(WAIT_SECS) == -signal.SIGKILL, crashed.output()
+    assert [u["update_id"] for u in state.pending] == [update]  # never confirmed
+    assert all(offset is None or offset <= update for offset in state.offsets)
+    served = Served(hermes_home, config)
+    served.wait_serving()
+    until(lambda: len(state.sent) >= 1 and not state.pending, served)
+    time.sleep(1.5)  # a second answer would come now
+    assert served.stop() == 0, served.output()
+    assert len(state.sent) == 1, state.texts()
+    assert state.sent[0].text.endswith("hello")
+    assert state.sent[0].chat_id == "42"
+    assert state.pending == []
+
+
+@pytest.mark.postgres
+def test_while_the_store_is_unavailable_the_offset_stays_and_the_update_is_answered_after(
+    fake: tuple[FakeTelegram, str], hermes_home: Path, empty_database: str
+) -> None:
+    state, url = fake
+    with proxied(empty_database) as database:
+        config = _write_config(hermes_home, url, storage=database.url)
+        served = Served(hermes_home, config)
+        served.wait_serving()
+        state.queue(message_update(42, "before", message_id=1))
+        until(lambda: "echo: before" in state.texts(), served)
+        database.down = True
+        _admin_sql(empty_database, TERMINATE_OTHERS)
+        polls = len(state.offsets)
+        during = state.queue(message_update(42, "during", message_id=2))
+        until(lambda: len(state.offsets) >= polls + 4, served)  # refused, fetched again
+        assert all(offset is None or offset <= during for offset in state.offsets)
+        assert "echo: during" not in state.texts()
+        database.down = False
+        until(lambda: "echo: during" in state.texts(), served)
+        until(lambda: (state.offsets[-1] or 0) > during, served)
+        assert served.stop() == 0, served.output()
+    assert state.texts().count("echo: during") == 1
+    assert served.output().count(f"update {during} not stored") == 1  # logged once
+    assert state.texts().count("echo: before") == 1
+
+
+def _admin_sql(url: str, statement: str) -> None:
+    from sqlalchemy import create_engine
+
+    engine = create_engine(url, isolation_level="AUTOCOMMIT")
+    try:
+        with engine.connect() as conn:
+            conn.exec_driver_sql(statement)
+    finally:
+        engine.dispose()
