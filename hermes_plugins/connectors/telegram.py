@@ -161,8 +161,9 @@ class TelegramConnector:
         return result if isinstance(result, dict) else {}
 
     async def stop(self) -> None:
-        """Stop taking updates: a poller ends its batch and confirms what it stored; the
-        webhook answers 503 from now on. Replies can still be sent (a drain's)."""
+        """Stop taking updates: a poller finishes storing the update in hand, hands over no
+        other and confirms what it stored; the webhook answers 503 from now on (Telegram
+        delivers again later). Replies can still be sent (a drain's)."""
         self._stopping = True
         self._inbox = None
         poller, self._poller = self._poller, None
