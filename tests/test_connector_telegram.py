@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 import re
+import socket
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager
@@ -297,6 +298,21 @@ async def test_a_refused_token_is_a_config_error_at_start(
     assert caught.value.key == "platforms.telegram.token_env"
     assert "wrong" not in str(caught.value)
     await connector.stop()
+
+
+async def test_an_unreachable_bot_api_at_start_is_a_warning_and_the_poller_keeps_trying(
+    hermes_home: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    with socket.socket() as closed:  # a port of this machine on which nothing listens
+        closed.bind(("127.0.0.1", 0))
+        url = f"http://127.0.0.1:{closed.getsockname()[1]}"
+    connector = _build(_config(hermes_home, url))
+    await connector.start(RefusingInbox())
+    try:
+        assert "did not answer getMe at start" in caplog.text
+        await until(lambda: "cannot be reached (ConnectError); trying again" in connector.status())
+    finally:
+        await connector.stop()
 
 
 async def test_polling_is_refused_while_a_webhook_is_set(

@@ -97,8 +97,11 @@ class TelegramConnector:
         *,
         secret: str | None = None,
         public_url: str | None = None,
+        source: str | None = None,
     ) -> None:
         self.settings = settings
+        self._source = source
+        """The configuration file, named in errors."""
         self.adapter = TelegramAdapter(BotApi(settings.api_base, token), settings.parse_mode)
         self.routes = [WebhookRoute(settings.webhook_path, self._webhook)] if secret else []
         self._read = read_event
@@ -120,8 +123,10 @@ class TelegramConnector:
 
     async def start(self, inbox: Inbox) -> None:
         """Check the token (``getMe``); register the webhook when there is a public URL, or
-        start polling (refused while a webhook is set: Telegram answers only one of them)."""
-        me = await self._start_call("getMe", {})
+        start polling (refused while a webhook is set: Telegram answers only one of them). A
+        refused token is a ``ConfigError``; a Bot API that does not answer (or answers 5xx)
+        only a warning: the poller keeps trying, sends fail as ``disconnected`` meanwhile."""
+        me = await self._start_call("getMe", {}) or {}
         self._username = str(me.get("username") or me.get("id") or "?")
         if self.routes and self._webhook_url:
             await self._start_call("setWebhook", {
@@ -129,12 +134,13 @@ class TelegramConnector:
                 "allowed_updates": list(ALLOWED_UPDATES),
             })  # fmt: skip
         elif not self.routes:
-            hook = await self._start_call("getWebhookInfo", {})
+            hook = await self._start_call("getWebhookInfo", {}) or {}
             if hook.get("url"):
                 raise ConfigError(
                     "platforms.telegram.mode", "Telegram has a webhook set for this bot "
                     f"({hook['url']}), so it cannot be polled; delete it (the Bot API's "
                     "deleteWebhook) or set platforms.telegram.mode: webhook.",
+                    source=self._source,
                 )  # fmt: skip
         self._inbox = inbox
         self._stopping = False
@@ -142,22 +148,27 @@ class TelegramConnector:
         if not self.routes:
             self._poller = asyncio.create_task(self._poll(), name="telegram-poller")
 
-    async def _start_call(self, method: str, params: Mapping[str, Any]) -> dict[str, Any]:
-        """A call made while starting; what goes wrong is a ``ConfigError`` in one sentence."""
-        where = "platforms.telegram"
+    async def _start_call(self, method: str, params: Mapping[str, Any]) -> dict[str, Any] | None:
+        """A call made while starting: its result; None (with a warning) when the Bot API did
+        not answer or answered 5xx; a ``ConfigError`` in one sentence when it refused."""
         try:
             result = await self.api.call(method, params)
-        except BotApiError as exc:
-            if exc.status in (401, 404):
-                raise ConfigError(f"{where}.token_env", f"Telegram refused the bot token in "
-                                  f"{self.settings.token_env} ({exc}); set it to the token "
-                                  "that @BotFather gave.") from None  # fmt: skip
-            raise ConfigError(where, f"Telegram refused {method} ({exc}).") from None
         except httpx.HTTPError as exc:
-            raise ConfigError(
-                f"{where}.api_base", f"the Bot API at {self.api.api_base} could not be reached "
-                f"({type(exc).__name__}); check the network or platforms.telegram.api_base.",
-            ) from None  # fmt: skip
+            logger.warning("the Telegram Bot API at %s did not answer %s at start (%s)",
+                           self.api.api_base, method, type(exc).__name__)  # fmt: skip
+            return None
+        except BotApiError as exc:
+            if exc.status >= 500:
+                logger.warning("the Telegram Bot API answered %s with %s at start", method, exc)
+                return None
+            if exc.status in (401, 404):
+                raise ConfigError(
+                    "platforms.telegram.token_env", "Telegram refused the bot token in "
+                    f"{self.settings.token_env} ({exc}); set it to the token @BotFather gave.",
+                    source=self._source,
+                ) from None  # fmt: skip
+            raise ConfigError("platforms.telegram", f"Telegram refused {method} ({exc}).",
+                              source=self._source) from None  # fmt: skip
         return result if isinstance(result, dict) else {}
 
     async def stop(self) -> None:
@@ -303,4 +314,4 @@ def build_telegram(context: ConnectorContext) -> TelegramConnector:
             )  # fmt: skip
     public_url = context.config.server.public_url
     return TelegramConnector(settings, token, context.read_event, secret=secret,
-                             public_url=public_url)  # fmt: skip
+                             public_url=public_url, source=context.config.source)  # fmt: skip

@@ -24,6 +24,7 @@ from hermes_core.turns.ledger import SendResult
 from hermes_plugins.connectors.base import (
     API_TIMEOUT,
     PartSender,
+    api_client,
     http_failure,
     retry_after,
     transport_failure,
@@ -70,8 +71,9 @@ class _RedactToken(logging.Filter):
 
 
 class BotApi:
-    """Calls Bot API methods over one pooled ``httpx`` client, opened on first use (again after
-    ``close``: a drain's replies leave after the poller stopped); the token is never logged."""
+    """Calls Bot API methods through one :func:`~hermes_plugins.connectors.base.api_client`,
+    opened on first use (again after ``close``: a drain's replies leave after the poller
+    stopped); the token, part of every URL, is never logged."""
 
     def __init__(self, api_base: str, token: str) -> None:
         self.api_base = api_base.rstrip("/")
@@ -91,8 +93,8 @@ class BotApi:
             )
         if self._client is None:
             logging.getLogger("httpx").addFilter(self._redact)
-            self._client = httpx.AsyncClient(timeout=API_TIMEOUT)
-        response = await self._client.post(self._base + method, json=dict(params), timeout=timeout)
+            self._client = api_client(self._base)
+        response = await self._client.post(method, json=dict(params), timeout=timeout)
         try:
             answer = response.json()
         except ValueError:
