@@ -96,6 +96,53 @@ class Adapter(Protocol):
         ...
 
 
+@dataclass(frozen=True)
+class Posted:
+    """What posting one message reported: the send's result and, once the platform accepted
+    it, the platform's id of the message (what :meth:`EditingAdapter.edit` edits)."""
+
+    result: SendResult
+    message_id: str | None = None
+
+
+@runtime_checkable
+class EditingAdapter(Protocol):
+    """An adapter that can edit a message it sent, so that a streamed reply grows in place
+    (Telegram ``editMessageText``, Slack ``chat.update``, Discord message edits). A streamed
+    reply is one message while it fits ``message_limit`` (in the platform's own measure,
+    ``measure``), then continues in a new one."""
+
+    message_limit: int
+
+    def measure(self, text: str) -> int:
+        """The length of ``text`` as the platform counts it against ``message_limit``."""
+        ...
+
+    async def post(
+        self, source: SessionSource, text: str, *, reply_to: str | None = None
+    ) -> Posted:
+        """Send ``text`` (at most ``message_limit``) as one message, not split."""
+        ...
+
+    async def edit(self, source: SessionSource, message_id: str, text: str) -> SendResult:
+        """Replace the text of the message ``message_id`` this adapter posted."""
+        ...
+
+
+@runtime_checkable
+class TypingAdapter(Protocol):
+    """An adapter that can show the chat that the bot is typing (Telegram ``sendChatAction``,
+    Discord's typing endpoint); the gateway calls it while a turn runs, again before the
+    platform's indicator expires (``typing_interval_secs``)."""
+
+    typing_interval_secs: float
+
+    async def typing(self, source: SessionSource) -> None:
+        """Show the indicator in the chat (and thread) of ``source``; failures are the
+        adapter's to log, never raised."""
+        ...
+
+
 class EchoAgent:
     """Answers ``echo: <message>``; a resumed turn answers the last human message it finds.
 
