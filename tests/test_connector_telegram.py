@@ -241,6 +241,20 @@ async def test_a_button_press_is_answered_in_its_chat_replying_to_no_message(
     assert state.sent[0].chat_id == "42"
     assert state.sent[0].reply_to is None
     assert state.sent[0].text == "echo: yes"
+    assert state.answered_queries == ["4382095830293847562"]  # the client stops waiting
+
+
+async def test_a_reply_to_a_group_that_became_a_supergroup_goes_to_the_supergroup(
+    fake: tuple[FakeTelegram, str], hermes_home: Path
+) -> None:
+    state, url = fake
+    state.migrated["-4001"] = -1004001
+    adapter = _build(_config(hermes_home, url)).adapter
+    group = SessionSource(platform="telegram", chat_id="-4001", chat_type="group")
+    result = await adapter.send(group, "after the upgrade", reply_to="3")
+    await adapter.api.close()
+    assert result.ok
+    assert [(sent.chat_id, sent.text) for sent in state.sent] == [("-1004001", "after the upgrade")]
 
 
 class RefusingInbox:
@@ -378,6 +392,15 @@ async def test_a_webhook_update_with_the_secret_is_stored_and_answered(
         assert (answer.status_code, answer.text) == (200, "stored")
         await until(lambda: len(state.sent) == 1)
         assert len(gateway.store.list_sessions()) == 1
+        press = {"update_id": 6, "callback_query": {
+            "id": "5382095830293847562", "data": "go",
+            "from": {"id": 42, "is_bot": False, "first_name": "Ana"},
+            "message": message_update(42, "Continue?", message_id=30)["message"],
+        }}  # fmt: skip
+        answer = await _post(hook, json.dumps(press).encode(), SECRET)
+        assert (answer.status_code, answer.text) == (200, "stored")
+        await until(lambda: len(state.sent) == 2)
+        await until(lambda: state.answered_queries == ["5382095830293847562"])
     assert state.sent[0].text == "echo: hook"
     assert state.sent[0].reply_to == 9
     assert state.offsets == []  # a webhook bot never polls

@@ -32,7 +32,7 @@ from hermes_core.domain.connectors import (
 from hermes_core.domain.errors import ConfigError, MalformedEventError, MessageNotStoredError
 from hermes_core.domain.models import MessageEvent
 from hermes_core.turns.crashpoints import crash_point
-from hermes_plugins.connectors.base import accept_event
+from hermes_plugins.connectors.base import accept_event, json_body
 from hermes_plugins.connectors.telegram_api import BotApi, BotApiError, TelegramAdapter
 
 __all__ = ["ALLOWED_UPDATES", "TelegramConnector", "TelegramSettings", "build_telegram"]
@@ -115,6 +115,7 @@ class TelegramConnector:
         self._stopping = False
         self._username = "?"
         self._problem: str | None = None
+        self._answering: set[asyncio.Task[None]] = set()
 
     @property
     def api(self) -> BotApi:
@@ -210,7 +211,26 @@ class TelegramConnector:
         given = (request.header(SECRET_HEADER) or "").encode("utf-8")
         if not hmac.compare_digest(given, self._secret):
             return WebResponse.text(401, "missing or wrong secret token")
-        return await accept_event(request.body, self._read, self._inbox)
+        answer = await accept_event(request.body, self._read, self._inbox)
+        if answer.status == 200 and b'"callback_query"' in request.body:
+            self._answer_button(json_body(request.body))
+        return answer
+
+    def _answer_button(self, update: Any) -> None:
+        """Answer a stored button press (``answerCallbackQuery``), so that the user's client
+        stops showing it as pending; in the background, and a failure only logged."""
+        query = update.get("callback_query") if isinstance(update, dict) else None
+        if not isinstance(query, dict) or not query.get("id"):
+            return
+        task = asyncio.create_task(self._answer_query(str(query["id"])))
+        self._answering.add(task)
+        task.add_done_callback(self._answering.discard)
+
+    async def _answer_query(self, query_id: str) -> None:
+        try:
+            await self.api.call("answerCallbackQuery", {"callback_query_id": query_id})
+        except (BotApiError, httpx.HTTPError) as exc:
+            logger.info("a button press was not answered (%s)", exc)
 
     # -- long polling -----------------------------------------------------------------------
 
@@ -264,6 +284,7 @@ class TelegramConnector:
                     self._report(f"update {update_id} not stored; fetching it again")
                     return False
                 crash_point("connector_before_ack")
+                self._answer_button(update)
             self._offset = max(self._offset or 0, update_id + 1)
         return True
 

@@ -6,7 +6,8 @@ and sentence boundaries, code blocks kept whole where they fit); only the first 
 the triggering message. What the Bot API answers becomes the ledger's failure kind: 429 is
 ``rate_limited`` after its ``retry_after``, 403 (the bot blocked or removed) and "chat not found"
 are ``permanent``, another 400 is ``rejected``, no answer is ``disconnected``. A part refused
-because its ``parse_mode`` entities cannot be parsed is sent again as plain text.
+because its ``parse_mode`` entities cannot be parsed is sent again as plain text, and one
+refused because the group became a supergroup (``migrate_to_chat_id``) is sent there.
 """
 
 from __future__ import annotations
@@ -172,6 +173,11 @@ class TelegramAdapter:
         except httpx.HTTPError as exc:
             return transport_failure(exc)
         except BotApiError as exc:
+            moved = exc.parameters.get("migrate_to_chat_id")
+            if moved is not None and str(moved) != str(params["chat_id"]):
+                logger.info("chat %s became supergroup %s; the reply goes there",
+                            params["chat_id"], moved)  # fmt: skip
+                return await self._attempt({**params, "chat_id": moved})
             return _failure(exc)
         return SendResult(ok=True)
 

@@ -1,7 +1,8 @@
 """A fake Telegram Bot API (a Starlette app; serve it with ``LoopbackServer``) for the connector
 tests: ``getMe``, ``getWebhookInfo``, ``setWebhook``, ``getUpdates`` with real long polling and
-Telegram's offset rule, and ``sendMessage``, which records what it received and can be told to
-refuse (429 with ``retry_after``, 403, entities it cannot parse)."""
+Telegram's offset rule, ``answerCallbackQuery``, and ``sendMessage``, which records what it
+received and can be told to refuse (429 with ``retry_after``, 403, entities it cannot parse, a
+group chat that became a supergroup)."""
 
 from __future__ import annotations
 
@@ -53,6 +54,10 @@ class FakeTelegram:
     """Answers of the next ``sendMessage`` calls: (status, description, parameters)."""
     refuse_entities: bool = False
     """Whether a ``sendMessage`` with a ``parse_mode`` is refused as unparsable."""
+    migrated: dict[str, int] = field(default_factory=dict)
+    """Group chats upgraded to supergroups: their old id, the new one."""
+    answered_queries: list[str] = field(default_factory=list)
+    """The ``callback_query_id`` of every ``answerCallbackQuery``."""
     attempts: int = 0
     """Every ``sendMessage`` received, refused ones included."""
     _ids: itertools.count[int] = field(default_factory=lambda: itertools.count(100))
@@ -89,6 +94,9 @@ class FakeTelegram:
             return _ok(True)
         if method == "getUpdates":
             return await self._get_updates(params)
+        if method == "answerCallbackQuery":
+            self.answered_queries.append(str(params.get("callback_query_id")))
+            return _ok(True)
         if method == "sendMessage":
             return self._send_message(params)
         return _error(404, "Not Found: method not found")
@@ -117,6 +125,10 @@ class FakeTelegram:
                 status, description, parameters = self.refused.popleft()
                 return _error(status, description, parameters)
         text = str(params.get("text", ""))
+        moved = self.migrated.get(str(params.get("chat_id")))
+        if moved is not None:
+            description = "Bad Request: group chat was upgraded to a supergroup chat"
+            return _error(400, description, {"migrate_to_chat_id": moved})
         if self.refuse_entities and params.get("parse_mode"):
             return _error(400, "Bad Request: can't parse entities: Can't find end of the entity")
         if str(params.get("message_thread_id")) == "1":
