@@ -1,7 +1,7 @@
-"""``hermes-sessions serve`` with the Telegram connector in a child process, long polling the fake
-Bot API: killed between storing an update and moving the offset past it, the restarted process
-gets the update again and it is answered once; while the store is unavailable the offset does
-not move, and the update is answered once the store is back."""
+"""``hermes-sessions serve`` with the Telegram connector in a child process, against the fake Bot
+API: killed between storing an update and moving the offset past it (or answering the webhook),
+the restarted process gets the update again and it is answered once; while the store is
+unavailable the offset does not move, and the update is answered once the store is back."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import httpx
 import pytest
 import yaml
 from support.fake_telegram import TOKEN, FakeTelegram, message_update
@@ -25,6 +26,7 @@ from hermes_core.turns.crashpoints import CONNECTOR_CRASH_POINTS
 pytestmark = pytest.mark.slow
 
 CRASH_POINT = "connector_before_ack"
+SECRET = "process-test-secret"
 WAIT_SECS = 60.0
 TERMINATE_OTHERS = (
     "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
@@ -43,7 +45,8 @@ class Served:
     """A ``serve`` child process; its standard output is collected by a thread."""
 
     def __init__(self, home: Path, config: Path, crash_at: str | None = None) -> None:
-        environ = {**os.environ, "HERMES_HOME": str(home), "TELEGRAM_BOT_TOKEN": TOKEN}
+        environ = {**os.environ, "HERMES_HOME": str(home), "TELEGRAM_BOT_TOKEN": TOKEN,
+                   "TELEGRAM_WEBHOOK_SECRET": SECRET}  # fmt: skip
         environ.pop("HERMES_CRASH_AT", None)
         if crash_at:
             environ["HERMES_CRASH_AT"] = crash_at
@@ -62,8 +65,11 @@ class Served:
     def output(self) -> str:
         return "\n".join(self.lines)
 
-    def wait_serving(self) -> None:
+    def wait_serving(self) -> str:
+        """The app's URL, once it serves."""
         until(lambda: any(line.startswith("serving on ") for line in self.lines), self)
+        line = next(line for line in self.lines if line.startswith("serving on "))
+        return line.removeprefix("serving on ")
 
     def stop(self) -> int:
         """SIGTERM, then the exit status (the drain finished: 0)."""
@@ -80,8 +86,9 @@ def until(condition: Callable[[], bool], served: Served, secs: float = WAIT_SECS
         time.sleep(0.05)
 
 
-def _write_config(home: Path, api: str, storage: str | None = None) -> Path:
-    telegram = {"enabled": True, "api_base": api, "poll_timeout_secs": 1, "retry_max_secs": 0.5}
+def _write_config(home: Path, api: str, storage: str | None = None, mode: str = "polling") -> Path:
+    telegram = {"enabled": True, "api_base": api, "poll_timeout_secs": 1, "retry_max_secs": 0.5,
+                "mode": mode}  # fmt: skip
     settings: dict[str, object] = {"platforms": {"telegram": telegram}, "server": {"port": 0}}
     if storage:
         settings["storage"] = {"url": storage}
@@ -113,6 +120,29 @@ def test_killed_before_the_offset_moved_the_update_is_answered_once_after_a_rest
     assert state.sent[0].text.endswith("hello")
     assert state.sent[0].chat_id == "42"
     assert state.pending == []
+
+
+def test_killed_before_the_webhook_answered_the_update_is_answered_once_after_a_redelivery(
+    fake: tuple[FakeTelegram, str], hermes_home: Path
+) -> None:
+    state, url = fake
+    config = _write_config(hermes_home, url, mode="webhook")
+    update = {"update_id": 7, **message_update(42, "hooked", message_id=5)}
+    headers = {"X-Telegram-Bot-Api-Secret-Token": SECRET}
+    crashed = Served(hermes_home, config, crash_at=CRASH_POINT)
+    app = crashed.wait_serving()
+    with pytest.raises(httpx.TransportError):  # killed before answering: Telegram tries again
+        httpx.post(f"{app}/telegram", json=update, headers=headers, timeout=WAIT_SECS)
+    assert crashed.child.wait(WAIT_SECS) == -signal.SIGKILL, crashed.output()
+    served = Served(hermes_home, config)
+    app = served.wait_serving()
+    answer = httpx.post(f"{app}/telegram", json=update, headers=headers, timeout=WAIT_SECS)
+    assert answer.status_code == 200
+    until(lambda: len(state.sent) >= 1, served)
+    time.sleep(1.5)  # a second answer would come now
+    assert served.stop() == 0, served.output()
+    assert len(state.sent) == 1, state.texts()
+    assert state.sent[0].text.endswith("hooked")
 
 
 @pytest.mark.postgres
