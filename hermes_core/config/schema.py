@@ -59,6 +59,7 @@ __all__ = [
     "DeliveryLedgerConfig", "DisplayConfig", "GatewayConfig", "GatewaySection",
     "HomeChannelConfig", "HousekeepingConfig", "KeysConfig", "MemoryBudgetSetting",
     "PlatformConfig", "PluginsConfig", "PrivacyConfig", "ServerConfig", "StorageConfig",
+    "StreamingConfig",
 ]  # fmt: skip
 
 logger = logging.getLogger(__name__)
@@ -146,6 +147,13 @@ class ServerConfig(Section):
         1 << 20, ge=1024, le=64 << 20, description="a number of bytes from 1024 to 67108864"
     )
     metrics: Flag = True
+
+
+class StreamingConfig(Section):
+    """``streaming``: replies that agents write chunk by chunk, shown while they grow."""
+
+    enabled: Flag = True
+    edit_interval_secs: Secs = 1.0
 
 
 class StorageConfig(Section):
@@ -339,6 +347,7 @@ class GatewayConfig(SharedSection):
     privacy: PrivacyConfig = PrivacyConfig()
     plugins: PluginsConfig = PluginsConfig()
     server: ServerConfig = ServerConfig()
+    streaming: StreamingConfig = StreamingConfig()
 
     @classmethod
     def from_yaml(

@@ -10,9 +10,16 @@ import logging
 from collections.abc import Callable, Mapping, Sequence
 
 from hermes_core.domain.models import SessionSource
-from hermes_core.gateway.agents import Adapter
+from hermes_core.gateway.agents import Adapter, EditingAdapter
 from hermes_core.gateway.lifecycle import Background
 from hermes_core.gateway.ownership import LaneOwnership
+from hermes_core.gateway.streaming import (
+    RECOVERED_NOTE,
+    STREAM_METADATA,
+    Commit,
+    Layout,
+    render,
+)
 from hermes_core.store import SessionStore
 from hermes_core.store.backend import Obligation
 from hermes_core.turns.crashpoints import crash_point
@@ -58,18 +65,27 @@ class Platforms:
             logger.exception("a notice could not be sent")
 
     async def send(
-        self, row: Obligation, text: str, source: SessionSource | None = None
+        self,
+        row: Obligation,
+        text: str,
+        source: SessionSource | None = None,
+        stream: tuple[Layout, Commit] | None = None,
     ) -> SendResult:
         """Send a claimed reply through its platform's adapter (on the loop), to ``source``
-        (the turn's) or else to the chat and thread the row names."""
+        (the turn's) or else to the chat and thread the row names; a streamed reply (its
+        messages' ``Layout`` and how to store it) by editing its messages into ``text``."""
         adapter = self._adapters.get(row.platform)
         if adapter is None or not adapter.is_connected():
             return SendResult(ok=False, failure_kind="disconnected", error="not connected")
         if source is None:
             source = SessionSource(platform=row.platform, chat_id=row.chat_id or "",
                                    chat_type="group", thread_id=row.thread_id)  # fmt: skip
+        reply_to = row.reply_to_message_id
         try:
-            return await adapter.send(source, text, reply_to=row.reply_to_message_id)
+            if stream is not None and isinstance(adapter, EditingAdapter):
+                layout, commit = stream
+                return await render(adapter, source, layout, text, commit, reply_to=reply_to)
+            return await adapter.send(source, text, reply_to=reply_to)
         except Exception as exc:  # noqa: BLE001 - a raising adapter is a failed send
             return SendResult(ok=False, failure_kind="disconnected", error=repr(exc))
 
@@ -85,8 +101,11 @@ class Delivery:
         platforms: Platforms,
         ownership: LaneOwnership,
         background: Background,
+        stream_commit: Callable[[str], Commit],
     ) -> None:
         self._store = store
+        self._stream_commit = stream_commit
+        """How a lane's streamed reply layout is stored (``Streams.commit``)."""
         self._pipeline = pipeline
         self._platforms = platforms
         self._ownership = ownership
@@ -103,12 +122,16 @@ class Delivery:
         success: bool = True,
         claimed: bool = False,
         close: bool = False,
+        layout: Layout | None = None,
     ) -> bool:
         """The one claim → send → settle path, for turns, the boot sweep, reconnects and
         rate-limit retries. A turn's reply arrives claimed (``claimed``); settling also closes
         the turn, or with ``close`` (the boot sweep) clears the lane's resume flag. A turn does
         not wait for its settle; a sweep does (after the boot sweep the lanes are resumed: an
-        answered turn must not look interrupted). True when the platform accepted the reply."""
+        answered turn must not look interrupted). A streamed reply (its ``layout``, the turn's,
+        or the lane's stored one for a reply sent outside its turn) is delivered by editing its
+        messages; outside its turn it is marked as recovered. True when the platform accepted
+        the reply."""
         ident = row.obligation_id
         if ident and ident in self._sending:
             return False
@@ -124,31 +147,41 @@ class Delivery:
                         await self.close(turn, success=success)
                     return False
                 row = claimed_row
+            source = turn.event.source if turn is not None else None
+            if turn is None:
+                source, layout = await self._origin(row)
             text = f"{prefix}\n\n{row.content}" if prefix else row.content
-            source = turn.event.source if turn is not None else await self._origin(row)
-            result = await self._platforms.send(row, text, source)
+            stream = None
+            if layout is not None:
+                stream = (layout, self._stream_commit(row.session_key))
+                text = row.content if turn is not None else f"{row.content}\n\n{RECOVERED_NOTE}"
+            result = await self._platforms.send(row, text, source, stream)
             if result.ok:
                 crash_point("sent")
-            settling = self._settle(row, result, turn, success, close)
+            settling = self._settle(row, result, turn, success, close, layout is not None)
             if turn is None:  # a sweep's send: settled before the sweep goes on
                 await asyncio.wait([settling])
             return result.ok
         finally:
             self._sending.discard(ident)
 
-    async def _origin(self, row: Obligation) -> SessionSource | None:
+    async def _origin(self, row: Obligation) -> tuple[SessionSource | None, Layout | None]:
         """Where an owed reply goes when no turn carries its source: the lane's stored origin
         (its chat type and scope, which a connector may need to send), in the row's chat and
-        thread; None when the lane is gone or now names another chat."""
+        thread (None when the lane is gone or now names another chat); and the messages of its
+        streamed reply when the lane records one."""
         try:
             entry = await asyncio.to_thread(self._store.lookup_by_session_key, row.session_key)
         except Exception:
             logger.exception("the lane of an owed reply could not be read; sending by its row")
-            return None
-        origin = entry.origin if entry is not None else None
+            return None, None
+        if entry is None:
+            return None, None
+        layout = Layout.from_metadata(entry.metadata.get(STREAM_METADATA))
+        origin = entry.origin
         if origin is None or origin.platform != row.platform or origin.chat_id != row.chat_id:
-            return None
-        return origin.replace(thread_id=row.thread_id)
+            return None, layout
+        return origin.replace(thread_id=row.thread_id), layout
 
     async def close(self, turn: Turn, *, success: bool) -> None:
         """Close a turn that owes nothing; a store failure leaves its marker (logged), so the
@@ -160,7 +193,13 @@ class Delivery:
             logger.exception("a turn could not be closed; its marker stays set")
 
     def _settle(
-        self, row: Obligation, result: SendResult, turn: Turn | None, success: bool, close: bool
+        self,
+        row: Obligation,
+        result: SendResult,
+        turn: Turn | None,
+        success: bool,
+        close: bool,
+        streamed: bool,
     ) -> asyncio.Future[bool]:
         """Settle a send (the turn's last commit) without holding up the lane: the step is
         handed to the writer now, so the lane's next step queues behind it and can never
@@ -168,7 +207,7 @@ class Delivery:
         (see :meth:`_settle_step`): the ownership learns that it is pending."""
         key = row.session_key
         settling = self._store.submit(
-            self._settle_step, row, result, turn, success, close, lane=key
+            self._settle_step, row, result, turn, success, close, streamed, lane=key
         )
         self._background.track(settling)
         settling.add_done_callback(functools.partial(self._settled, row, result))
@@ -177,12 +216,21 @@ class Delivery:
         return settling
 
     def _settle_step(
-        self, row: Obligation, result: SendResult, turn: Turn | None, success: bool, close: bool
+        self,
+        row: Obligation,
+        result: SendResult,
+        turn: Turn | None,
+        success: bool,
+        close: bool,
+        streamed: bool,
     ) -> bool:
         """Writer step: settle the ledger row and close the turn; the crash points of a
-        delivery pass once this is committed. A turn's lane may be let go in the same statement
-        (the ownership says: see ``LaneOwnership.release_in_settle``). It reads what the
-        delivery was built with and its arguments, nothing the loop changes."""
+        delivery pass once this is committed. A streamed reply that arrived (or never can) is
+        forgotten in the same commit. A turn's lane may be let go in the same statement (the
+        ownership says: see ``LaneOwnership.release_in_settle``). It reads what the delivery
+        was built with and its arguments, nothing the loop changes."""
+        if streamed and (result.ok or result.failure_kind == "permanent"):
+            self._store.set_session_metadata(row.session_key, STREAM_METADATA, None)
         kept = self._ownership.release_in_settle(row.session_key) if turn is not None else None
         delivered = self._pipeline.settle(row, result, turn, success, close, kept)
         if delivered:

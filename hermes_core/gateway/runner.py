@@ -22,6 +22,7 @@ from hermes_core.gateway.context import (
 )
 from hermes_core.gateway.delivery import Delivery, Platforms
 from hermes_core.gateway.lanes import Lane
+from hermes_core.gateway.streams import Streams, stop_indicator
 from hermes_core.gateway.texts import SUSPENDED_NOTICE, TURN_FAILED
 from hermes_core.plugins.manager import HermesPluginManager
 from hermes_core.store import SessionStore
@@ -50,8 +51,10 @@ class TurnRunner:
         agent_factory: Callable[[SessionEntry], Agent],
         delivery: Delivery,
         platforms: Platforms,
+        streams: Streams,
     ) -> None:
         self._config = config
+        self._streams = streams
         self._plugins = plugins
         self._store = store
         self._pipeline = pipeline
@@ -88,24 +91,31 @@ class TurnRunner:
         lane.agent = agent
         reply: str | None = None
         failed = False
+        streamer = await self._streams.streamer(lane, turn)
         lane.in_agent = lane.stop is None
+        indicator = self._streams.typing(turn.event.source)
         try:
             if lane.stop is not None:  # halted while the turn was being stored
                 raise asyncio.CancelledError
             request = self._request(turn)
             if turn.suspended_before and not turn.event.internal:
                 await self._platforms.reply(turn.event.source, SUSPENDED_NOTICE)
-            reply = await agent.run_turn(request)
+            reply = await self._streams.reply(agent.run_turn(request), streamer, lane, indicator)
         except asyncio.CancelledError:
-            if lane.stop == "user":  # stopped by the user: nothing owed, nothing to resume
-                await self._delivery.close(turn, success=False)
-            raise  # a drain keeps the marker: the turn resumes after the restart
+            if lane.stop != "user":
+                raise  # a drain keeps the marker: the turn resumes after the restart
+            if streamer is None or streamer.layout is None:
+                await self._delivery.close(turn, success=False)  # nothing owed, no resume
+                raise
+            reply = streamer.text  # a stream stopped by the user ends with the text so far
         except Exception:
             logger.exception("a turn failed")
             failed = True
             await self._platforms.reply(turn.event.source, TURN_FAILED)
         finally:
             lane.in_agent = False
+            await stop_indicator(indicator)
+        layout = streamer.layout if streamer is not None else None
         success = not failed and not lane.interrupted
         try:
             owed = await self._store.submit(
@@ -122,9 +132,13 @@ class TurnRunner:
             return
         if owed is None:
             crash_point("marker_cleared")
+            if layout is not None:  # shown, then ended as nothing to send
+                await self._streams.forget(turn.key)
             return
         crash_point("reply_stored")
-        await self._delivery.deliver(owed.row, turn=turn, success=success, claimed=owed.ledgered)
+        await self._delivery.deliver(
+            owed.row, turn=turn, success=success, claimed=owed.ledgered, layout=layout
+        )
 
     async def _turn_failed(self, turn: Turn) -> None:
         await self._platforms.reply(turn.event.source, TURN_FAILED)

@@ -45,6 +45,7 @@ from hermes_core.gateway.lifecycle import Background, Phase
 from hermes_core.gateway.ownership import LaneOwnership, LocalOwnership
 from hermes_core.gateway.resuming import Resumer
 from hermes_core.gateway.runner import TurnRunner
+from hermes_core.gateway.streams import Streams
 from hermes_core.plugins.manager import HermesPluginManager, default_plugin_manager
 from hermes_core.store import SessionStore
 from hermes_core.turns.crashpoints import crash_point
@@ -184,10 +185,11 @@ class Gateway:
             )  # fmt: skip
         else:
             ownership = LocalOwnership(store, queue)
-        delivery = Delivery(store, pipeline, platforms, ownership, background)
+        streams = Streams(config, store, self.adapters)
+        delivery = Delivery(store, pipeline, platforms, ownership, background, streams.commit)
         runner = TurnRunner(
             config, self.plugins, store, pipeline, self.cache, self.agent_factory, delivery,
-            platforms,
+            platforms, streams,
         )  # fmt: skip
         lanes = Lanes(
             config, store, queue, pipeline, ownership, platforms, phase, background, seen,

@@ -26,6 +26,14 @@ CONNECTOR_CRASH_POINTS = ("connector_before_ack",)
 ``handle_message`` returned for an event (it is stored) and the platform is not yet told
 (no 200 sent, no polling offset moved past it)."""
 
+STREAM_CRASH_POINTS = ("stream_started", "stream_posted", "stream_edited")
+"""Points of a streamed reply: the store knows that a streamed reply is under way (before its
+first message is posted); a message was posted and its id stored; a message was edited (the
+platform answered, nothing stored)."""
+
+ALL_CRASH_POINTS = (*CRASH_POINTS, *CONNECTOR_CRASH_POINTS, *STREAM_CRASH_POINTS)
+"""Every point that ``HERMES_CRASH_AT`` may name (besides the aliases)."""
+
 CRASH_ALIASES = {
     "user_stored": "marker_written",  # the turn's user message is stored in the marker's commit
     "obligation_recorded": "reply_stored",  # the reply and its ledger row share one commit
@@ -46,10 +54,10 @@ def arm(environ: Mapping[str, str] | None = None) -> str | None:
     """
     value = (os.environ if environ is None else environ).get("HERMES_CRASH_AT", "").strip()
     point = CRASH_ALIASES.get(value, value)
-    if point and point not in (*CRASH_POINTS, *CONNECTOR_CRASH_POINTS):
+    if point and point not in ALL_CRASH_POINTS:
         logger.warning(
             "HERMES_CRASH_AT=%s is not a crash point and is ignored (valid: %s)",
-            value, ", ".join((*CRASH_POINTS, *CONNECTOR_CRASH_POINTS, *CRASH_ALIASES)),
+            value, ", ".join((*ALL_CRASH_POINTS, *CRASH_ALIASES)),
         )  # fmt: skip
         point = ""
     _Armed.point = point or None

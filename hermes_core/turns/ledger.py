@@ -66,15 +66,31 @@ def is_silent_reply(text: object) -> bool:
     trimmed = text.strip()
     if not 1 <= len(trimmed) <= 64:
         return False
+    form, stripped = _marker_forms(trimmed)
+    return form in SILENT_MARKERS or stripped in SILENT_MARKERS
+
+
+def could_become_silent(text: str) -> bool:
+    """Whether a reply written so far may still end as silence only: nothing but whitespace
+    yet, or at most 64 characters that a marker starts with (in either form of
+    :func:`is_silent_reply`). A streamed reply is not shown while this holds."""
+    trimmed = text.strip()
+    if len(trimmed) > 64:
+        return False
+    forms = _marker_forms(trimmed)
+    return any(marker.startswith(form) for marker in SILENT_MARKERS for form in forms)
+
+
+def _marker_forms(trimmed: str) -> tuple[str, str]:
+    """A trimmed text upper-cased with its whitespace collapsed, and that form without its
+    leading and trailing punctuation (square brackets kept)."""
     form = _SPACES.sub(" ", trimmed.upper())
-    if form in SILENT_MARKERS:
-        return True
     start, end = 0, len(form)
     while start < end and _strippable(form[start]):
         start += 1
     while end > start and _strippable(form[end - 1]):
         end -= 1
-    return form[start:end].strip() in SILENT_MARKERS
+    return form, form[start:end].strip()
 
 
 def _strippable(char: str) -> bool:

@@ -1,0 +1,139 @@
+"""The turn runner's side of streamed replies and typing indicators: which turns stream, what a
+cut stream left is told, how an agent's chunks become the reply (see
+:mod:`hermes_core.gateway.streaming` for the display and the crash rules)."""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import inspect
+import logging
+from collections.abc import AsyncIterator, Mapping
+
+from hermes_core.config.schema import GatewayConfig
+from hermes_core.domain.models import SessionSource
+from hermes_core.gateway.agents import Adapter, EditingAdapter, TypingAdapter
+from hermes_core.gateway.lanes import Lane
+from hermes_core.gateway.streaming import (
+    INTERRUPTED_NOTE,
+    STREAM_METADATA,
+    Commit,
+    Layout,
+    Streamer,
+)
+from hermes_core.store import SessionStore
+from hermes_core.turns.pipeline import Turn
+
+__all__ = ["Streams", "stop_indicator"]
+
+logger = logging.getLogger(__name__)
+
+OWED_STATES = ("pending", "attempting", "failed")
+
+
+class Streams:
+    """Streamed replies and typing indicators for the turns of one gateway."""
+
+    def __init__(
+        self, config: GatewayConfig, store: SessionStore, adapters: Mapping[str, Adapter]
+    ) -> None:
+        self._settings = config.streaming
+        self._store = store
+        self._adapters = adapters
+
+    def commit(self, key: str) -> Commit:
+        """Stores a lane's layout (a writer step of the lane, awaited)."""
+
+        async def store(layout: Layout) -> None:
+            write = functools.partial(
+                self._store.set_session_metadata, key, STREAM_METADATA, layout.to_metadata()
+            )
+            await self._store.arun(write, lane=key)
+
+        return store
+
+    async def forget(self, key: str) -> None:
+        """Clear a lane's streamed reply (nothing of it is owed any more)."""
+        write = functools.partial(self._store.set_session_metadata, key, STREAM_METADATA, None)
+        try:
+            await self._store.arun(write, lane=key)
+        except Exception:
+            logger.exception("a streamed reply's record could not be cleared")
+
+    async def streamer(self, lane: Lane, turn: Turn) -> Streamer | None:
+        """The turn's streamer, or None when its reply is not shown as it grows (streaming off,
+        an adapter that cannot edit, or a lane whose earlier streamed reply is still owed).
+        A stream an earlier turn left cut is first edited to say so (its reply was not stored,
+        so this turn answers instead)."""
+        source = turn.event.source
+        adapter = self._adapters.get(source.platform)
+        left = Layout.from_metadata(turn.entry.metadata.get(STREAM_METADATA))
+        if left is not None:
+            if await asyncio.to_thread(self._owes, turn.key):
+                return None  # its delivery edits those messages: this turn must not
+            if left.messages and isinstance(adapter, EditingAdapter):
+                message_id = left.messages[-1][0]
+                result = await adapter.edit(source, message_id, INTERRUPTED_NOTE)
+                if not result.ok:
+                    logger.warning("a cut streamed reply could not be marked: %s", result.error)
+            await self.forget(turn.key)
+        if not self._settings.enabled or not isinstance(adapter, EditingAdapter):
+            return None
+        return Streamer(
+            adapter, source, turn.event.message_id, self._settings.edit_interval_secs,
+            self.commit(turn.key), lambda: lane.stop is not None,
+        )  # fmt: skip
+
+    def _owes(self, key: str) -> bool:
+        ledger = self._store._obligations.ledger
+        if ledger is None:
+            return False
+        return any(row.session_key == key for row in ledger.rows.obligations(OWED_STATES))
+
+    def typing(self, source: SessionSource) -> asyncio.Task[None] | None:
+        """Show the chat that the bot is typing until the reply is shown (or the turn ends)."""
+        adapter = self._adapters.get(source.platform)
+        if not isinstance(adapter, TypingAdapter):
+            return None
+        return asyncio.create_task(_keep_typing(adapter, source))
+
+    async def reply(
+        self,
+        outcome: object,
+        streamer: Streamer | None,
+        lane: Lane,
+        indicator: asyncio.Task[None] | None,
+    ) -> str | None:
+        """The agent's reply from what ``run_turn`` returned: a finished string (or None), or
+        an async iterator of chunks, shown as it grows when ``streamer`` is given."""
+        if inspect.isawaitable(outcome):
+            outcome = await outcome
+        if outcome is None or isinstance(outcome, str):
+            return outcome
+        if not isinstance(outcome, AsyncIterator):
+            raise TypeError(f"run_turn returned {type(outcome).__name__}, not text or chunks")
+        if streamer is None:
+            return "".join([str(chunk) async for chunk in outcome])
+
+        def waiting(agent: bool) -> None:
+            lane.in_agent = agent and lane.stop is None
+            if streamer.layout is not None and indicator is not None:
+                indicator.cancel()  # the reply is in the chat now
+
+        return await streamer.consume(outcome, waiting)
+
+
+async def _keep_typing(adapter: TypingAdapter, source: SessionSource) -> None:
+    while True:
+        try:
+            await adapter.typing(source)
+        except Exception:
+            logger.exception("the typing indicator failed")
+        await asyncio.sleep(max(1.0, adapter.typing_interval_secs))
+
+
+async def stop_indicator(task: asyncio.Task[None] | None) -> None:
+    """Stop a typing indicator's task."""
+    if task is not None:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
