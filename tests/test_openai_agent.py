@@ -5,6 +5,7 @@ mocked."""
 from __future__ import annotations
 
 import asyncio
+import inspect
 import logging
 import socket
 from collections.abc import Iterator
@@ -96,7 +97,10 @@ def api_key(monkeypatch: pytest.MonkeyPatch) -> str:
 
 async def _turn(loaded: LoadedAgent, message: str, history: list[dict[str, Any]]) -> str | None:
     try:
-        return await loaded.factory(_entry()).run_turn(_request(message, history))
+        outcome = loaded.factory(_entry()).run_turn(_request(message, history))
+        assert inspect.isawaitable(outcome)  # the openai agent answers with a finished reply
+        reply: str | None = await outcome
+        return reply
     finally:
         await loaded.aclose()
 

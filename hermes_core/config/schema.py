@@ -153,7 +153,7 @@ class StreamingConfig(Section):
     """``streaming``: replies that agents write chunk by chunk, shown while they grow."""
 
     enabled: Flag = True
-    edit_interval_secs: Secs = 1.0
+    edit_interval_secs: SecsOrZero = 1.0
 
 
 class StorageConfig(Section):

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 from abc import abstractmethod
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
@@ -63,8 +63,10 @@ class Agent(Protocol):
     """
 
     @abstractmethod
-    async def run_turn(self, request: TurnRequest) -> str | None:
-        """Run one turn; the final reply, or None when nothing is owed."""
+    def run_turn(self, request: TurnRequest) -> Awaitable[str | None] | AsyncIterator[str]:
+        """Run one turn: as a coroutine (``async def``) giving the final reply, or None when
+        nothing is owed; or as an async iterator of the reply's chunks (``async def`` with
+        ``yield``), shown as it grows where the platform can edit a sent message."""
 
     async def interrupt(self) -> bool:
         """Ask the running turn to stop early; False when it cannot be interrupted safely."""

@@ -129,7 +129,7 @@ async def _keep_typing(adapter: TypingAdapter, source: SessionSource) -> None:
             await adapter.typing(source)
         except Exception:
             logger.exception("the typing indicator failed")
-        await asyncio.sleep(max(1.0, adapter.typing_interval_secs))
+        await asyncio.sleep(max(0.01, adapter.typing_interval_secs))
 
 
 async def stop_indicator(task: asyncio.Task[None] | None) -> None:
