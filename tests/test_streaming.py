@@ -15,7 +15,12 @@ import pytest
 from support.streaming import EditingChats, StreamingAgent
 
 from hermes_core import Agent, Gateway, GatewayConfig, InMemoryAdapter, MessageEvent, SessionStore
-from hermes_core.gateway.streaming import INTERRUPTED_NOTE, RECOVERED_NOTE, STREAM_METADATA
+from hermes_core.gateway.streaming import (
+    CUT_PART,
+    INTERRUPTED_NOTE,
+    RECOVERED_NOTE,
+    STREAM_METADATA,
+)
 from hermes_core.testing import fresh_plugin_manager, telegram_dm
 from hermes_core.turns.ledger import SILENCE_NOTICE, could_become_silent
 
@@ -155,13 +160,15 @@ async def test_the_chat_sees_typing_until_the_reply_is_shown(run: Run) -> None:
     assert chats.typing_calls == calls
 
 
-def _leave_stream(home: Path, owed: str | None) -> None:
+def _leave_stream(home: Path, owed: str | None, messages: int = 1) -> None:
     """A store as a process killed mid-stream leaves it: the lane's stream record naming the
-    posted message ``m1``, and with ``owed`` the finished reply stored and owed."""
+    posted messages ``m1``... (10 characters each), and with ``owed`` the finished reply stored
+    and owed."""
     config = _config(home)
+    layout = {"messages": [[f"m{n + 1}", 10 * n] for n in range(messages)]}
     with SessionStore(config.sessions_dir, config) as store:
         entry = store.get_or_create_session(telegram_dm(CHAT, user_id=CHAT))
-        store.set_session_metadata(entry.session_key, STREAM_METADATA, {"messages": [["m1", 0]]})
+        store.set_session_metadata(entry.session_key, STREAM_METADATA, layout)
         if owed is not None:
             store._turns.record_delivery_obligation(
                 entry.session_key, entry.session_id, "telegram", CHAT, None, owed, "501",
@@ -196,6 +203,35 @@ async def test_a_cut_stream_without_a_stored_reply_is_marked_before_the_next_tur
     assert chats.texts(CHAT) == [INTERRUPTED_NOTE, "a new answer"]
     _, record, owed = _stored(hermes_home)
     assert (record, owed) == (None, 0)
+
+
+async def test_every_message_of_a_cut_stream_is_cleared_before_the_next_turn(
+    run: Run, hermes_home: Path
+) -> None:
+    chats = EditingChats()
+    await chats.post(telegram_dm(CHAT), "the first ")
+    await chats.post(telegram_dm(CHAT), "half of")
+    _leave_stream(hermes_home, None, messages=2)
+    await run(StreamingAgent(["a new answer"]), chats, _say)
+    assert chats.texts(CHAT) == [INTERRUPTED_NOTE, CUT_PART, "a new answer"]
+
+
+async def test_a_stored_reply_spanning_messages_is_edited_into_them_after_a_restart(
+    run: Run, hermes_home: Path
+) -> None:
+    chats = EditingChats(message_limit=12)
+    await chats.post(telegram_dm(CHAT), "0123456789")
+    await chats.post(telegram_dm(CHAT), "abc")
+    _leave_stream(hermes_home, "0123456789abcdefghij", messages=2)
+
+    async def idle(gateway: Gateway) -> None:
+        return None
+
+    await run(StreamingAgent([]), chats, idle)
+    texts = chats.texts(CHAT)
+    assert [text.strip() for text in texts[:2]] == ["0123456789", "abcdefghij"]
+    assert "".join(texts[2:]).strip() == RECOVERED_NOTE  # past the limit: a message of its own
+    assert all(len(text) <= 12 for text in texts[:2])
 
 
 class _Chunks(Agent):

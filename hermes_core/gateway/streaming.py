@@ -10,8 +10,9 @@ metadata in the same commit. After a crash:
 
 - the reply was stored (its ledger row is owed): the messages are edited into it, the last one
   marked as recovered (the boot sweep or the reconnect sends it, :func:`render`);
-- it was not: the lane's next turn (its resume, or the next message) first edits the last
-  message to say the reply was interrupted (:data:`INTERRUPTED_NOTE`), then runs.
+- it was not: the lane's next turn (its resume, or the next message) first edits the first
+  message to say the reply was interrupted (:data:`INTERRUPTED_NOTE`) and the others to
+  :data:`CUT_PART`, then runs.
 
 Text that could still become a silence marker is held back (SPEC §7.6): a reply that ends as
 silence posts nothing, and its silence notice goes out as a plain reply.
@@ -32,8 +33,8 @@ from hermes_core.turns.crashpoints import crash_point
 from hermes_core.turns.ledger import SendResult, could_become_silent
 
 __all__ = [
-    "INTERRUPTED_NOTE", "RECOVERED_NOTE", "STREAM_METADATA", "Commit", "Layout", "Streamer",
-    "render",
+    "CUT_PART", "INTERRUPTED_NOTE", "RECOVERED_NOTE", "STREAM_METADATA", "Commit", "Layout",
+    "Streamer", "render",
 ]  # fmt: skip
 
 logger = logging.getLogger(__name__)
@@ -42,7 +43,10 @@ STREAM_METADATA = "streamed_reply"
 """The lane metadata naming the messages of a streamed reply under way (a :class:`Layout`)."""
 
 INTERRUPTED_NOTE = "⚠️ This reply was interrupted when the gateway restarted; the turn runs again."
-"""What the last message of a cut stream is edited to say (its partial text is not kept)."""
+"""What the first message of a cut stream is edited to say (its partial text is not kept)."""
+
+CUT_PART = "…"
+"""What the later messages of a cut stream are edited to (a message cannot be empty)."""
 
 RECOVERED_NOTE = "♻️ Completed after the gateway restarted."
 """The line added under a streamed reply finished by the recovery rather than by its turn."""

@@ -15,6 +15,7 @@ from hermes_core.domain.models import SessionSource
 from hermes_core.gateway.agents import Adapter, EditingAdapter, TypingAdapter
 from hermes_core.gateway.lanes import Lane
 from hermes_core.gateway.streaming import (
+    CUT_PART,
     INTERRUPTED_NOTE,
     STREAM_METADATA,
     Commit,
@@ -71,11 +72,8 @@ class Streams:
         if left is not None:
             if await asyncio.to_thread(self._owes, turn.key):
                 return None  # its delivery edits those messages: this turn must not
-            if left.messages and isinstance(adapter, EditingAdapter):
-                message_id = left.messages[-1][0]
-                result = await adapter.edit(source, message_id, INTERRUPTED_NOTE)
-                if not result.ok:
-                    logger.warning("a cut streamed reply could not be marked: %s", result.error)
+            if isinstance(adapter, EditingAdapter):
+                await _mark_cut(adapter, source, left)
             await self.forget(turn.key)
         if not self._settings.enabled or not isinstance(adapter, EditingAdapter):
             return None
@@ -121,6 +119,16 @@ class Streams:
                 indicator.cancel()  # the reply is in the chat now
 
         return await streamer.consume(outcome, waiting)
+
+
+async def _mark_cut(adapter: EditingAdapter, source: SessionSource, left: Layout) -> None:
+    """Edit a cut stream's messages: the first says the reply was interrupted, the others are
+    emptied (to :data:`CUT_PART`), so that none of its text stands beside the new reply."""
+    for index, (message_id, _) in enumerate(left.messages):
+        text = INTERRUPTED_NOTE if index == 0 else CUT_PART
+        result = await adapter.edit(source, message_id, text)
+        if not result.ok:
+            logger.warning("a cut streamed reply could not be marked: %s", result.error)
 
 
 async def _keep_typing(adapter: TypingAdapter, source: SessionSource) -> None:
