@@ -24,7 +24,9 @@ if TYPE_CHECKING:
 PROG = "hermes-sessions"
 EXIT_ERROR = 2
 MAX_ERROR_CHARS = 2000  # the longest error line (values are cut by errors.shown already)
-COMMAND_MODULES = ("keying", "browse", "lanes", "doctor", "migrate", "console", "serving")
+COMMAND_MODULES = (
+    "keying", "browse", "lanes", "doctor", "migrate", "importing", "console", "serving",
+)  # fmt: skip
 """The modules of :mod:`hermes_core.cli` that register the commands, in help order."""
 
 Handler = Callable[[argparse.Namespace, "GatewayConfig"], int]

@@ -7,9 +7,12 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from hermes_core.store.backend import DeadLetter, Obligation
+
+if TYPE_CHECKING:
+    from hermes_core.store.bulk import ImportCounts, ImportedLane
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,3 +123,8 @@ class OperatorBackend(Protocol):
 
     def table_digest(self, name: str) -> TableDigest:
         """Record count and checksum of a kind."""
+
+    def import_lanes(self, lanes: Sequence[ImportedLane]) -> ImportCounts:
+        """Write each lane whose key is not routed and whose session does not exist (entry,
+        session row, messages in order), in one transaction; a session's parent is kept only
+        when it is an existing session of the same lane."""

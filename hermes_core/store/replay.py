@@ -152,7 +152,7 @@ class ReplayReport:
     """(file name, reason) of files left in place; some may have been imported in part."""
 
 
-def _read_from(path: Path, offset: int) -> bytes:
+def read_from(path: Path, offset: int) -> bytes:
     """The bytes of regular file ``path`` from ``offset`` on, without following a symlink."""
     fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0))
     with os.fdopen(fd, "rb") as handle:
@@ -229,7 +229,7 @@ class _Replay:
                 self.skip(name, "it is not a regular file")
                 return
             offset = _stored_offset(self.target, session_id)
-            data = _read_from(path, offset)
+            data = read_from(path, offset)
         except (OSError, ValueError) as exc:
             self.skip(name, f"cannot be replayed: {exc}")
             return

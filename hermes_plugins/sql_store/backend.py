@@ -31,7 +31,9 @@ from hermes_core.store.backend import (
     SessionRow,
     StoredKeys,
 )
+from hermes_core.store.bulk import ImportCounts, ImportedLane
 from hermes_core.store.operator import RecordKinds, TableDigest
+from hermes_plugins.sql_store.bulk import BulkRows
 from hermes_plugins.sql_store.connection import SqlConnection
 from hermes_plugins.sql_store.counts import CountRows
 from hermes_plugins.sql_store.leases import LeaseRows
@@ -79,6 +81,7 @@ class SqlBackend:
         self._wakeups = WakeupRows(conn)
         self._rekey = RekeyRows(conn)
         self._operator = OperatorRows(conn)
+        self._bulk = BulkRows(conn)
 
     # -- StoreBackend -----------------------------------------------------------------------------
 
@@ -374,6 +377,9 @@ class SqlBackend:
 
     def table_digest(self, name: str) -> TableDigest:
         return self._operator.table_digest(name)
+
+    def import_lanes(self, lanes: Sequence[ImportedLane]) -> ImportCounts:
+        return self._bulk.import_lanes(lanes)
 
 
 if TYPE_CHECKING:
