@@ -446,6 +446,19 @@ async def scale(big_home: Path, small_home: Path, turns: int, big: int) -> tuple
     1,000 lanes of the same store and of a store of 1,000 lanes."""
     populate(big_home, big, history=2, with_history=big)
     populate(small_home, SMALL_SESSIONS, history=2, with_history=SMALL_SESSIONS)
+    return await cold_lanes(big_home, small_home, turns, big)
+
+
+async def cold_lanes(
+    big_home: Path,
+    small_home: Path,
+    turns: int,
+    big: int,
+    urls: tuple[str | None, str | None] = (None, None),
+) -> tuple[Figure, ...]:
+    """The measurements of :func:`scale` on stores filled already, whose lanes are those of
+    ``bench_store.populate`` (lane ``i`` keyed by ``lane_key(i)``, on session
+    ``populated_session_id(i)``); ``urls``: the two stores' URLs (None: SQLite in the home)."""
     draw = random.Random(7).sample(range(big), big)
     warm, sample = draw[:SMALL_SESSIONS], draw[SMALL_SESSIONS:]
     if turns > len(sample):
@@ -454,7 +467,7 @@ async def scale(big_home: Path, small_home: Path, turns: int, big: int) -> tuple
     many = Figure(f"{big:,} lanes: each turn a lane of all {big:,}")
     same = Figure(f"{big:,} lanes: turns over 1,000 of them")
     few = Figure("1,000 lanes: turns over all 1,000")
-    runs = [Run(big_home, None), Run(small_home, None)]
+    runs = [Run(big_home, urls[0]), Run(small_home, urls[1])]
     for run in runs:
         await run.gateway.start()
     try:
