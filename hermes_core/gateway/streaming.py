@@ -196,10 +196,9 @@ class Streamer:
             self.text += str(chunk)
             if self._failed or could_become_silent(self.text):
                 continue
-            now = time.monotonic()
-            if self.layout is None or now - shown_at >= self._interval:
+            if self.layout is None or time.monotonic() - shown_at >= self._interval:
                 await self._show(clean_text(self.text))
-                shown_at = now
+                shown_at = time.monotonic()  # the next edit waits a whole interval after it
         await _close(iterator)
         return self.text
 
