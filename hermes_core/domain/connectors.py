@@ -26,6 +26,7 @@ from hermes_core.domain.models import MessageEvent
 
 if TYPE_CHECKING:
     from hermes_core.config.schema import GatewayConfig
+    from hermes_core.domain.specs import ReadContext
     from hermes_core.gateway.agents import Adapter
 
 Settings = TypeVar("Settings", bound=BaseModel)
@@ -140,6 +141,9 @@ class ConnectorContext:
     """Where secrets are read: the configuration names variables, never holds their values."""
     read_event: Callable[[Mapping[str, Any]], MessageEvent | None]
     """The platform's reader (``hermes_core.read_event`` for this platform and plugins)."""
+    read_in_context: Callable[[Mapping[str, Any], ReadContext], MessageEvent | None] | None = None
+    """The same reader given a :class:`~hermes_core.domain.specs.ReadContext` (a connector's
+    cache of the platform's chats); None when the host gives none."""
 
     def settings_as(self, model: type[Settings]) -> Settings:
         """The section validated by ``model`` (which should ignore unknown keys: the host's);

@@ -18,13 +18,15 @@ import logging
 import socket
 import sys
 from collections.abc import Iterator, Mapping, Sequence
-from typing import TextIO
+from typing import Any, TextIO
 
 import uvicorn
 
 from hermes_core.config.schema import GatewayConfig
 from hermes_core.domain.connectors import Connector, ConnectorContext
 from hermes_core.domain.errors import ConfigError
+from hermes_core.domain.models import MessageEvent
+from hermes_core.domain.specs import ReadContext
 from hermes_core.gateway.agent_loading import LoadedAgent
 from hermes_core.gateway.runtime import Gateway
 from hermes_core.plugins.events import read_event
@@ -74,9 +76,16 @@ def build_connectors(
         context = ConnectorContext(
             platform=name, settings=config.platforms[name].model_extra or {}, config=config,
             environ=environ, read_event=functools.partial(read_event, name, plugins=plugins),
+            read_in_context=functools.partial(_read_in_context, name, plugins),
         )  # fmt: skip
         connectors.append(spec.build(context))
     return connectors
+
+
+def _read_in_context(
+    platform: str, plugins: HermesPluginManager, payload: Mapping[str, Any], context: ReadContext
+) -> MessageEvent | None:
+    return read_event(platform, payload, context=context, plugins=plugins)
 
 
 def _bind(config: GatewayConfig) -> socket.socket:
