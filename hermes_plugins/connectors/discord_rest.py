@@ -89,7 +89,7 @@ class DiscordRest:
         self._bucket_of: dict[str, str] = {}
         """Route (ids blanked) → the bucket Discord named for it."""
         self._buckets: dict[str, _Bucket] = {}
-        """``<bucket>:<major parameter>`` → what is left of it."""
+        """:meth:`_key` → what is left of the bucket."""
         self._global_until = 0.0
 
     async def call(
@@ -114,7 +114,7 @@ class DiscordRest:
     async def _wait(self, route: str, major: str) -> None:
         """Wait for the global limit and the route's bucket, or raise when that is too long."""
         now = time.monotonic()
-        bucket = self._buckets.get(f"{self._bucket_of.get(route)}:{major}")
+        bucket = self._buckets.get(self._key(route, major))
         until = self._global_until
         if bucket is not None and bucket.remaining <= 0:
             until = max(until, bucket.reset_at)
@@ -134,12 +134,17 @@ class DiscordRest:
         reset = retry_after(response.headers.get("x-ratelimit-reset-after"))
         if name is None or remaining is None or reset is None:
             return
-        self._bucket_of[route] = name
         try:
             left = int(remaining)
         except ValueError:
             return
-        self._buckets[f"{name}:{major}"] = _Bucket(left, time.monotonic() + reset)
+        self._bucket_of[route] = name
+        self._buckets[self._key(route, major)] = _Bucket(left, time.monotonic() + reset)
+
+    def _key(self, route: str, major: str) -> str:
+        """A bucket's key: the bucket Discord named for the route (the route itself until it
+        named one) and the major parameter."""
+        return f"{self._bucket_of.get(route, route)}:{major}"
 
     def _limited(self, route: str, major: str, response: httpx.Response) -> float:
         """The wait a 429 asks for; a global one holds every call until then."""
@@ -155,8 +160,7 @@ class DiscordRest:
         if body.get("global") or response.headers.get("x-ratelimit-global", "").lower() == "true":
             self._global_until = max(self._global_until, until)
         else:
-            name = self._bucket_of.get(route, route)
-            self._buckets[f"{name}:{major}"] = _Bucket(0, until)
+            self._buckets[self._key(route, major)] = _Bucket(0, until)
         return wait
 
     async def close(self) -> None:
