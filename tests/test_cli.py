@@ -20,7 +20,7 @@ from hermes_core.domain.models import SessionSource
 from hermes_core.plugins.manager import create_plugin_manager
 
 BUILTINS = ["platforms", "telegram", "discord", "slack", "whatsapp"]
-CONNECTING = {"telegram", "slack", "whatsapp"}
+CONNECTING = {"telegram", "discord", "slack", "whatsapp"}
 """The built-in platform plugins that also provide a connector."""
 GROUP = "-1002285219667"
 README_EXAMPLE = [

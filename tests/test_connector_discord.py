@@ -149,6 +149,7 @@ async def test_reconnect_asked_by_discord_resumes(
     assert len(discord.answers_to(asked)) == 1
 
 
+@pytest.mark.slow
 async def test_an_invalid_session_identifies_again_and_reads_back_what_it_missed(
     hermes_home: Path, fake: tuple[FakeDiscord, str]
 ) -> None:
@@ -246,6 +247,7 @@ async def test_a_global_429_holds_every_route(fake: tuple[FakeDiscord, str]) -> 
     assert discord.typing == [CHANNEL]
 
 
+@pytest.mark.slow
 async def test_an_exhausted_bucket_is_waited_for_before_sending(
     fake: tuple[FakeDiscord, str],
 ) -> None:
