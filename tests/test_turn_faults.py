@@ -102,6 +102,10 @@ async def test_a_turn_that_cannot_be_stored_is_refused_and_raised(
         await gateway.handle_message(event)
     assert adapter.texts() == [REFUSED_NOT_SAVED]
     assert _transcript(gateway.store) == []
+    for _ in range(3):  # delivered again during the outage: refused, the sender told once
+        with pytest.raises(MessageNotStoredError):
+            await gateway.handle_message(event)
+    assert adapter.texts() == [REFUSED_NOT_SAVED]
     await gateway.handle_message(_event("other lane", chat="2"))  # other lanes go on
     await gateway.idle()
     monkeypatch.setattr(pipeline, "begin", begin)

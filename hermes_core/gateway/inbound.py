@@ -41,6 +41,9 @@ from hermes_core.turns.queue import EnqueueResult, SeenMessages, TurnQueue
 
 logger = logging.getLogger(__name__)
 
+REFUSED_MEMORY_SECS = 3600.0
+"""How long a refused platform message is remembered as told (its redeliveries go unanswered)."""
+
 SEEN_MESSAGES = 10_000
 """How many (lane, platform message id) pairs are kept in memory in front of the store's
 durable redelivery check; as many lanes keep their acknowledgement rate limit."""
@@ -68,6 +71,11 @@ class Admission:
         self._phase = phase
         self._seen = seen
         self._acked: TTLCache[str, bool] = TTLCache(maxsize=SEEN_MESSAGES, ttl=ACK_INTERVAL_SECS)
+        self._refused: TTLCache[tuple[str, str, str], bool] = TTLCache(
+            maxsize=SEEN_MESSAGES, ttl=REFUSED_MEMORY_SECS
+        )
+        """Platform messages whose sender was told they were not saved: a platform delivering
+        one again during the same outage is refused without telling the sender again."""
 
     async def accept(self, key: str, event: MessageEvent) -> None:
         """Start the event's turn on an idle lane of a connected platform, else queue it (a
@@ -116,8 +124,12 @@ class Admission:
     async def _not_stored(self, event: MessageEvent, cause: BaseException | None) -> NoReturn:
         """Tell the sender their message was not saved, then raise for the adapter."""
         logger.error("an inbound message could not be stored: %s", cause)
-        if not event.internal:
-            await self._platforms.reply(event.source, REFUSED_NOT_SAVED)
+        source = event.source
+        told = (source.platform, source.chat_id, event.message_id) if event.message_id else None
+        if not event.internal and (told is None or told not in self._refused):
+            if told is not None:
+                self._refused[told] = True
+            await self._platforms.reply(source, REFUSED_NOT_SAVED)
         raise MessageNotStoredError(
             "the message could not be stored; leave it unacknowledged so that the platform "
             f"delivers it again ({cause})"
