@@ -1,8 +1,9 @@
 """A fake Telegram Bot API (a Starlette app; serve it with ``LoopbackServer``) for the connector
 tests: ``getMe``, ``getWebhookInfo``, ``setWebhook``, ``getUpdates`` with real long polling and
-Telegram's offset rule, ``answerCallbackQuery``, and ``sendMessage``, which records what it
-received and can be told to refuse (429 with ``retry_after``, 403, entities it cannot parse, a
-group chat that became a supergroup)."""
+Telegram's offset rule, ``answerCallbackQuery``, ``sendMessage``, which records what it received
+and can be told to refuse (429 with ``retry_after``, 403, entities it cannot parse, a group chat
+that became a supergroup), ``editMessageText``, which replaces a sent message's text (and
+answers "message is not modified" for the text it has), and ``sendChatAction``, recorded."""
 
 from __future__ import annotations
 
@@ -35,6 +36,7 @@ class Sent:
     reply_to: int | None
     text: str
     parse_mode: str | None
+    message_id: int = 0
 
 
 @dataclass
@@ -51,7 +53,8 @@ class FakeTelegram:
     webhook: dict[str, Any] = field(default_factory=dict)
     """What ``setWebhook`` was given (``url``, ``secret_token``, ...)."""
     refused: deque[tuple[int, str, dict[str, Any]]] = field(default_factory=deque)
-    """Answers of the next ``sendMessage`` calls: (status, description, parameters)."""
+    """Answers of the next ``sendMessage`` and ``editMessageText`` calls: (status,
+    description, parameters)."""
     refuse_entities: bool = False
     """Whether a ``sendMessage`` with a ``parse_mode`` is refused as unparsable."""
     migrated: dict[str, int] = field(default_factory=dict)
@@ -60,6 +63,14 @@ class FakeTelegram:
     """The ``callback_query_id`` of every ``answerCallbackQuery``."""
     attempts: int = 0
     """Every ``sendMessage`` received, refused ones included."""
+    texts_now: dict[int, str] = field(default_factory=dict)
+    """Each sent message's text now (after its edits), by message id."""
+    edits: list[tuple[int, str]] = field(default_factory=list)
+    """Every ``editMessageText`` that changed a message: (message id, its new text)."""
+    unchanged_edits: int = 0
+    """``editMessageText`` calls refused as "message is not modified"."""
+    actions: list[tuple[str, str | None, str]] = field(default_factory=list)
+    """Every ``sendChatAction``: (chat id, message thread id, action)."""
     _ids: itertools.count[int] = field(default_factory=lambda: itertools.count(100))
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -71,7 +82,7 @@ class FakeTelegram:
         return update_id
 
     def refuse_next(self, status: int, description: str, **parameters: Any) -> None:
-        """Answer the next ``sendMessage`` with this error (once)."""
+        """Answer the next ``sendMessage`` or ``editMessageText`` with this error (once)."""
         self.refused.append((status, description, parameters))
 
     def texts(self) -> list[str]:
@@ -99,6 +110,14 @@ class FakeTelegram:
             return _ok(True)
         if method == "sendMessage":
             return self._send_message(params)
+        if method == "editMessageText":
+            return self._edit_message_text(params)
+        if method == "sendChatAction":
+            thread = params.get("message_thread_id")
+            action = (str(params.get("chat_id")), None if thread is None else str(thread),
+                      str(params.get("action")))  # fmt: skip
+            self.actions.append(action)
+            return _ok(True)
         return _error(404, "Not Found: method not found")
 
     async def _get_updates(self, params: dict[str, Any]) -> JSONResponse:
@@ -137,16 +156,39 @@ class FakeTelegram:
             return _error(400, "Bad Request: message is too long")
         thread = params.get("message_thread_id")
         reply = params.get("reply_parameters") or {}
-        sent = Sent(
-            chat_id=str(params.get("chat_id")),
-            thread_id=str(thread) if thread is not None else None,
-            reply_to=reply.get("message_id"),
-            text=text,
-            parse_mode=params.get("parse_mode"),
-        )
         with self._lock:
-            self.sent.append(sent)
             message_id = next(self._ids)
+            self.sent.append(Sent(
+                chat_id=str(params.get("chat_id")),
+                thread_id=str(thread) if thread is not None else None,
+                reply_to=reply.get("message_id"),
+                text=text,
+                parse_mode=params.get("parse_mode"),
+                message_id=message_id,
+            ))  # fmt: skip
+            self.texts_now[message_id] = text
+        return _ok({"message_id": message_id, "chat": {"id": params.get("chat_id")}, "text": text})
+
+    def _edit_message_text(self, params: dict[str, Any]) -> JSONResponse:
+        with self._lock:
+            if self.refused:
+                status, description, parameters = self.refused.popleft()
+                return _error(status, description, parameters)
+        text = str(params.get("text", ""))
+        message_id = params.get("message_id")
+        if not isinstance(message_id, int) or message_id not in self.texts_now:
+            return _error(400, "Bad Request: message to edit not found")
+        if self.refuse_entities and params.get("parse_mode"):
+            return _error(400, "Bad Request: can't parse entities: Can't find end of the entity")
+        if not text or utf16_len(text) > 4096:
+            return _error(400, "Bad Request: MESSAGE_TOO_LONG")
+        with self._lock:
+            if self.texts_now[message_id] == text:
+                self.unchanged_edits += 1
+                return _error(400, "Bad Request: message is not modified: specified new message "
+                              "content and reply markup are exactly the same")  # fmt: skip
+            self.texts_now[message_id] = text
+            self.edits.append((message_id, text))
         return _ok({"message_id": message_id, "chat": {"id": params.get("chat_id")}, "text": text})
 
 
