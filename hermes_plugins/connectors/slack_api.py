@@ -1,5 +1,5 @@
-"""Slack's Web API for the Slack connector: ``chat.postMessage`` as the gateway's adapter, and
-``auth.test`` to check the bot token at start.
+"""Slack's Web API for the Slack connector: ``chat.postMessage`` (and ``chat.update`` for a
+streamed reply) as the gateway's adapter, and ``auth.test`` to check the bot token at start.
 
 Slack answers most refusals with HTTP 200 and ``{"ok": false, "error": "<code>"}``; the codes
 map to the ledger's failure kinds here. A reply is cut at :data:`MESSAGE_LIMIT` characters (as
@@ -17,6 +17,7 @@ import httpx
 from hermes_core.domain.errors import ConfigError
 from hermes_core.domain.models import SessionSource
 from hermes_core.domain.splitting import split_reply
+from hermes_core.gateway.agents import Posted
 from hermes_core.turns.ledger import SendResult
 from hermes_plugins.connectors.base import (
     PartSender,
@@ -55,9 +56,9 @@ def _sent_length(text: str) -> int:
 
 
 def split_message(text: str, limit: int = MESSAGE_LIMIT) -> list[str]:
-    """``text`` cut into escaped parts of at most ``limit`` characters each (cut before
+    """``text`` cut into parts of at most ``limit`` characters each once escaped (cut before
     escaping, so an entity is never cut in two)."""
-    return [escape_mrkdwn(part) for part in split_reply(text, limit, measure=_sent_length)]
+    return split_reply(text, limit, measure=_sent_length)
 
 
 def _answer(response: httpx.Response) -> dict[str, Any]:
@@ -70,7 +71,8 @@ def _answer(response: httpx.Response) -> dict[str, Any]:
 
 
 def post_failure(response: httpx.Response) -> SendResult | None:
-    """What a ``chat.postMessage`` answer means for the ledger; None when the message arrived."""
+    """What a ``chat.postMessage`` (or ``chat.update``) answer means for the ledger; None when
+    the message arrived."""
     wait = retry_after(response.headers.get("retry-after"))
     if response.status_code != 200:
         return http_failure(response.status_code, f"HTTP {response.status_code}", wait)
@@ -87,9 +89,12 @@ def post_failure(response: httpx.Response) -> SendResult | None:
 
 class SlackAdapter:
     """Sends replies with ``chat.postMessage``: into the lane's thread (``thread_ts``) when it
-    is one, else into the channel, in parts of :data:`MESSAGE_LIMIT` characters."""
+    is one, else into the channel, in parts of :data:`MESSAGE_LIMIT` characters; edits a
+    streamed reply's messages with ``chat.update``. Slack shows no typing indicator for a bot
+    of the Events API, so this adapter has none."""
 
     platform = "slack"
+    message_limit = MESSAGE_LIMIT
 
     def __init__(self, api_base: str, token: str) -> None:
         self._api_base = api_base.rstrip("/")
@@ -133,28 +138,49 @@ class SlackAdapter:
         if client is not None:
             await client.aclose()
 
+    def measure(self, text: str) -> int:
+        """The length of ``text`` once escaped, what Slack counts against the limit."""
+        return _sent_length(text)
+
     async def send(
         self, source: SessionSource, text: str, *, reply_to: str | None = None
     ) -> SendResult:
-        async def post(part: str, index: int) -> SendResult:
-            return await self._post(source, part)
+        async def send_part(part: str, index: int) -> SendResult:
+            return (await self.post(source, part)).result
 
-        return await self._parts.send(source, text, post)
+        return await self._parts.send(source, text, send_part)
 
-    async def _post(self, source: SessionSource, text: str) -> SendResult:
-        """One ``chat.postMessage`` call."""
-        client = self._client
-        if client is None:
-            return SendResult(ok=False, failure_kind="disconnected", error="not connected")
-        body: dict[str, Any] = {"channel": source.chat_id, "text": text}
+    async def post(
+        self, source: SessionSource, text: str, *, reply_to: str | None = None
+    ) -> Posted:
+        """One ``chat.postMessage`` of ``text`` (escaped, not split) into the lane's thread
+        when it is one; the message's ``ts`` is its id. Slack replies in threads, not to
+        messages: ``reply_to`` is not used."""
+        body: dict[str, Any] = {"channel": source.chat_id, "text": escape_mrkdwn(text)}
         if source.thread_id:
             body["thread_ts"] = source.thread_id
+        result, answer = await self._call("chat.postMessage", body)
+        ts = answer.get("ts")
+        return Posted(result, ts if result.ok and isinstance(ts, str) else None)
+
+    async def edit(self, source: SessionSource, message_id: str, text: str) -> SendResult:
+        """``chat.update`` of the message whose ``ts`` is ``message_id`` to ``text``
+        (escaped)."""
+        body = {"channel": source.chat_id, "ts": message_id, "text": escape_mrkdwn(text)}
+        return (await self._call("chat.update", body))[0]
+
+    async def _call(self, method: str, body: dict[str, Any]) -> tuple[SendResult, dict[str, Any]]:
+        """One Web API call sending a message's text: what it means for the ledger, and
+        Slack's answer."""
+        client = self._client
+        if client is None:
+            return SendResult(ok=False, failure_kind="disconnected", error="not connected"), {}
         try:
-            response = await client.post(f"{self._api_base}/chat.postMessage", json=body)
+            response = await client.post(f"{self._api_base}/{method}", json=body)
         except httpx.HTTPError as exc:
-            return transport_failure(exc)
+            return transport_failure(exc), {}
         failure = post_failure(response)
         if failure is not None:
-            logger.warning("slack refused a message to %s: %s", source.chat_id, failure.error)
-            return failure
-        return SendResult(ok=True)
+            logger.warning("slack refused %s to %s: %s", method, body["channel"], failure.error)
+            return failure, {}
+        return SendResult(ok=True), _answer(response)

@@ -1,8 +1,10 @@
-"""A fake Slack for the connector tests: the Web API's ``auth.test`` and ``chat.postMessage``
-(a Starlette app to serve with :class:`~support.loopback.LoopbackServer`), and Slack's side of
-the Events API: event bodies and the headers Slack signs them with (or forged, or old ones).
+"""A fake Slack for the connector tests: the Web API's ``auth.test``, ``chat.postMessage`` and
+``chat.update`` (a Starlette app to serve with :class:`~support.loopback.LoopbackServer`), and
+Slack's side of the Events API: event bodies and the headers Slack signs them with (or forged,
+or old ones).
 
-The fake keeps what ``chat.postMessage`` received (channel, thread_ts, text) and answers from a
+The fake keeps what ``chat.postMessage`` received (channel, thread_ts, text, under a new ``ts``),
+replaces a message's text on ``chat.update`` (and records the update), and answers from a
 script: ``fail_next`` queues answers (a 429 with ``Retry-After``, an ``ok: false`` error) for the
 next calls before it delivers again.
 """
@@ -27,13 +29,15 @@ SECRET = "8f742231b10e8888abcd99yyyzzz85a5"
 TEAM = "T0FAKE"
 
 
-@dataclass(frozen=True)
+@dataclass
 class Posted:
-    """One message that ``chat.postMessage`` accepted."""
+    """One message that ``chat.postMessage`` accepted; ``text`` is its text now (after the
+    updates)."""
 
     channel: str
     thread_ts: str | None
     text: str
+    ts: str = ""
 
 
 @dataclass(frozen=True)
@@ -54,6 +58,9 @@ class FakeSlack:
     calls: list[tuple[str, float]] = field(default_factory=list)
     """Every Web API call: (method, monotonic time)."""
     script: list[Failure] = field(default_factory=list)
+    """Answers of the next ``chat.postMessage`` and ``chat.update`` calls."""
+    updates: list[tuple[str, str, str]] = field(default_factory=list)
+    """Every ``chat.update`` accepted: (channel, ts, text)."""
     auth_error: str | None = None
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -63,6 +70,7 @@ class FakeSlack:
             routes=[
                 Route("/api/auth.test", self._auth_test, methods=["POST"]),
                 Route("/api/chat.postMessage", self._post_message, methods=["POST"]),
+                Route("/api/chat.update", self._update, methods=["POST"]),
             ]
         )
 
@@ -71,7 +79,8 @@ class FakeSlack:
         return [message.text for message in self.posted]
 
     def fail_next(self, *failures: Failure) -> None:
-        """Answer the next ``chat.postMessage`` calls with ``failures``, in order."""
+        """Answer the next ``chat.postMessage`` or ``chat.update`` calls with ``failures``, in
+        order."""
         with self._lock:
             self.script.extend(failures)
 
@@ -84,13 +93,13 @@ class FakeSlack:
             return JSONResponse({"ok": False, "error": self.auth_error or "invalid_auth"})
         return JSONResponse({"ok": True, "user": "hermes", "team": "Fake Team", "team_id": TEAM})
 
-    async def _post_message(self, request: Request) -> JSONResponse:
-        self.calls.append(("chat.postMessage", time.monotonic()))
+    async def _refusal(self, request: Request, method: str) -> JSONResponse | None:
+        """The answer refusing a message call (its auth, its body, the script), if any."""
+        self.calls.append((method, time.monotonic()))
         if not self._authorised(request):
             return JSONResponse({"ok": False, "error": "not_authed"})
         if request.headers.get("content-type", "").split(";")[0] != "application/json":
             return JSONResponse({"ok": False, "error": "invalid_form_data"})
-        body = await request.json()
         with self._lock:
             failure = self.script.pop(0) if self.script else None
         if failure is not None:
@@ -100,10 +109,36 @@ class FakeSlack:
             return JSONResponse(
                 {"ok": False, "error": failure.error}, status_code=failure.status, headers=headers
             )
+        return None
+
+    async def _post_message(self, request: Request) -> JSONResponse:
+        refusal = await self._refusal(request, "chat.postMessage")
+        if refusal is not None:
+            return refusal
+        body = await request.json()
         if not body.get("channel") or not body.get("text"):
             return JSONResponse({"ok": False, "error": "no_text"})
-        self.posted.append(Posted(body["channel"], body.get("thread_ts"), body["text"]))
-        return JSONResponse({"ok": True, "channel": body["channel"], "ts": f"{time.time():.6f}"})
+        with self._lock:
+            ts = f"{time.time():.0f}.{len(self.posted):06d}"
+            self.posted.append(Posted(body["channel"], body.get("thread_ts"), body["text"], ts))
+        return JSONResponse({"ok": True, "channel": body["channel"], "ts": ts})
+
+    async def _update(self, request: Request) -> JSONResponse:
+        refusal = await self._refusal(request, "chat.update")
+        if refusal is not None:
+            return refusal
+        body = await request.json()
+        if not body.get("text"):
+            return JSONResponse({"ok": False, "error": "no_text"})
+        with self._lock:
+            found = [
+                m for m in self.posted if (m.channel, m.ts) == (body.get("channel"), body.get("ts"))
+            ]
+            if not found:
+                return JSONResponse({"ok": False, "error": "message_not_found"})
+            found[0].text = body["text"]
+            self.updates.append((body["channel"], body["ts"], body["text"]))
+        return JSONResponse({"ok": True, "channel": body["channel"], "ts": body["ts"]})
 
 
 def message_event(
