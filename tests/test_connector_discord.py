@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import sqlite3
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager
@@ -15,11 +16,24 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from support.fake_discord import CHANNEL, DM, THREAD, TOKEN, FakeDiscord, Limit, running
+from support.fake_discord import (
+    CHANNEL,
+    CHANNELS,
+    DM,
+    GUILD,
+    THREAD,
+    TOKEN,
+    USER,
+    FakeDiscord,
+    Limit,
+    running,
+)
+from support.streaming import StreamingAgent
 
 from hermes_core import ConfigError, GatewayConfig, SessionSource
-from hermes_core.gateway.agents import EchoAgent, EditingAdapter, TypingAdapter
+from hermes_core.gateway.agents import Agent, EchoAgent, EditingAdapter, TypingAdapter
 from hermes_core.gateway.runtime import Gateway
+from hermes_core.gateway.texts import REFUSED_NOT_SAVED
 from hermes_core.serve.runner import build_connectors
 from hermes_core.testing import fresh_plugin_manager
 from hermes_plugins.connectors.discord import DiscordConnector
@@ -35,10 +49,12 @@ def fake() -> Iterator[tuple[FakeDiscord, str]]:
         yield served
 
 
-def _config(home: Path, fake: FakeDiscord, api: str, **section: Any) -> GatewayConfig:
-    settings = {"enabled": True, "api_base": api, "gateway_url": fake.ws_url, **section}
+def _config(
+    home: Path, fake: FakeDiscord, api: str, settings: dict[str, Any] | None = None, **section: Any
+) -> GatewayConfig:
+    discord = {"enabled": True, "api_base": api, "gateway_url": fake.ws_url, **section}
     return GatewayConfig.from_dict(
-        {"platforms": {"discord": settings}}, environ={"HERMES_HOME": str(home)}
+        {"platforms": {"discord": discord}, **(settings or {})}, environ={"HERMES_HOME": str(home)}
     )
 
 
@@ -56,13 +72,18 @@ class Running:
 
 @asynccontextmanager
 async def serving(
-    home: Path, fake: FakeDiscord, api: str, **section: Any
+    home: Path,
+    fake: FakeDiscord,
+    api: str,
+    agent: Callable[[], Agent] = EchoAgent,
+    settings: dict[str, Any] | None = None,
 ) -> AsyncIterator[Running]:
-    """The gateway and the Discord connector as ``serve`` builds them."""
-    config = _config(home, fake, api, **section)
+    """The gateway and the Discord connector as ``serve`` builds them (``settings``: more
+    sections of the configuration)."""
+    config = _config(home, fake, api, settings)
     connector = _connector(home, config)
     plugins = fresh_plugin_manager(home)
-    gateway = Gateway(config, plugins, lambda entry: EchoAgent(), [connector.adapter])
+    gateway = Gateway(config, plugins, lambda entry: agent(), [connector.adapter])
     async with gateway:
         await connector.start(gateway)
         try:
@@ -201,6 +222,63 @@ def test_unknown_intents_are_refused_by_name(hermes_home: Path) -> None:
         _connector(hermes_home, _config(hermes_home, fake, "http://x", intents=["GUILDS", "NOPE"]))
     numeric = _connector(hermes_home, _config(hermes_home, fake, "http://x", intents=513))
     assert numeric.settings.intent_bits() == 513
+
+
+async def test_a_streamed_reply_is_one_message_edited_in_place(
+    hermes_home: Path, fake: tuple[FakeDiscord, str]
+) -> None:
+    discord, api = fake
+    chunks = ["Streaming ", "into ", "Discord, ", "edited in place."]
+    streaming = {"streaming": {"edit_interval_secs": 0.1}}
+    async with serving(hermes_home, discord, api, lambda: StreamingAgent(chunks, pause=0.25),
+                       streaming):  # fmt: skip
+        asked = discord.say("stream to me")
+        await _until(lambda: discord.history[CHANNEL][-1]["content"] == "".join(chunks))
+        await asyncio.sleep(0.5)
+    (reply,) = discord.posted
+    assert (reply.channel, reply.reply_to) == (CHANNEL, asked)
+    assert len(discord.edits) >= 2
+    assert {(channel, message) for channel, message, _ in discord.edits} == {(CHANNEL, reply.id)}
+    assert discord.edits[-1][2] == "".join(chunks)
+    assert CHANNEL in discord.typing
+
+
+async def test_an_interaction_is_stored_then_acknowledged(
+    hermes_home: Path, fake: tuple[FakeDiscord, str]
+) -> None:
+    discord, api = fake
+    async with serving(hermes_home, discord, api):
+        discord.dispatch("INTERACTION_CREATE", {
+            "id": "900000000000000777", "application_id": "900000000000000098", "type": 2,
+            "token": "interaction-token", "guild_id": GUILD, "channel_id": CHANNEL,
+            "channel": CHANNELS[CHANNEL], "member": {"user": USER},
+            "data": {"name": "ask", "options": [{"type": 3, "name": "q", "value": "what is due"}]},
+        })  # fmt: skip
+        await _settle(discord, 1)
+    assert discord.callbacks == [("900000000000000777", {"type": 5})]
+    assert discord.texts == ["echo: /ask what is due"]
+
+
+async def test_a_message_the_store_cannot_take_is_read_back_once_it_can(
+    hermes_home: Path, fake: tuple[FakeDiscord, str]
+) -> None:
+    discord, api = fake
+    storage = {"storage": {"sqlite_busy_timeout_secs": 0.3}}
+    async with serving(hermes_home, discord, api, settings=storage) as bot:
+        holder = sqlite3.connect(hermes_home / "state.db", isolation_level=None)
+        holder.execute("BEGIN IMMEDIATE")  # another process holds the database
+        try:
+            asked = discord.say("is the disk back")
+            await _until(lambda: REFUSED_NOT_SAVED in discord.texts)
+            assert int(bot.connector.seen.channels()[CHANNEL]) < int(asked)
+        finally:
+            holder.execute("ROLLBACK")
+            holder.close()
+        await _until(lambda: "echo: is the disk back" in discord.texts)
+        await asyncio.sleep(0.5)
+        assert int(bot.connector.seen.channels()[CHANNEL]) >= int(asked)
+    assert discord.texts.count("echo: is the disk back") == 1
+    assert len(discord.answers_to(asked)) == 1
 
 
 # -- the adapter over REST ------------------------------------------------------------------
