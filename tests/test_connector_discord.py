@@ -216,6 +216,30 @@ async def test_a_refused_token_or_intent_is_a_config_error(
     assert len(discord.identifies) == 2  # one each: no retry loop
 
 
+async def test_the_gateway_is_found_with_get_gateway_bot_which_checks_the_token(
+    hermes_home: Path, fake: tuple[FakeDiscord, str]
+) -> None:
+    discord, api = fake
+    config = _config(hermes_home, discord, api, gateway_url=None)
+    plugins = fresh_plugin_manager(hermes_home)
+    (refused,) = build_connectors(config, plugins, {"DISCORD_BOT_TOKEN": "not.the.token"})
+    gateway = Gateway(config, plugins, lambda entry: EchoAgent(), [refused.adapter])
+    with pytest.raises(ConfigError, match=r"platforms\.discord\.token_env"):
+        await refused.start(gateway)
+    assert discord.identifies == []
+    connector = _connector(hermes_home, config)
+    gateway = Gateway(config, plugins, lambda entry: EchoAgent(), [connector.adapter])
+    async with gateway:
+        await connector.start(gateway)
+        try:
+            asked = discord.say("found you")
+            await _settle(discord, 1)
+        finally:
+            await connector.stop()
+    assert len(discord.answers_to(asked)) == 1
+    assert [call for call, _ in discord.calls].count("GET /api/v10/gateway/bot") == 2
+
+
 def test_unknown_intents_are_refused_by_name(hermes_home: Path) -> None:
     fake = FakeDiscord(ws_url="ws://127.0.0.1:9")
     with pytest.raises(ConfigError, match="intents"):

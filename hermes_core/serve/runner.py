@@ -85,6 +85,7 @@ def build_connectors(
 def _read_in_context(
     platform: str, plugins: HermesPluginManager, payload: Mapping[str, Any], context: ReadContext
 ) -> MessageEvent | None:
+    """``read_event`` with the connector's ``ReadContext`` (its cache of the platform's chats)."""
     return read_event(platform, payload, context=context, plugins=plugins)
 
 

@@ -196,7 +196,8 @@ class DiscordAdapter:
     rest: DiscordRest
     platform: str = "discord"
     connected: bool = False
-    """Set by the connector once Discord accepted the token, cleared when it stops."""
+    """Set by the connector when it starts; it stays set after ``stop`` (REST needs no
+    gateway session: a drain's replies still leave)."""
     message_limit: int = MESSAGE_LIMIT
     typing_interval_secs: float = TYPING_INTERVAL_SECS
     _parts: PartSender = field(default_factory=lambda: PartSender(_split))
