@@ -171,6 +171,22 @@ async def test_reconnect_asked_by_discord_resumes(
 
 
 @pytest.mark.slow
+async def test_close_codes_decide_between_resuming_and_a_new_session(
+    hermes_home: Path, fake: tuple[FakeDiscord, str]
+) -> None:
+    discord, api = fake
+    async with serving(hermes_home, discord, api):
+        discord.close(4000)  # an unknown error: resume
+        await _until(lambda: len(discord.resumes) == 1)
+        discord.close(4009)  # the session timed out: identify again
+        await _until(lambda: len(discord.identifies) == 2)
+        asked = discord.say("still here")
+        await _settle(discord, 1)
+    assert len(discord.resumes) == 1
+    assert len(discord.answers_to(asked)) == 1
+
+
+@pytest.mark.slow
 async def test_an_invalid_session_identifies_again_and_reads_back_what_it_missed(
     hermes_home: Path, fake: tuple[FakeDiscord, str]
 ) -> None:

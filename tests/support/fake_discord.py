@@ -129,6 +129,12 @@ class FakeDiscord:
         if live is not None and self._loop is not None:
             self._loop.call_soon_threadsafe(live[0].transport.abort)
 
+    def close(self, code: int) -> None:
+        """Close the connection with ``code`` (4000: resume; 4009: the session timed out)."""
+        live, self._live = self._live, None
+        if live is not None and self._loop is not None:
+            asyncio.run_coroutine_threadsafe(live[0].close(code), self._loop)
+
     def reconnect(self) -> None:
         """Ask the client to reconnect (op 7)."""
         self._send({"op": 7, "d": None})
