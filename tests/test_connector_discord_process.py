@@ -81,7 +81,7 @@ def test_a_kill_between_storing_and_remembering_is_read_back_and_answered_once(
     killed = ServeChild(hermes_home, config, ENVIRON, crash_at="connector_before_ack")
     killed.wait_serving()
     asked = discord.say("stored, then killed")
-    assert killed.child.wait(60) == -signal.SIGKILL
+    assert killed.wait() == -signal.SIGKILL, killed.output()
     assert int(_last_seen(hermes_home)[CHANNEL]) < int(asked)  # not remembered as handed over
     restarted = ServeChild(hermes_home, config, ENVIRON)
     try:

@@ -5,13 +5,9 @@ unavailable the offset does not move, and the update is answered once the store 
 
 from __future__ import annotations
 
-import os
 import signal
-import subprocess
-import sys
-import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -19,6 +15,7 @@ import pytest
 import yaml
 from support.fake_telegram import TOKEN, FakeTelegram, message_update
 from support.loopback import LoopbackServer
+from support.serve_child import WAIT_SECS, ServeChild
 from support.tcp_proxy import proxied
 
 from hermes_core.turns.crashpoints import CONNECTOR_CRASH_POINTS
@@ -27,7 +24,7 @@ pytestmark = pytest.mark.slow
 
 CRASH_POINT = "connector_before_ack"
 SECRET = "process-test-secret"
-WAIT_SECS = 60.0
+ENVIRON = {"TELEGRAM_BOT_TOKEN": TOKEN, "TELEGRAM_WEBHOOK_SECRET": SECRET}
 TERMINATE_OTHERS = (
     "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
     "WHERE datname = current_database() AND pid <> pg_backend_pid()"
@@ -39,51 +36,6 @@ def fake() -> Iterator[tuple[FakeTelegram, str]]:
     state = FakeTelegram()
     with LoopbackServer(state.app()) as server:
         yield state, server.url
-
-
-class Served:
-    """A ``serve`` child process; its standard output is collected by a thread."""
-
-    def __init__(self, home: Path, config: Path, crash_at: str | None = None) -> None:
-        environ = {**os.environ, "HERMES_HOME": str(home), "TELEGRAM_BOT_TOKEN": TOKEN,
-                   "TELEGRAM_WEBHOOK_SECRET": SECRET}  # fmt: skip
-        environ.pop("HERMES_CRASH_AT", None)
-        if crash_at:
-            environ["HERMES_CRASH_AT"] = crash_at
-        self.child = subprocess.Popen(
-            [sys.executable, "-m", "hermes_core", "serve", "--config", str(config)],
-            env=environ, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-        )  # fmt: skip
-        self.lines: list[str] = []
-        threading.Thread(target=self._read, daemon=True).start()
-
-    def _read(self) -> None:
-        assert self.child.stdout is not None
-        for line in self.child.stdout:
-            self.lines.append(line.rstrip("\n"))
-
-    def output(self) -> str:
-        return "\n".join(self.lines)
-
-    def wait_serving(self) -> str:
-        """The app's URL, once it serves."""
-        until(lambda: any(line.startswith("serving on ") for line in self.lines), self)
-        line = next(line for line in self.lines if line.startswith("serving on "))
-        return line.removeprefix("serving on ")
-
-    def stop(self) -> int:
-        """SIGTERM, then the exit status (the drain finished: 0)."""
-        self.child.send_signal(signal.SIGTERM)
-        return self.child.wait(WAIT_SECS)
-
-
-def until(condition: Callable[[], bool], served: Served, secs: float = WAIT_SECS) -> None:
-    deadline = time.monotonic() + secs
-    while not condition():
-        if served.child.poll() is not None and not condition():
-            raise AssertionError(f"serve exited ({served.child.returncode}):\n{served.output()}")
-        assert time.monotonic() < deadline, f"timed out; serve said:\n{served.output()}"
-        time.sleep(0.05)
 
 
 def _write_config(home: Path, api: str, storage: str | None = None, mode: str = "polling") -> Path:
@@ -107,13 +59,13 @@ def test_killed_before_the_offset_moved_the_update_is_answered_once_after_a_rest
     state, url = fake
     config = _write_config(hermes_home, url)
     update = state.queue(message_update(42, "hello", message_id=5))
-    crashed = Served(hermes_home, config, crash_at=CRASH_POINT)
-    assert crashed.child.wait(WAIT_SECS) == -signal.SIGKILL, crashed.output()
+    crashed = ServeChild(hermes_home, config, ENVIRON, crash_at=CRASH_POINT)
+    assert crashed.wait() == -signal.SIGKILL, crashed.output()
     assert [u["update_id"] for u in state.pending] == [update]  # never confirmed
     assert all(offset is None or offset <= update for offset in state.offsets)
-    served = Served(hermes_home, config)
+    served = ServeChild(hermes_home, config, ENVIRON)
     served.wait_serving()
-    until(lambda: len(state.sent) >= 1 and not state.pending, served)
+    served.until(lambda: len(state.sent) >= 1 and not state.pending)
     time.sleep(1.5)  # a second answer would come now
     assert served.stop() == 0, served.output()
     assert len(state.sent) == 1, state.texts()
@@ -129,16 +81,16 @@ def test_killed_before_the_webhook_answered_the_update_is_answered_once_after_a_
     config = _write_config(hermes_home, url, mode="webhook")
     update = {"update_id": 7, **message_update(42, "hooked", message_id=5)}
     headers = {"X-Telegram-Bot-Api-Secret-Token": SECRET}
-    crashed = Served(hermes_home, config, crash_at=CRASH_POINT)
+    crashed = ServeChild(hermes_home, config, ENVIRON, crash_at=CRASH_POINT)
     app = crashed.wait_serving()
     with pytest.raises(httpx.TransportError):  # killed before answering: Telegram tries again
         httpx.post(f"{app}/telegram", json=update, headers=headers, timeout=WAIT_SECS)
-    assert crashed.child.wait(WAIT_SECS) == -signal.SIGKILL, crashed.output()
-    served = Served(hermes_home, config)
+    assert crashed.wait() == -signal.SIGKILL, crashed.output()
+    served = ServeChild(hermes_home, config, ENVIRON)
     app = served.wait_serving()
     answer = httpx.post(f"{app}/telegram", json=update, headers=headers, timeout=WAIT_SECS)
     assert answer.status_code == 200
-    until(lambda: len(state.sent) >= 1, served)
+    served.until(lambda: len(state.sent) >= 1)
     time.sleep(1.5)  # a second answer would come now
     assert served.stop() == 0, served.output()
     assert len(state.sent) == 1, state.texts()
@@ -152,20 +104,20 @@ def test_while_the_store_is_unavailable_the_offset_stays_and_the_update_is_answe
     state, url = fake
     with proxied(empty_database) as database:
         config = _write_config(hermes_home, url, storage=database.url)
-        served = Served(hermes_home, config)
+        served = ServeChild(hermes_home, config, ENVIRON)
         served.wait_serving()
         state.queue(message_update(42, "before", message_id=1))
-        until(lambda: "echo: before" in state.texts(), served)
+        served.until(lambda: "echo: before" in state.texts())
         database.down = True
         _admin_sql(empty_database, TERMINATE_OTHERS)
         polls = len(state.offsets)
         during = state.queue(message_update(42, "during", message_id=2))
-        until(lambda: len(state.offsets) >= polls + 4, served)  # refused, fetched again
+        served.until(lambda: len(state.offsets) >= polls + 4)  # refused, fetched again
         assert all(offset is None or offset <= during for offset in state.offsets)
         assert "echo: during" not in state.texts()
         database.down = False
-        until(lambda: "echo: during" in state.texts(), served)
-        until(lambda: (state.offsets[-1] or 0) > during, served)
+        served.until(lambda: "echo: during" in state.texts())
+        served.until(lambda: (state.offsets[-1] or 0) > during)
         assert served.stop() == 0, served.output()
     assert state.texts().count("echo: during") == 1
     assert served.output().count(f"update {during} not stored") == 1  # logged once
