@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from support.connector_gateway import build_one, connector_serving, until
 from support.fake_discord import (
     CHANNEL,
     CHANNELS,
@@ -59,9 +60,7 @@ def _config(
 
 
 def _connector(home: Path, config: GatewayConfig) -> DiscordConnector:
-    (connector,) = build_connectors(config, fresh_plugin_manager(home), SECRETS)
-    assert isinstance(connector, DiscordConnector)
-    return connector
+    return build_one(config, fresh_plugin_manager(home), SECRETS, DiscordConnector)
 
 
 @dataclass
@@ -82,26 +81,13 @@ async def serving(
     sections of the configuration)."""
     config = _config(home, fake, api, settings)
     connector = _connector(home, config)
-    plugins = fresh_plugin_manager(home)
-    gateway = Gateway(config, plugins, lambda entry: agent(), [connector.adapter])
-    async with gateway:
-        await connector.start(gateway)
-        try:
-            yield Running(connector, gateway)
-        finally:
-            await connector.stop()
-
-
-async def _until(check: Callable[[], bool], timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        assert time.monotonic() < deadline, "timed out"
-        await asyncio.sleep(0.02)
+    async with connector_serving(config, fresh_plugin_manager(home), connector, agent) as gateway:
+        yield Running(connector, gateway)
 
 
 async def _settle(fake: FakeDiscord, answers: int) -> None:
     """Wait for ``answers`` replies, then a moment more for any that must not come."""
-    await _until(lambda: len(fake.posted) >= answers)
+    await until(lambda: len(fake.posted) >= answers)
     await asyncio.sleep(0.5)
 
 
@@ -146,7 +132,7 @@ async def test_a_dropped_connection_resumes_and_replays_what_was_dispatched_mean
     discord, api = fake
     async with serving(hermes_home, discord, api):
         first = discord.say("before the drop")
-        await _until(lambda: len(discord.posted) == 1)
+        await until(lambda: len(discord.posted) == 1)
         discord.drop()
         meanwhile = [discord.say("while down 1"), discord.say("while down 2")]
         await _settle(discord, 3)
@@ -163,7 +149,7 @@ async def test_reconnect_asked_by_discord_resumes(
     discord, api = fake
     async with serving(hermes_home, discord, api):
         discord.reconnect()
-        await _until(lambda: len(discord.resumes) == 1)
+        await until(lambda: len(discord.resumes) == 1)
         asked = discord.say("after the reconnect")
         await _settle(discord, 1)
     assert len(discord.identifies) == 1
@@ -177,9 +163,9 @@ async def test_close_codes_decide_between_resuming_and_a_new_session(
     discord, api = fake
     async with serving(hermes_home, discord, api):
         discord.close(4000)  # an unknown error: resume
-        await _until(lambda: len(discord.resumes) == 1)
+        await until(lambda: len(discord.resumes) == 1)
         discord.close(4009)  # the session timed out: identify again
-        await _until(lambda: len(discord.identifies) == 2)
+        await until(lambda: len(discord.identifies) == 2)
         asked = discord.say("still here")
         await _settle(discord, 1)
     assert len(discord.resumes) == 1
@@ -193,10 +179,10 @@ async def test_an_invalid_session_identifies_again_and_reads_back_what_it_missed
     discord, api = fake
     async with serving(hermes_home, discord, api):
         first = discord.say("before")
-        await _until(lambda: len(discord.posted) == 1)
+        await until(lambda: len(discord.posted) == 1)
         discord.invalidate(resumable=False)
         missed = discord.say("never dispatched", dispatch=False)  # lost with the session
-        await _until(lambda: len(discord.identifies) == 2, timeout=15.0)
+        await until(lambda: len(discord.identifies) == 2, secs=15.0)
         await _settle(discord, 2)
     assert discord.resumes == []
     assert len(discord.answers_to(first)) == 1
@@ -210,7 +196,7 @@ async def test_a_connection_without_heartbeat_acks_is_closed_and_resumed(
     discord, api = fake
     async with serving(hermes_home, discord, api):
         discord.ack = False
-        await _until(lambda: len(discord.resumes) >= 1, timeout=15.0)
+        await until(lambda: len(discord.resumes) >= 1, secs=15.0)
         discord.ack = True
         asked = discord.say("after the zombie")
         await _settle(discord, 1)
@@ -273,7 +259,7 @@ async def test_a_streamed_reply_is_one_message_edited_in_place(
     async with serving(hermes_home, discord, api, lambda: StreamingAgent(chunks, pause=0.25),
                        streaming):  # fmt: skip
         asked = discord.say("stream to me")
-        await _until(lambda: discord.history[CHANNEL][-1]["content"] == "".join(chunks))
+        await until(lambda: discord.history[CHANNEL][-1]["content"] == "".join(chunks))
         await asyncio.sleep(0.5)
     (reply,) = discord.posted
     assert (reply.channel, reply.reply_to) == (CHANNEL, asked)
@@ -309,12 +295,12 @@ async def test_a_message_the_store_cannot_take_is_read_back_once_it_can(
         holder.execute("BEGIN IMMEDIATE")  # another process holds the database
         try:
             asked = discord.say("is the disk back")
-            await _until(lambda: REFUSED_NOT_SAVED in discord.texts)
+            await until(lambda: REFUSED_NOT_SAVED in discord.texts)
             assert int(bot.connector.seen.channels()[CHANNEL]) < int(asked)
         finally:
             holder.execute("ROLLBACK")
             holder.close()
-        await _until(lambda: "echo: is the disk back" in discord.texts)
+        await until(lambda: "echo: is the disk back" in discord.texts)
         await asyncio.sleep(0.5)
         assert int(bot.connector.seen.channels()[CHANNEL]) >= int(asked)
     assert discord.texts.count("echo: is the disk back") == 1
@@ -355,7 +341,7 @@ async def test_a_global_429_holds_every_route(fake: tuple[FakeDiscord, str]) -> 
     async with adapter(api) as discord_adapter:
         discord.limit_next(Limit(0.6, global_=True))
         posting = asyncio.create_task(discord_adapter.send(SOURCE, "first"))
-        await _until(lambda: len(discord.calls) == 1)
+        await until(lambda: len(discord.calls) == 1)
         await asyncio.sleep(0.1)  # the 429 arrived
         started = time.monotonic()
         await discord_adapter.typing(SOURCE)  # another route, held by the global limit
@@ -417,7 +403,7 @@ async def test_the_last_seen_file_follows_what_was_stored(
     discord, api = fake
     async with serving(hermes_home, discord, api) as bot:
         asked = discord.say("remember me")
-        await _until(lambda: len(discord.posted) == 1)
+        await until(lambda: len(discord.posted) == 1)
         state = bot.connector.seen.path
     assert state == hermes_home / "discord" / "last_seen.json"
     seen = json.loads(state.read_text(encoding="utf-8"))

@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import sqlite3
 import time
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,6 +17,7 @@ from urllib.parse import urlencode
 import httpx
 import pytest
 import yaml
+from support.connector_gateway import app_served, build_one, connector_serving, until
 from support.fake_slack import (
     SECRET,
     TOKEN,
@@ -26,15 +27,13 @@ from support.fake_slack import (
     message_event,
     signed_headers,
 )
-from support.loopback import LoopbackServer, served_here
+from support.loopback import LoopbackServer
 
 from hermes_core import ConfigError, ConnectorContext, GatewayConfig, read_event
 from hermes_core.domain.connectors import WebRequest
 from hermes_core.gateway.agents import EchoAgent
 from hermes_core.gateway.runtime import Gateway
 from hermes_core.gateway.texts import REFUSED_NOT_SAVED
-from hermes_core.serve.app import build_app
-from hermes_core.serve.runner import build_connectors
 from hermes_core.testing import fresh_plugin_manager
 from hermes_plugins.connectors.slack import SlackConnector, SlackSettings, build
 from hermes_plugins.connectors.slack_api import MESSAGE_LIMIT, escape_mrkdwn, post_failure
@@ -89,24 +88,13 @@ async def running(
         environ={"HERMES_HOME": str(home)},
     )
     plugins = fresh_plugin_manager(home)
-    (connector,) = build_connectors(config, plugins, SECRETS)
-    assert isinstance(connector, SlackConnector)
-    gateway = Gateway(config, plugins, lambda entry: EchoAgent(think), [connector.adapter])
-    app = build_app(gateway, [connector], config)
-    async with gateway:
-        await connector.start(gateway)
-        try:
-            async with served_here(app) as url, httpx.AsyncClient(base_url=url) as client:
-                yield Running(connector, gateway, client)
-        finally:
-            await connector.stop()
-
-
-async def _until(check: Callable[[], bool], timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        assert time.monotonic() < deadline, "timed out"
-        await asyncio.sleep(0.02)
+    connector = build_one(config, plugins, SECRETS, SlackConnector)
+    async with (
+        connector_serving(config, plugins, connector, lambda: EchoAgent(think)) as gateway,
+        app_served(gateway, connector, config) as url,
+        httpx.AsyncClient(base_url=url) as client,
+    ):
+        yield Running(connector, gateway, client)
 
 
 async def test_a_channel_message_is_answered_in_the_channel(
@@ -115,7 +103,7 @@ async def test_a_channel_message_is_answered_in_the_channel(
     slack, api = fake
     async with running(hermes_home, api) as bot:
         assert await bot.deliver(message_event("hello", "1700000000.000100")) == (200, b"stored")
-        await _until(lambda: len(slack.posted) == 1)
+        await until(lambda: len(slack.posted) == 1)
         reply = slack.posted[0]
         assert (reply.channel, reply.thread_ts, reply.text) == ("C0GENERAL", None, "echo: hello")
         assert "as @hermes in Fake Team" in bot.connector.status()
@@ -130,7 +118,7 @@ async def test_slack_is_answered_before_the_turn_runs(
         assert await bot.deliver(message_event("slow one", "1700000000.000150")) == (200, b"stored")
         assert time.monotonic() - started < 1.0
         assert slack.posted == []
-        await _until(lambda: len(slack.posted) == 1)
+        await until(lambda: len(slack.posted) == 1)
     assert slack.texts == ["echo: slow one"]
 
 
@@ -141,7 +129,7 @@ async def test_a_thread_message_is_answered_in_its_thread(
     async with running(hermes_home, api) as bot:
         event = message_event("in thread", "1700000050.000200", thread_ts="1700000000.000100")
         assert (await bot.deliver(event))[0] == 200
-        await _until(lambda: len(slack.posted) == 1)
+        await until(lambda: len(slack.posted) == 1)
         assert slack.posted[0].thread_ts == "1700000000.000100"
         assert slack.posted[0].text == "echo: [U0ANA] in thread"  # a shared lane: sender named
 
@@ -191,7 +179,7 @@ async def test_a_redelivery_is_answered_once(
     async with running(hermes_home, api) as bot:
         assert (await bot.deliver(event))[0] == 200
         assert (await bot.deliver(event, retry=1))[0] == 200
-        await _until(lambda: len(slack.posted) >= 1)
+        await until(lambda: len(slack.posted) >= 1)
         await bot.gateway.idle()
         await asyncio.sleep(0.3)
         assert slack.texts == ["echo: only once"]
@@ -205,7 +193,7 @@ async def test_a_long_reply_is_split_and_escaped(
     text = sentence * 400  # 9,200 characters, 13,200 once escaped: four messages
     async with running(hermes_home, api) as bot:
         assert (await bot.deliver(message_event(text, "1700000000.000500")))[0] == 200
-        await _until(lambda: len(slack.posted) == 4)
+        await until(lambda: len(slack.posted) == 4)
         await bot.gateway.idle()
     assert all(len(part) <= MESSAGE_LIMIT for part in slack.texts)
     assert " ".join(slack.texts) == escape_mrkdwn(f"echo: {text}".strip())
@@ -219,7 +207,7 @@ async def test_mrkdwn_control_characters_are_escaped(
     slack, api = fake
     async with running(hermes_home, api) as bot:
         await bot.deliver(message_event("<!channel> Q&A <https://x.test|here>", "1700000000.0006"))
-        await _until(lambda: len(slack.posted) == 1)
+        await until(lambda: len(slack.posted) == 1)
     assert slack.texts == ["echo: &lt;!channel&gt; Q&amp;A &lt;https://x.test|here&gt;"]
 
 
@@ -230,7 +218,7 @@ async def test_a_rate_limit_is_waited_out_and_the_reply_delivered_once(
     slack.fail_next(Failure("ratelimited", status=429, retry_after=1))
     async with running(hermes_home, api) as bot:
         await bot.deliver(message_event("busy day", "1700000000.000700"))
-        await _until(lambda: len(slack.posted) == 1, timeout=15)
+        await until(lambda: len(slack.posted) == 1, secs=15)
         await bot.gateway.idle()
         await asyncio.sleep(0.3)
     posts = [at for method, at in slack.calls if method == "chat.postMessage"]
@@ -247,7 +235,7 @@ async def test_a_permanent_refusal_is_not_sent_again(
     slack.fail_next(Failure("channel_not_found"))
     async with running(hermes_home, api) as bot:
         await bot.deliver(message_event("anyone?", "1700000000.000800"))
-        await _until(lambda: any(method == "chat.postMessage" for method, _ in slack.calls))
+        await until(lambda: any(method == "chat.postMessage" for method, _ in slack.calls))
         await bot.gateway.idle()
         await asyncio.sleep(1.5)
     assert [method for method, _ in slack.calls].count("chat.postMessage") == 1
@@ -267,7 +255,7 @@ async def test_a_slash_command_is_acknowledged_empty_and_answered_in_its_channel
         content_type = "application/x-www-form-urlencoded"
         headers = signed_headers(body, content_type=content_type)
         assert await bot.post(body, headers) == (200, b"")
-        await _until(lambda: len(slack.posted) == 1)
+        await until(lambda: len(slack.posted) == 1)
     assert slack.posted[0].channel == "C0GENERAL"
     assert slack.texts == ["echo: /ask what is due"]
 
@@ -287,7 +275,7 @@ async def test_an_event_the_store_cannot_take_gets_a_5xx_and_is_answered_when_re
             holder.execute("ROLLBACK")
             holder.close()
         assert (await bot.deliver(event, retry=1))[0] == 200  # Slack delivers it again
-        await _until(lambda: "echo: are you there" in slack.texts)
+        await until(lambda: "echo: are you there" in slack.texts)
         await bot.gateway.idle()
         await asyncio.sleep(0.2)
     assert slack.texts == [REFUSED_NOT_SAVED, "echo: are you there"]

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from support.connector_gateway import app_served, build_one, connector_serving
 from support.fake_slack import (
     SECRET,
     TOKEN,
@@ -20,13 +21,11 @@ from support.fake_slack import (
     message_event,
     signed_headers,
 )
-from support.loopback import LoopbackServer, served_here
+from support.loopback import LoopbackServer
 from support.streaming import StreamingAgent
 
 from hermes_core import EditingAdapter, GatewayConfig, SessionSource, TypingAdapter
 from hermes_core.gateway.runtime import Gateway
-from hermes_core.serve.app import build_app
-from hermes_core.serve.runner import build_connectors
 from hermes_core.testing import fresh_plugin_manager
 from hermes_core.turns.ledger import SILENCE_NOTICE
 from hermes_plugins.connectors.slack import SlackConnector
@@ -55,17 +54,13 @@ async def running(
         environ={"HERMES_HOME": str(home)},
     )  # fmt: skip
     plugins = fresh_plugin_manager(home)
-    (connector,) = build_connectors(config, plugins, SECRETS)
-    assert isinstance(connector, SlackConnector)
-    gateway = Gateway(config, plugins, lambda entry: agent, [connector.adapter])
-    app = build_app(gateway, [connector], config)
-    async with gateway:
-        await connector.start(gateway)
-        try:
-            async with served_here(app) as url, httpx.AsyncClient(base_url=url) as client:
-                yield connector, client, gateway
-        finally:
-            await connector.stop()
+    connector = build_one(config, plugins, SECRETS, SlackConnector)
+    async with (
+        connector_serving(config, plugins, connector, lambda: agent) as gateway,
+        app_served(gateway, connector, config) as url,
+        httpx.AsyncClient(base_url=url) as client,
+    ):
+        yield connector, client, gateway
 
 
 async def _converse(home: Path, api: str, agent: StreamingAgent) -> None:

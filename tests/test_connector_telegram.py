@@ -11,35 +11,33 @@ import json
 import re
 import socket
 import time
-from collections.abc import AsyncIterator, Callable, Iterator
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Iterator
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 import yaml
+from support.connector_gateway import LongAgent, app_served, build_one, connector_serving, until
 from support.fake_telegram import BOT_USERNAME, TOKEN, FakeTelegram, message_update
-from support.loopback import LoopbackServer, served_here
+from support.loopback import LoopbackServer
 
 from hermes_core import (
-    ConnectorContext,
+    Agent,
     EchoAgent,
     Gateway,
     GatewayConfig,
+    HermesPluginManager,
     MessageEvent,
     SessionSource,
-    TurnRequest,
     create_plugin_manager,
-    read_event,
 )
 from hermes_core.domain.errors import ConfigError, MessageNotStoredError
 from hermes_core.domain.splitting import utf16_len
-from hermes_core.serve.app import build_app
 from hermes_plugins.connectors.telegram import ALLOWED_UPDATES, TelegramConnector
 
 SECRET = "s3cret_token-for-tests"
-WAIT_SECS = 10.0
 
 
 @pytest.fixture
@@ -60,50 +58,23 @@ def _config(home: Path, api: str, public_url: str | None = None, **section: Any)
     )
 
 
+def _plugins(config: GatewayConfig) -> HermesPluginManager:
+    return create_plugin_manager(config, load_entrypoints=False, strict=True)
+
+
 def _build(config: GatewayConfig, **environ: str) -> TelegramConnector:
-    """The connector as the registered spec builds it."""
-    plugins = create_plugin_manager(config, load_entrypoints=False, strict=True)
-    context = ConnectorContext(
-        platform="telegram", settings=config.platforms["telegram"].model_extra or {},
-        config=config, environ={"TELEGRAM_BOT_TOKEN": TOKEN, **environ},
-        read_event=lambda payload: read_event("telegram", payload, plugins=plugins),
-    )  # fmt: skip
-    connector = plugins.connectors()["telegram"].build(context)
-    assert isinstance(connector, TelegramConnector)
-    return connector
+    """The connector as ``serve`` builds it."""
+    secrets = {"TELEGRAM_BOT_TOKEN": TOKEN, **environ}
+    return build_one(config, _plugins(config), secrets, TelegramConnector)
 
 
-class LongAgent(EchoAgent):
-    """Answers with ``text``, whatever it heard."""
-
-    def __init__(self, text: str) -> None:
-        super().__init__()
-        self.text = text
-
-    async def run_turn(self, request: TurnRequest) -> str | None:
-        return self.text
-
-
-@asynccontextmanager
-async def serving(
-    config: GatewayConfig, connector: TelegramConnector, agent: EchoAgent | None = None
-) -> AsyncIterator[Gateway]:
-    """A started gateway with the connector started into it."""
-    plugins = create_plugin_manager(config, load_entrypoints=False, strict=True)
-    chosen = agent or EchoAgent()
-    async with Gateway(config, plugins, lambda entry: chosen, [connector.adapter]) as gateway:
-        await connector.start(gateway)
-        try:
-            yield gateway
-        finally:
-            await connector.stop()
-
-
-async def until(condition: Callable[[], bool], secs: float = WAIT_SECS) -> None:
-    deadline = time.monotonic() + secs
-    while not condition():
-        assert time.monotonic() < deadline, "timed out"
-        await asyncio.sleep(0.02)
+def serving(
+    config: GatewayConfig, connector: TelegramConnector, agent: Agent | None = None
+) -> AbstractAsyncContextManager[Gateway]:
+    """A started gateway with the connector started into it (one ``agent`` for every session,
+    else the echo agent)."""
+    factory = EchoAgent if agent is None else lambda: agent
+    return connector_serving(config, _plugins(config), connector, factory)
 
 
 # -- long polling -------------------------------------------------------------------------------
@@ -362,10 +333,8 @@ async def webhook_app(
 ) -> AsyncIterator[tuple[Gateway, str]]:
     """The gateway with the connector started, and the URL of its webhook route served by the
     HTTP app over real HTTP."""
-    async with serving(config, connector) as gateway:
-        app = build_app(gateway, [connector], config)
-        async with served_here(app) as url:
-            yield gateway, url + connector.settings.webhook_path
+    async with serving(config, connector) as gateway, app_served(gateway, connector, config) as url:
+        yield gateway, url + connector.settings.webhook_path
 
 
 async def _post(url: str, body: bytes, secret: str | None) -> httpx.Response:

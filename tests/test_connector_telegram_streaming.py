@@ -6,20 +6,18 @@ posting only the silence notice, ``typing`` while the agent thinks, and the adap
 
 from __future__ import annotations
 
-import asyncio
-import time
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 
 import pytest
+from support.connector_gateway import build_one, connector_serving, until
 from support.fake_telegram import TOKEN, FakeTelegram, message_update
 from support.loopback import LoopbackServer
 from support.streaming import StreamingAgent
 
 from hermes_core import (
     Agent,
-    ConnectorContext,
     EditingAdapter,
     Gateway,
     GatewayConfig,
@@ -27,14 +25,11 @@ from hermes_core import (
     TurnRequest,
     TypingAdapter,
     create_plugin_manager,
-    read_event,
 )
 from hermes_core.domain.splitting import utf16_len
 from hermes_core.turns.ledger import SILENCE_NOTICE
 from hermes_plugins.connectors.telegram import TelegramConnector
 from hermes_plugins.connectors.telegram_api import BotApi, TelegramAdapter
-
-WAIT_SECS = 10.0
 
 
 @pytest.fixture
@@ -54,26 +49,9 @@ async def serving(home: Path, url: str, agent: Agent) -> AsyncIterator[Gateway]:
         environ={"HERMES_HOME": str(home)},
     )  # fmt: skip
     plugins = create_plugin_manager(config, load_entrypoints=False, strict=True)
-    context = ConnectorContext(
-        platform="telegram", settings=config.platforms["telegram"].model_extra or {},
-        config=config, environ={"TELEGRAM_BOT_TOKEN": TOKEN},
-        read_event=lambda payload: read_event("telegram", payload, plugins=plugins),
-    )  # fmt: skip
-    connector = plugins.connectors()["telegram"].build(context)
-    assert isinstance(connector, TelegramConnector)
-    async with Gateway(config, plugins, lambda entry: agent, [connector.adapter]) as gateway:
-        await connector.start(gateway)
-        try:
-            yield gateway
-        finally:
-            await connector.stop()
-
-
-async def until(condition: Callable[[], bool], secs: float = WAIT_SECS) -> None:
-    deadline = time.monotonic() + secs
-    while not condition():
-        assert time.monotonic() < deadline, "timed out"
-        await asyncio.sleep(0.02)
+    connector = build_one(config, plugins, {"TELEGRAM_BOT_TOKEN": TOKEN}, TelegramConnector)
+    async with connector_serving(config, plugins, connector, lambda: agent) as gateway:
+        yield gateway
 
 
 async def _converse(home: Path, url: str, state: FakeTelegram, agent: Agent) -> None:

@@ -13,6 +13,7 @@ from typing import Any
 
 import httpx
 import pytest
+from support.connector_gateway import app_served, build_one, connector_serving
 from support.fake_whatsapp import (
     APP_SECRET,
     ENVIRON,
@@ -24,7 +25,7 @@ from support.fake_whatsapp import (
     text_message,
     webhook_body,
 )
-from support.loopback import LoopbackServer, served_here
+from support.loopback import LoopbackServer
 
 from hermes_core import (
     ConfigError,
@@ -37,8 +38,6 @@ from hermes_core import (
 )
 from hermes_core.domain.errors import StoreError
 from hermes_core.gateway.texts import REFUSED_NOT_SAVED
-from hermes_core.serve.app import build_app
-from hermes_core.serve.runner import build_connectors
 from hermes_core.testing import fresh_plugin_manager
 from hermes_core.turns.pipeline import Turn
 from hermes_plugins.connectors.whatsapp import MAX_TEXT, WhatsAppConnector, cloud_failure
@@ -78,9 +77,7 @@ def _config(
 def _connector(config: GatewayConfig, environ: dict[str, str] | None = None) -> WhatsAppConnector:
     """The connector ``serve`` builds for ``config``."""
     plugins = fresh_plugin_manager(config.hermes_home)
-    (connector,) = build_connectors(config, plugins, ENVIRON if environ is None else environ)
-    assert isinstance(connector, WhatsAppConnector)
-    return connector
+    return build_one(config, plugins, ENVIRON if environ is None else environ, WhatsAppConnector)
 
 
 class Served:
@@ -119,15 +116,11 @@ async def serving(
     ledger = LedgerStates()
     plugins = fresh_plugin_manager(home)
     plugins.register(ledger, name="ledger_states")
-    gateway = Gateway(config, plugins, lambda entry: EchoAgent(), [connector.adapter])
-    app = build_app(gateway, [connector], config)
-    async with gateway:
-        await connector.start(gateway)
-        try:
-            async with served_here(app) as base:
-                yield Served(connector, gateway, ledger, base)
-        finally:
-            await connector.stop()
+    async with (
+        connector_serving(config, plugins, connector) as gateway,
+        app_served(gateway, connector, config) as base,
+    ):
+        yield Served(connector, gateway, ledger, base)
 
 
 async def _sent(fake: FakeCloudApi, count: int) -> list[Any]:

@@ -6,21 +6,21 @@ cut into lines under the limit, PING answered, a dropped connection re-establish
 
 from __future__ import annotations
 
-import asyncio
 import re
 import socket
-import time
-from collections.abc import AsyncIterator, Callable, Mapping
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Mapping
+from contextlib import AbstractAsyncContextManager
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
+from support.connector_gateway import LongAgent, connector_serving, until
 from support.fake_irc import FakeIrc
 
 from conftest import FakeDistribution
 from hermes_core import (
+    Agent,
     ConfigError,
     Connector,
     EchoAgent,
@@ -29,14 +29,12 @@ from hermes_core import (
     MessageEvent,
     MessageNotStoredError,
     SessionSource,
-    TurnRequest,
     create_plugin_manager,
 )
 from hermes_core.serve.runner import build_connectors
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "hermes-irc"
 NICK = "hermesbot"
-WAIT_SECS = 10.0
 
 
 @pytest.fixture
@@ -74,37 +72,13 @@ def _build(config: GatewayConfig, environ: Mapping[str, str] | None = None) -> C
     return connector
 
 
-class LongAgent(EchoAgent):
-    """Answers with ``text``, whatever it heard."""
-
-    def __init__(self, text: str) -> None:
-        super().__init__()
-        self.text = text
-
-    async def run_turn(self, request: TurnRequest) -> str | None:
-        return self.text
-
-
-@asynccontextmanager
-async def serving(
-    config: GatewayConfig, connector: Connector, agent: EchoAgent | None = None
-) -> AsyncIterator[Gateway]:
-    """A started gateway with the connector started into it."""
-    plugins = create_plugin_manager(config, strict=True)
-    chosen = agent or EchoAgent()
-    async with Gateway(config, plugins, lambda entry: chosen, [connector.adapter]) as gateway:
-        await connector.start(gateway)
-        try:
-            yield gateway
-        finally:
-            await connector.stop()
-
-
-async def until(condition: Callable[[], bool], secs: float = WAIT_SECS) -> None:
-    deadline = time.monotonic() + secs
-    while not condition():
-        assert time.monotonic() < deadline, "timed out"
-        await asyncio.sleep(0.02)
+def serving(
+    config: GatewayConfig, connector: Connector, agent: Agent | None = None
+) -> AbstractAsyncContextManager[Gateway]:
+    """A started gateway with the connector started into it (one ``agent`` for every session,
+    else the echo agent)."""
+    factory = EchoAgent if agent is None else lambda: agent
+    return connector_serving(config, create_plugin_manager(config, strict=True), connector, factory)
 
 
 def _privmsgs(server: FakeIrc, target: str) -> list[str]:
