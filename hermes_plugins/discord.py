@@ -7,13 +7,9 @@ imported only when built.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
-from hermes_core import ConnectorContext, ConnectorSpec, GatewayConfig, PlatformSpec, hookimpl
+from hermes_core import ConnectorSpec, GatewayConfig, PlatformSpec, hookimpl
+from hermes_plugins.connectors import lazy_connector
 from hermes_plugins.readers.discord import read_discord_message
-
-if TYPE_CHECKING:
-    from hermes_plugins.connectors.discord import DiscordConnector
 
 
 @hookimpl
@@ -22,15 +18,8 @@ def hermes_register_platforms(config: GatewayConfig) -> list[PlatformSpec]:
     return [PlatformSpec(name="discord", read_event=read_discord_message)]
 
 
-def build_connector(context: ConnectorContext) -> DiscordConnector:
-    """The Discord connector (imported here: it needs the ``serve`` extra)."""
-    from hermes_plugins.connectors.discord import build
-
-    return build(context)
-
-
 @hookimpl
 def hermes_register_connectors(config: GatewayConfig) -> list[ConnectorSpec]:
     """Register the Discord connector: the gateway websocket in, REST out."""
     summary = "Discord gateway websocket (read back over REST after a restart), replies over REST"
-    return [ConnectorSpec(platform="discord", build=build_connector, summary=summary)]
+    return [lazy_connector("discord", "discord:build", summary)]

@@ -6,20 +6,15 @@ in two workspaces never share a session. Reads Events API ``event_callback`` pay
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from hermes_core import (
-    ConnectorContext,
     ConnectorSpec,
     GatewayConfig,
     PlatformSpec,
     SessionSource,
     hookimpl,
 )
+from hermes_plugins.connectors import lazy_connector
 from hermes_plugins.readers.slack import read_slack_event
-
-if TYPE_CHECKING:
-    from hermes_plugins.connectors.slack import SlackConnector
 
 
 def workspace_scope(source: SessionSource) -> str | None:
@@ -33,15 +28,8 @@ def hermes_register_platforms(config: GatewayConfig) -> list[PlatformSpec]:
     return [PlatformSpec(name="slack", scope=workspace_scope, read_event=read_slack_event)]
 
 
-def build_connector(context: ConnectorContext) -> SlackConnector:
-    """The Slack connector (imported here: it needs the ``serve`` extra's ``httpx``)."""
-    from hermes_plugins.connectors.slack import build
-
-    return build(context)
-
-
 @hookimpl
 def hermes_register_connectors(config: GatewayConfig) -> list[ConnectorSpec]:
     """Register the Slack connector: Events API requests in, ``chat.postMessage`` out."""
     summary = "Slack Events API over HTTP (signed requests), replies with chat.postMessage"
-    return [ConnectorSpec(platform="slack", build=build_connector, summary=summary)]
+    return [lazy_connector("slack", "slack:build", summary)]

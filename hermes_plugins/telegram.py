@@ -6,9 +6,8 @@ extra)."""
 
 from __future__ import annotations
 
-from typing import Any
-
-from hermes_core import ConnectorContext, ConnectorSpec, GatewayConfig, PlatformSpec, hookimpl
+from hermes_core import ConnectorSpec, GatewayConfig, PlatformSpec, hookimpl
+from hermes_plugins.connectors import lazy_connector
 from hermes_plugins.readers.telegram import GENERAL_TOPIC, read_telegram_update
 
 
@@ -23,15 +22,8 @@ def hermes_register_platforms(config: GatewayConfig) -> list[PlatformSpec]:
     return [spec]
 
 
-def build_connector(context: ConnectorContext) -> Any:
-    """The Telegram connector of ``platforms.telegram`` (imports ``httpx`` only now)."""
-    from hermes_plugins.connectors.telegram import build_telegram
-
-    return build_telegram(context)
-
-
 @hookimpl
 def hermes_register_connectors(config: GatewayConfig) -> list[ConnectorSpec]:
     """Register the Telegram Bot API connector (long polling or a webhook)."""
     summary = "Telegram Bot API: getUpdates long polling or a webhook; replies with sendMessage"
-    return [ConnectorSpec(platform="telegram", build=build_connector, summary=summary)]
+    return [lazy_connector("telegram", "telegram:build_telegram", summary)]

@@ -18,7 +18,8 @@ import threading
 from collections import deque
 from pathlib import Path
 
-from hermes_core import ConnectorContext, ConnectorSpec, GatewayConfig, PlatformSpec, hookimpl
+from hermes_core import ConnectorSpec, GatewayConfig, PlatformSpec, hookimpl
+from hermes_plugins.connectors import lazy_connector
 from hermes_plugins.readers.whatsapp import read_whatsapp_payload
 
 MAX_ALIASES = 64
@@ -181,15 +182,8 @@ def hermes_register_platforms(config: GatewayConfig) -> list[PlatformSpec]:
     ]
 
 
-def _build_connector(context: ConnectorContext) -> object:
-    """The Cloud API connector, imported only when built (it needs the ``serve`` extra)."""
-    from hermes_plugins.connectors.whatsapp import WhatsAppConnector
-
-    return WhatsAppConnector(context)
-
-
 @hookimpl
 def hermes_register_connectors(config: GatewayConfig) -> list[ConnectorSpec]:
     """Register the WhatsApp Cloud API connector (:mod:`hermes_plugins.connectors.whatsapp`)."""
     summary = "WhatsApp Cloud API: Meta's signed webhook in, /<phone-number-id>/messages out"
-    return [ConnectorSpec(platform="whatsapp", build=_build_connector, summary=summary)]
+    return [lazy_connector("whatsapp", "whatsapp:WhatsAppConnector", summary)]
