@@ -24,7 +24,7 @@ from hermes_core.turns.ledger import SendResult
 
 __all__ = [
     "API_CALLS", "API_TIMEOUT", "PartSender", "accept_event", "accept_payload", "api_client",
-    "http_failure", "json_body", "retry_after", "transport_failure",
+    "http_failure", "json_body", "json_object", "retry_after", "transport_failure",
 ]  # fmt: skip
 
 logger = logging.getLogger(__name__)
@@ -79,17 +79,26 @@ def json_body(body: bytes) -> Any:
     return json.loads(body.decode("utf-8"))
 
 
-async def accept_event(
-    body: bytes, read: Callable[[Mapping[str, Any]], MessageEvent | None], inbox: Inbox | None
-) -> WebResponse:
-    """The answer to a webhook POST carrying one event, after storing it: 400 for a body that
-    is not a JSON object, else :func:`accept_payload`'s answer."""
+def json_object(body: bytes) -> Mapping[str, Any] | WebResponse:
+    """The JSON object in a webhook request's body, or the 400 answer for a body that is not
+    one."""
     try:
         payload = json_body(body)
     except ValueError:
         return WebResponse.text(400, "the body is not JSON")
     if not isinstance(payload, Mapping):
         return WebResponse.text(400, "the body is not a JSON object")
+    return payload
+
+
+async def accept_event(
+    body: bytes, read: Callable[[Mapping[str, Any]], MessageEvent | None], inbox: Inbox | None
+) -> WebResponse:
+    """The answer to a webhook POST carrying one event, after storing it: 400 for a body that
+    is not a JSON object, else :func:`accept_payload`'s answer."""
+    payload = json_object(body)
+    if isinstance(payload, WebResponse):
+        return payload
     return await accept_payload(payload, read, inbox)
 
 

@@ -31,7 +31,7 @@ from hermes_core.domain.connectors import (
     WebResponse,
 )
 from hermes_core.domain.models import MessageEvent
-from hermes_plugins.connectors.base import accept_payload, json_body
+from hermes_plugins.connectors.base import accept_payload, json_object
 from hermes_plugins.connectors.slack_api import SlackAdapter
 
 __all__ = ["SlackConnector", "SlackSettings", "build", "signed_by_slack", "slack_signature"]
@@ -111,12 +111,9 @@ class SlackConnector:
         content_type = (request.header("content-type") or "").split(";")[0].strip().lower()
         if content_type == _FORM:
             return await self._slash_command(request.body)
-        try:
-            payload = json_body(request.body)
-        except ValueError:
-            return WebResponse.text(400, "the body is not JSON")
-        if not isinstance(payload, Mapping):
-            return WebResponse.text(400, "the body is not a JSON object")
+        payload = json_object(request.body)
+        if isinstance(payload, WebResponse):
+            return payload
         if payload.get("type") == "url_verification":
             return WebResponse.text(200, str(payload.get("challenge", "")))
         return await accept_payload(payload, self._read, self._inbox)

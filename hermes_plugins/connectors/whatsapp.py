@@ -43,7 +43,7 @@ from hermes_plugins.connectors.base import (
     accept_payload,
     api_client,
     http_failure,
-    json_body,
+    json_object,
     transport_failure,
 )
 from hermes_plugins.readers.whatsapp import split_cloud_webhook
@@ -242,12 +242,9 @@ class WhatsAppConnector:
 
     async def _receive(self, body: bytes) -> WebResponse:
         """Store every message of a signed POST, in order; 200 once all are stored."""
-        try:
-            payload = json_body(body)
-        except ValueError:
-            return WebResponse.text(400, "the body is not JSON")
-        if not isinstance(payload, Mapping):
-            return WebResponse.text(400, "the body is not a JSON object")
+        payload = json_object(body)
+        if isinstance(payload, WebResponse):
+            return payload
         try:
             parts = split_cloud_webhook(payload)
         except MalformedEventError as exc:
