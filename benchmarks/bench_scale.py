@@ -27,7 +27,8 @@ For each store (and beside it a store of 1,000 lanes built the same way):
   /dev/null`` (messages/s), ``doctor --json``, ``migrate --to`` an empty store (SQLite: a file;
   PostgreSQL: the database ``<name>_copy``), ``rekey --forum telegram 1`` (walks every lane, moves
   none) and last ``prune --days 365`` (removes the routing entries of about a tenth of the lanes).
-  A command that runs past ``--command-timeout`` (default 900 s) is killed and shown as ``>T``.
+  A command that runs past ``--command-timeout`` (default 900 s) or ``--command-rss-cap``
+  (default 6,144 MiB) is killed and shown as ``>T / >RSS``, what it reached by then.
 
 PostgreSQL (``--url postgresql+psycopg://.../NAME``): the stores go to NAME (its ``public`` schema
 dropped and created for each size), the store of 1,000 lanes to ``NAME_small`` and the migration to
@@ -44,6 +45,7 @@ import argparse
 import asyncio
 import contextlib
 import json
+import math
 import os
 import random
 import shutil
@@ -239,19 +241,20 @@ class Child:
     out: bytes
 
 
-def run_child(argv: Sequence[str], timeout: float) -> Child:
+def run_child(argv: Sequence[str], timeout: float, cap_mib: float = math.inf) -> Child:
     """Run ``argv`` with its output captured in a file: wall time and peak RSS, sampled every
     20 ms with psutil (``ru_maxrss`` of a child would include this process's own RSS, which a
-    forked child starts with)."""
+    forked child starts with). A child past ``timeout`` seconds or ``cap_mib`` of RSS is
+    killed (``code`` None)."""
     with tempfile.TemporaryFile() as out:
         started = time.perf_counter()
         process = psutil.Popen(argv, stdout=out, stderr=subprocess.DEVNULL)
         peak = 0
         while process.poll() is None:
-            if time.perf_counter() - started > timeout:
+            if time.perf_counter() - started > timeout or peak > cap_mib * 2**20:
                 process.kill()
                 process.wait()
-                return Child(timeout, peak / 2**20, None, b"")
+                return Child(time.perf_counter() - started, peak / 2**20, None, b"")
             with contextlib.suppress(psutil.Error):
                 peak = max(peak, process.memory_info().rss)
             time.sleep(0.02)
@@ -285,7 +288,7 @@ def search_times(store: Store) -> dict[str, str]:
     return figures
 
 
-def command_figures(store: Store, copy_url: str, timeout: float) -> dict[str, str]:
+def command_figures(store: Store, copy_url: str, timeout: float, cap: float) -> dict[str, str]:
     """The operator commands as child processes: wall time and peak RSS each."""
     lane = random.Random(store.lanes).randrange(store.lanes)
     commands = {
@@ -299,16 +302,20 @@ def command_figures(store: Store, copy_url: str, timeout: float) -> dict[str, st
     }
     figures = {}
     for label, command in commands.items():
-        child = run_child([*hermes_sessions(), *store.where, *command], timeout)
-        secs = f">{timeout:.0f}" if child.code is None else f"{child.secs:.2f}"
-        status = "" if child.code in (0, 1) else f" (exit {child.code})"
-        figures[f"{label} s / peak MiB"] = f"{secs} / {child.peak_mib:.0f}{status}"
+        child = run_child([*hermes_sessions(), *store.where, *command], timeout, cap)
+        status = "" if child.code in (0, 1, None) else f" (exit {child.code})"
+        if child.code is None:  # killed: the time or the memory it reached by then
+            figures[f"{label} s / peak MiB"] = f">{child.secs:.0f} / >{child.peak_mib:.0f}"
+        else:
+            figures[f"{label} s / peak MiB"] = f"{child.secs:.2f} / {child.peak_mib:.0f}{status}"
         if label == "export" and child.code == 0:
             figures["export messages/s"] = f"{store.messages / child.secs:,.0f}"
     return figures
 
 
-def measure(store: Store, small: Store, copy_url: str, turns: int, timeout: float) -> None:
+def measure(
+    store: Store, small: Store, copy_url: str, turns: int, timeout: float, cap: float
+) -> None:
     """Every figure of ``store`` (built), into ``store.figures``."""
     figures = store.figures
     figures["build s (lanes/s, messages/s)"] = (
@@ -331,7 +338,7 @@ def measure(store: Store, small: Store, copy_url: str, turns: int, timeout: floa
     figures.update(search_times(store))
     if copy_url.startswith("postgresql"):
         empty_postgres(copy_url)
-    figures.update(command_figures(store, copy_url, timeout))
+    figures.update(command_figures(store, copy_url, timeout, cap))
 
 
 def print_table(stores: Sequence[Store], where: str) -> None:
@@ -342,7 +349,9 @@ def print_table(stores: Sequence[Store], where: str) -> None:
         print(f"{name:34}" + "".join(f" {s.figures.get(name, '-'):>22}" for s in stores))
 
 
-def run_all(url: str | None, lanes: int, messages: int, turns: int, timeout: float) -> None:
+def run_all(
+    url: str | None, lanes: int, messages: int, turns: int, timeout: float, cap: float
+) -> None:
     """Build and measure each size in turn, then print the table."""
     with tempfile.TemporaryDirectory(prefix="bench_scale_") as directory:
         root = Path(directory)
@@ -359,7 +368,7 @@ def run_all(url: str | None, lanes: int, messages: int, turns: int, timeout: flo
             if not postgres:
                 copy_url = f"sqlite:///{root / 'copy' / 'state.db'}"
                 (root / "copy").mkdir(mode=0o700, exist_ok=True)
-            measure(store, small, copy_url, turns, timeout)
+            measure(store, small, copy_url, turns, timeout, cap)
             print(json.dumps(store.figures), flush=True)
             stores.append(store)
             shutil.rmtree(store.home, ignore_errors=True)
@@ -376,6 +385,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--messages", type=int, help="its messages (5,000,000)")
     parser.add_argument("--turns", type=int, help="cold turns per measurement (2,000)")
     parser.add_argument("--command-timeout", type=float, default=900.0, metavar="SECS")
+    parser.add_argument(
+        "--command-rss-cap", type=float, default=6144.0, metavar="MIB",
+        help="kill an operator command past this RSS (default 6,144 MiB: the machine is shared)",
+    )  # fmt: skip
     parser.add_argument("--quick", action="store_true", help="20,000 lanes, 100,000 messages")
     args = parser.parse_args(argv)
     lanes = args.lanes or (20_000 if args.quick else 1_000_000)
@@ -386,7 +399,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     if args.url is not None and not args.url.startswith("postgresql"):
         parser.error("--url names a PostgreSQL database; leave it out for SQLite")
     started = time.perf_counter()
-    run_all(args.url, lanes, messages, turns, args.command_timeout)
+    run_all(args.url, lanes, messages, turns, args.command_timeout, args.command_rss_cap)
     print(f"whole run: {time.perf_counter() - started:.0f} s")
 
 
