@@ -22,7 +22,9 @@ from conftest import builtins_only
 from hermes_core.cli.main import main
 from hermes_core.domain.keys import build_key_from_flags
 from hermes_core.domain.models import SessionEntry, SessionSource
+from hermes_core.plugins.manager import create_plugin_manager
 from hermes_core.store import SessionStore
+from hermes_core.store.keyschema import keys_in_both
 from hermes_core.store.replay import encode_message_line
 from hermes_plugins.sql_store.dialects.sqlite_fts import INDEX_EVERY
 
@@ -174,3 +176,23 @@ def test_import_names_a_directory_without_sessions_json(
     code = main(["import-gateway", "--state-dir", str(tmp_path / "state"), str(tmp_path / "empty")])
     assert code == 2
     assert "sessions.json" in capsys.readouterr().err
+
+
+def test_import_refuses_lanes_of_the_other_key_schema(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    config = config_for(tmp_path / "state")
+    plugins = create_plugin_manager(config, load_entrypoints=False)
+    SessionStore.open(config, plugins=plugins).close()  # a new store records keys.schema: v2
+    source = tmp_path / "gateway"
+    source.mkdir()
+    entry = _entry(1)
+    assert entry.origin is not None
+    v1, _ = keys_in_both(entry.origin, config, plugins)
+    old = entry.model_copy(update={"session_key": v1})
+    (source / "sessions.json").write_text(json.dumps({v1: old.to_dict()}), encoding="utf-8")
+    where = ["--state-dir", str(tmp_path / "state")]
+    assert main(["import-gateway", *where, str(source)]) == 2
+    assert "keyed in key schema v1, but this store records v2" in capsys.readouterr().err
+    with SessionStore.open(config, plugins=plugins, read_only=True) as store:
+        assert store.list_sessions() == []

@@ -14,7 +14,12 @@ from hermes_core.cli.common import open_operator, print_json, progress
 from hermes_core.config.schema import GatewayConfig
 from hermes_core.domain.errors import InvalidValueError
 from hermes_core.plugins.manager import create_plugin_manager
-from hermes_core.store.bulk import BATCH_LANES, import_lanes, read_gateway_directory
+from hermes_core.store.bulk import (
+    BATCH_LANES,
+    check_key_schema,
+    import_lanes,
+    read_gateway_directory,
+)
 
 
 def register(commands: Any, parents: list[argparse.ArgumentParser]) -> None:
@@ -41,6 +46,7 @@ def import_gateway_command(args: argparse.Namespace, config: GatewayConfig) -> i
     source = read_gateway_directory(args.directory, config, plugins)
     target = open_operator(config, write=True, plugins=plugins)
     try:
+        check_key_schema(source, target, config, plugins)
         with progress("import", len(source.entries)) as bar:
             bar.shown = bar.shown and not args.json
             counts = import_lanes(target, source.lanes(), batch=args.batch, advance=bar.advance)

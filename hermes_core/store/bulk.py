@@ -23,10 +23,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from hermes_core.domain.errors import HermesError, InvalidValueError, shown
-from hermes_core.domain.keys import origin_keys_to
+from hermes_core.domain.errors import HermesError, InvalidValueError, KeySchemaError, shown
+from hermes_core.domain.keys import KeySchema, origin_keys_to
 from hermes_core.domain.models import SessionEntry
 from hermes_core.store.backend import EntryDict, Message, SessionRow, clean_message
+from hermes_core.store.base import KEY_SCHEMA_META
+from hermes_core.store.keyschema import keys_in_both
 from hermes_core.store.mirror import MIRROR_FILENAME, load_mirror
 from hermes_core.store.replay import (
     TRANSCRIPT_SUFFIX,
@@ -184,3 +186,39 @@ def read_gateway_directory(
             1 for item in files if item.name.endswith(TRANSCRIPT_SUFFIX) and item.name not in wanted
         )
     return found
+
+
+def lanes_key_schema(
+    entries: Iterable[SessionEntry], config: GatewayConfig, plugins: HermesPluginManager
+) -> KeySchema | None:
+    """The key schema ``entries`` follow, told by the first whose origin is keyed otherwise in
+    v1 than in v2 (None: no entry tells)."""
+    for entry in entries:
+        if entry.origin is None:
+            continue
+        try:
+            v1, v2 = keys_in_both(entry.origin, config, plugins)
+        except InvalidValueError:
+            continue
+        if v1 != v2 and entry.session_key in (v1, v2):
+            return "v1" if entry.session_key == v1 else "v2"
+    return None
+
+
+def check_key_schema(
+    source: GatewayImport,
+    target: OperatorBackend,
+    config: GatewayConfig,
+    plugins: HermesPluginManager,
+) -> None:
+    """Raise :class:`KeySchemaError` when the store records a key schema and the lanes to
+    import follow the other one: no message would ever find them under their keys."""
+    recorded = target.get_meta(KEY_SCHEMA_META)
+    schema = lanes_key_schema(source.entries, config, plugins)
+    if recorded in ("v1", "v2") and schema not in (None, recorded):
+        raise KeySchemaError(
+            f"the lanes of {source.directory} are keyed in key schema {schema}, but this store "
+            f"records {recorded}, so no message would find them; nothing was imported. Import "
+            f"them into an empty store (then set keys.schema: {schema} or run `hermes-sessions "
+            "rekey --to v2` there)."
+        )
