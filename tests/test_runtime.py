@@ -12,6 +12,7 @@ import pytest
 from hermes_core import GatewayConfig, LifecycleEvent, MessageEvent, SessionEntry, hookimpl
 from hermes_core.domain.models import MessageType, SessionSource
 from hermes_core.gateway.agents import EchoAgent, InMemoryAdapter, TurnRequest
+from hermes_core.gateway.lanes import Lane
 from hermes_core.gateway.runtime import Gateway, GatewayParts
 from hermes_core.gateway.texts import (
     ACK_INTERRUPT,
@@ -21,6 +22,7 @@ from hermes_core.gateway.texts import (
     QUEUE_USAGE,
     REFUSED_CAP,
 )
+from hermes_core.store import SessionStore
 from hermes_core.testing import LifecycleRecorder, fresh_plugin_manager, telegram_dm
 
 pytestmark = pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
@@ -837,3 +839,34 @@ async def test_a_message_sent_while_a_reset_finishes_belongs_to_the_new_session(
     assert contents == ["fresh start", "echo: fresh start", "plain text after it",
                         "echo: plain text after it"]  # fmt: skip
     await gateway.stop()
+
+
+async def test_a_resume_due_while_its_lane_is_busy_runs_once_the_lane_is_idle(
+    hermes_home: Path,
+) -> None:
+    """A connector that starts taking events before the gateway hears that its platform is
+    connected: the platform's redelivery of the interrupted lane's message (recognised, so no
+    turn) keeps the lane busy just as the resume is due; the resume runs when it goes idle."""
+    config = GatewayConfig.from_dict({}, environ={"HERMES_HOME": str(hermes_home)})
+    source = telegram_dm("5", user_id="5")
+    event = MessageEvent(source=source, text="hello", message_id="m1")
+    with SessionStore.open(config, plugins=fresh_plugin_manager(hermes_home)) as store:
+        key = store.get_or_create_session(source).session_key
+        store.mark_turn_active(key, None, {"role": "user", "content": "hello"}, seen="m1")
+    adapter = InMemoryAdapter("telegram", connected=False)  # connecting after the start
+    plugins = fresh_plugin_manager(hermes_home)
+    async with Gateway(config, plugins, lambda entry: EchoAgent(), [adapter]) as gateway:
+        lanes = _parts(gateway).lanes
+        adapter.connected = True
+        lanes._lanes[key] = Lane()  # busy: the redelivered message is being recognised
+        await gateway.platform_connected("telegram")
+        await asyncio.sleep(0.2)
+        assert adapter.sent == []  # not resumed under the busy lane
+        del lanes._lanes[key]
+        await gateway.handle_message(event)  # recognised as delivered again: no turn
+        for _ in range(500):
+            if adapter.sent:
+                break
+            await asyncio.sleep(0.01)
+        await gateway.idle()
+    assert adapter.texts() == ["echo: hello"]

@@ -76,6 +76,7 @@ class Lanes:
         is_command: Callable[[MessageEvent], bool],
         run_turn: Callable[[Lane, Turn], Awaitable[None]],
         queued_command: Callable[[str], Awaitable[None]],
+        idle: Callable[[str], None],
     ) -> None:
         self._config = config
         self._store = store
@@ -90,6 +91,8 @@ class Lanes:
         self._callbacks = callbacks
         self._run_turn = run_turn
         self._queued_command = queued_command
+        self._idle = idle
+        """Told when a lane's task ended and nothing else started on it."""
         self._lanes: dict[str, Lane] = {}
         self._commands: dict[str, asyncio.Task[None]] = {}
         """Lanes whose queue head is a command being carried out (nothing else dispatches)."""
@@ -237,6 +240,8 @@ class Lanes:
                 del self._lanes[key]
                 if lane.stop is None:
                     self.dispatch_next(key)  # a command at the head, or a retry to schedule
+                    if not self.busy(key):
+                        self._idle(key)
 
     async def _begin_next(
         self,

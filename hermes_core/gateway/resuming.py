@@ -16,7 +16,7 @@ from hermes_core.gateway.lifecycle import Background
 from hermes_core.gateway.ownership import LaneOwnership
 from hermes_core.store import SessionStore
 from hermes_core.store.turns import AUTO_RESUME_REASONS
-from hermes_core.turns.resume import resume_candidates, resume_event
+from hermes_core.turns.resume import resumable, resume_candidates, resume_event
 
 
 class Resumer:
@@ -41,20 +41,42 @@ class Resumer:
         self._platforms = platforms
         self._background = background
         self._callbacks = callbacks
+        self._deferred: set[str] = set()
+        """Lanes due a resume that were busy when it was due."""
 
     async def resume(self, platform: str | None) -> int:
-        """Start one internal resume turn per eligible lane (of ``platform`` only if given)."""
+        """Start one internal resume turn per eligible lane (of ``platform`` only if given); a
+        lane busy now (a message of it being stored, a redelivery being recognised) is resumed
+        when it goes idle, unless its turn answered it meanwhile (:meth:`idle`)."""
         entries = await asyncio.to_thread(
             functools.partial(
                 resume_candidates, self._store, self._config.agent.gateway_auto_continue_freshness,
-                platform=platform, connected=self._platforms.connected, busy=self._occupied,
+                platform=platform, connected=self._platforms.connected,
                 authorised=self._callbacks.authorised,
             )
         )  # fmt: skip
         for entry in entries:
-            if not self._occupied(entry.session_key):
+            if self._occupied(entry.session_key):
+                self._deferred.add(entry.session_key)
+            else:
                 self._lanes.start(entry.session_key, resume_event(entry))
         return len(entries)
+
+    def idle(self, key: str) -> None:
+        """A lane went idle: resume it if a resume waited for it and it is still to resume
+        (a turn that ran on it meanwhile answered with the resume note and cleared it)."""
+        if key in self._deferred and not self._occupied(key):
+            self._deferred.discard(key)
+            self._background.track(asyncio.ensure_future(self._resume_lane(key)))
+
+    async def _resume_lane(self, key: str) -> None:
+        entry = await asyncio.to_thread(self._store.lookup_by_session_key, key)
+        if entry is not None and resumable(
+            entry, self._store, self._config.agent.gateway_auto_continue_freshness,
+            connected=self._platforms.connected, busy=self._occupied,
+            authorised=self._callbacks.authorised,
+        ):  # fmt: skip
+            self._lanes.start(key, resume_event(entry))
 
     async def resumed(self, timeout: float) -> None:
         """Wait (at most ``timeout`` seconds) until the resumed turns have ended, their last

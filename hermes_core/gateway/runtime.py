@@ -177,6 +177,9 @@ class Gateway:
         def queued_command(key: str) -> Coroutine[Any, Any, None]:
             return commands.queued(key)
 
+        def idle(key: str) -> None:
+            resumer.idle(key)
+
         ownership: LaneOwnership
         if store.shared:
             ownership = LeasedOwnership(
@@ -194,7 +197,7 @@ class Gateway:
         lanes = Lanes(
             config, store, queue, pipeline, ownership, platforms, phase, background, seen,
             callbacks, is_command=reader.is_command, run_turn=runner.run,
-            queued_command=queued_command,
+            queued_command=queued_command, idle=idle,
         )  # fmt: skip
         admission = Admission(config, store, queue, lanes, platforms, phase, seen)
         commands = Commands(

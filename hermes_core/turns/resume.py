@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable
 from datetime import datetime, timezone
@@ -82,28 +83,39 @@ def resume_candidates(
     suspended, with an origin (on ``platform`` if given), anchored (``last_resume_marked_at``,
     else ``updated_at``) within the freshness window, idle, on a connected platform, and whose
     sender passes the host's authorisation re-check."""
-    lanes = []
-    for entry in store.list_sessions():
-        origin = entry.origin
-        if (
-            not entry.resume_pending
-            or entry.suspended
-            or origin is None
-            or entry.resume_reason not in AUTO_RESUME_REASONS
-            or (platform is not None and origin.platform != platform)
-        ):
-            continue
-        anchor = entry.last_resume_marked_at or entry.updated_at
-        if not is_fresh(anchor, window) or busy(entry.session_key):
-            continue
-        if not store._leases.holds(entry.session_key):  # a shared store's lane run elsewhere
-            continue
-        if not connected(origin.platform):
-            continue
-        if authorised is not None and not authorised(origin):
-            continue
-        lanes.append(entry)
-    return lanes
+    check = functools.partial(
+        resumable, store=store, window=window, platform=platform, connected=connected,
+        busy=busy, authorised=authorised,
+    )  # fmt: skip
+    return [entry for entry in store.list_sessions() if check(entry)]
+
+
+def resumable(
+    entry: SessionEntry,
+    store: SessionStore,
+    window: float,
+    *,
+    platform: str | None = None,
+    connected: Callable[[str], bool] = lambda _platform: True,
+    busy: Callable[[str], bool] = lambda _key: False,
+    authorised: Callable[[SessionSource], bool] | None = None,
+) -> bool:
+    """Whether one lane is to auto-resume now (see :func:`resume_candidates`)."""
+    origin = entry.origin
+    if (
+        not entry.resume_pending
+        or entry.suspended
+        or origin is None
+        or entry.resume_reason not in AUTO_RESUME_REASONS
+        or (platform is not None and origin.platform != platform)
+    ):
+        return False
+    anchor = entry.last_resume_marked_at or entry.updated_at
+    if not is_fresh(anchor, window) or busy(entry.session_key):
+        return False
+    if not store._leases.holds(entry.session_key):  # a shared store's lane run elsewhere
+        return False
+    return connected(origin.platform) and (authorised is None or authorised(origin))
 
 
 def resume_event(entry: SessionEntry) -> MessageEvent:
