@@ -31,6 +31,8 @@ logger = logging.getLogger(__name__)
 
 OWED_STATES = ("pending", "attempting", "failed")
 
+Abilities = tuple[EditingAdapter | None, TypingAdapter | None]
+
 
 class Streams:
     """Streamed replies and typing indicators for the turns of one gateway."""
@@ -41,6 +43,19 @@ class Streams:
         self._settings = config.streaming
         self._store = store
         self._adapters = adapters
+        self._abilities: dict[str, tuple[Adapter | None, Abilities]] = {}
+        """Per platform, its adapter and what that adapter can do (a protocol check costs
+        microseconds, twice a turn: it is made again only when the adapter changes)."""
+
+    def _able(self, platform: str) -> Abilities:
+        """The platform's adapter as an editing adapter and as a typing one (None where not)."""
+        adapter = self._adapters.get(platform)
+        known = self._abilities.get(platform)
+        if known is None or known[0] is not adapter:
+            editing = adapter if isinstance(adapter, EditingAdapter) else None
+            typing = adapter if isinstance(adapter, TypingAdapter) else None
+            known = self._abilities[platform] = (adapter, (editing, typing))
+        return known[1]
 
     def commit(self, key: str) -> Commit:
         """Stores a lane's layout (a writer step of the lane, awaited)."""
@@ -67,15 +82,15 @@ class Streams:
         A stream an earlier turn left cut is first edited to say so (its reply was not stored,
         so this turn answers instead)."""
         source = turn.event.source
-        adapter = self._adapters.get(source.platform)
+        adapter, _ = self._able(source.platform)
         left = Layout.from_metadata(turn.entry.metadata.get(STREAM_METADATA))
         if left is not None:
             if await asyncio.to_thread(self._owes, turn.key):
                 return None  # its delivery edits those messages: this turn must not
-            if isinstance(adapter, EditingAdapter):
+            if adapter is not None:
                 await _mark_cut(adapter, source, left)
             await self.forget(turn.key)
-        if not self._settings.enabled or not isinstance(adapter, EditingAdapter):
+        if not self._settings.enabled or adapter is None:
             return None
         return Streamer(
             adapter, source, turn.event.message_id, self._settings.edit_interval_secs,
@@ -90,8 +105,8 @@ class Streams:
 
     def typing(self, source: SessionSource) -> asyncio.Task[None] | None:
         """Show the chat that the bot is typing until the reply is shown (or the turn ends)."""
-        adapter = self._adapters.get(source.platform)
-        if not isinstance(adapter, TypingAdapter):
+        _, adapter = self._able(source.platform)
+        if adapter is None:
             return None
         return asyncio.create_task(_keep_typing(adapter, source))
 
