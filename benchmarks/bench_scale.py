@@ -174,11 +174,13 @@ def build(store: Store) -> None:
     if store.url is not None:
         empty_postgres(store.url)
     config = _config(store.home, store.url)
-    target = open_operator(config, write=True, plugins=create_plugin_manager(config))
+    plugins = create_plugin_manager(config)
+    target = open_operator(config, write=True, plugins=plugins)
     lengths = lane_lengths(store.lanes, store.messages)
     started = time.perf_counter()
     try:
-        import_lanes(target, generated_lanes(lengths, datetime.now(timezone.utc)), batch=BATCH)
+        lanes = generated_lanes(lengths, datetime.now(timezone.utc))
+        import_lanes(target, lanes, config=config, plugins=plugins, batch=BATCH)
     finally:
         target.close()
     store.build_secs = time.perf_counter() - started

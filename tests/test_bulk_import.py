@@ -19,13 +19,18 @@ import pytest
 from support.populate import config_for
 
 from conftest import builtins_only
+from hermes_core.cli.common import open_operator
 from hermes_core.cli.main import main
+from hermes_core.config.schema import GatewayConfig
+from hermes_core.domain.errors import KeySchemaError
 from hermes_core.domain.keys import build_key_from_flags
 from hermes_core.domain.models import SessionEntry, SessionSource
 from hermes_core.plugins.manager import create_plugin_manager
 from hermes_core.store import SessionStore
+from hermes_core.store.base import KEY_SCHEMA_META
+from hermes_core.store.bulk import ImportedLane, import_lanes
 from hermes_core.store.keyschema import keys_in_both
-from hermes_core.store.replay import encode_message_line
+from hermes_core.store.replay import encode_message_line, session_row_from_entry
 from hermes_plugins.sql_store.dialects.sqlite_fts import INDEX_EVERY
 
 LANES = 40
@@ -196,3 +201,66 @@ def test_import_refuses_lanes_of_the_other_key_schema(
     assert "keyed in key schema v1, but this store records v2" in capsys.readouterr().err
     with SessionStore.open(config, plugins=plugins, read_only=True) as store:
         assert store.list_sessions() == []
+
+
+def _recorded_schema(home: Path, settings: dict[str, Any]) -> str | None:
+    target = open_operator(config_for(home, settings.get("storage", {}).get("url")), write=False)
+    try:
+        return target.get_meta(KEY_SCHEMA_META)
+    finally:
+        target.close()
+
+
+@pytest.mark.parametrize("schema", ["v1", "v2"])
+def test_an_import_records_the_key_schema_of_its_lanes(
+    tmp_path: Path, settings: dict[str, Any], capsys: pytest.CaptureFixture[str], schema: str
+) -> None:
+    """Lanes keyed in v1 (the original gateway's) or v2 make an empty store record that
+    schema, so its first open need not tell it from the routing rows."""
+    source = tmp_path / "gateway"
+    entries = gateway_directory(source)
+    if schema == "v1":
+        config = config_for(tmp_path / "state")
+        plugins = create_plugin_manager(config, load_entrypoints=False)
+        old = {}
+        for entry in entries.values():
+            assert entry.origin is not None
+            key = keys_in_both(entry.origin, config, plugins)[0]
+            old[key] = entry.model_copy(update={"session_key": key}).to_dict()
+        (source / "sessions.json").write_text(json.dumps(old), encoding="utf-8")
+    _import(capsys, _where(tmp_path / "state", settings), source)
+    assert _recorded_schema(tmp_path / "state", settings) == schema
+    url = settings.get("storage", {}).get("url")
+    if schema == "v1":  # keys.schema is v2 by default: the open says what to do
+        with pytest.raises(KeySchemaError, match="follow key schema v1"):
+            SessionStore.open(config_for(tmp_path / "state", url))
+    else:
+        with SessionStore.open(config_for(tmp_path / "state", url), read_only=True) as store:
+            assert store.key_schema == "v2"
+            assert len(store.list_sessions()) == LANES
+
+
+def test_lanes_that_cannot_tell_the_schema_record_the_configured_one(
+    tmp_path: Path, settings: dict[str, Any]
+) -> None:
+    """Lanes without an origin key alike under either schema: an empty store records
+    ``keys.schema`` (v1 here), a store that records one keeps it."""
+    config = GatewayConfig.from_dict(
+        {"keys": {"schema": "v1"}, **settings}, environ={"HERMES_HOME": str(tmp_path / "state")}
+    )
+    plugins = create_plugin_manager(config, load_entrypoints=False)
+    lanes = []
+    for lane in range(3):
+        entry = _entry(lane).model_copy(update={"origin": None})
+        lanes.append(ImportedLane(entry.to_dict(), session_row_from_entry(entry), []))
+    (tmp_path / "state").mkdir()
+    target = open_operator(config, write=True, plugins=plugins)
+    try:
+        counts = import_lanes(target, lanes[:2], config=config, plugins=plugins, batch=1)
+        assert counts.lanes == 2
+        assert target.get_meta(KEY_SCHEMA_META) == "v1"
+        target.set_meta(KEY_SCHEMA_META, "v2")
+        import_lanes(target, lanes, config=config, plugins=plugins)
+        assert target.get_meta(KEY_SCHEMA_META) == "v2"
+    finally:
+        target.close()

@@ -17,8 +17,10 @@ from hermes_core.cli.main import main
 from hermes_core.domain.errors import KeySchemaError, MessageRedeliveredError
 from hermes_core.gateway.agents import EchoAgent, InMemoryAdapter
 from hermes_core.gateway.runtime import Gateway
-from hermes_core.store import SessionStore
+from hermes_core.store import SessionStore, keyschema
+from hermes_core.store.backend import EntryDict
 from hermes_core.testing import fresh_plugin_manager, telegram_dm
+from hermes_plugins.sql_store.backend import SqlBackend
 
 pytestmark = pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
 
@@ -245,16 +247,55 @@ def test_the_configured_schema_must_match_the_store(
         SessionStore.open(configure(hermes_home, settings, "v1"))
 
 
-def test_a_store_from_before_schemas_were_recorded_is_v1(
-    hermes_home: Path, settings: dict[str, Any], v1_store: SessionStore
-) -> None:
-    v1_store.get_or_create_session(DM)
-    url = v1_store.config.storage_url
-    v1_store.close()
+def _forget_key_schema(url: str) -> None:
+    """Delete the store's key-schema record, as a store from before schemas were recorded."""
     engine = create_engine(url)
     with engine.begin() as conn:
         conn.execute(text("DELETE FROM state_meta WHERE key = 'key_schema'"))
     engine.dispose()
+
+
+@pytest.mark.parametrize("schema", ["v1", "v2"])
+def test_an_unrecorded_schema_is_told_by_the_first_lane_that_tells_it(
+    hermes_home: Path, settings: dict[str, Any], schema: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Lanes that cannot tell (no origin) fill the first pages; the DM after them tells the
+    schema, and the pages after it are never read."""
+    config = configure(hermes_home, settings, schema)
+    with SessionStore.open(config, plugins=fresh_plugin_manager(hermes_home)) as store:
+        entry = store.get_or_create_session(DM)
+        assert entry.session_key == (v1(DM) if schema == "v1" else v2(DM))
+        legacy = entry.to_dict()
+        legacy.pop("origin")
+        for prefix in ("agent:main:a", "agent:main:z"):  # before and after the DM's key
+            for n in range(5):
+                route = legacy | {"session_key": f"{prefix}:dm:{n}"}
+                store.run(store._backing.backend.put_route, route)
+    _forget_key_schema(config.storage_url)
+    monkeypatch.setattr(keyschema, "ROUTE_PAGE", 2)
+    pages: list[str | None] = []
+    read_page = SqlBackend.route_page
+
+    def counted(self: SqlBackend, after: str | None, limit: int) -> list[EntryDict]:
+        pages.append(after)
+        return read_page(self, after, limit)
+
+    monkeypatch.setattr(SqlBackend, "route_page", counted)
+    with SessionStore.open(config, plugins=fresh_plugin_manager(hermes_home)) as store:
+        assert store.key_schema == schema
+    assert len(pages) == 3  # five lanes without an origin, then the DM in the third page
+    monkeypatch.undo()
+    other = "v2" if schema == "v1" else "v1"
+    with pytest.raises(KeySchemaError, match=f"follow key schema {schema}"):
+        SessionStore.open(configure(hermes_home, settings, other))
+
+
+def test_a_store_from_before_schemas_were_recorded_is_v1(
+    hermes_home: Path, settings: dict[str, Any], v1_store: SessionStore
+) -> None:
+    v1_store.get_or_create_session(DM)
+    v1_store.close()
+    _forget_key_schema(v1_store.config.storage_url)
     with pytest.raises(KeySchemaError, match="follow key schema v1"):
         SessionStore.open(configure(hermes_home, settings, None))
     with SessionStore.open(configure(hermes_home, settings, "v1")) as store:

@@ -49,7 +49,10 @@ def import_gateway_command(args: argparse.Namespace, config: GatewayConfig) -> i
         check_key_schema(source, target, config, plugins)
         with progress("import", len(source.entries)) as bar:
             bar.shown = bar.shown and not args.json
-            counts = import_lanes(target, source.lanes(), batch=args.batch, advance=bar.advance)
+            counts = import_lanes(
+                target, source.lanes(), config=config, plugins=plugins, batch=args.batch,
+                advance=bar.advance,
+            )  # fmt: skip
     finally:
         target.close()
     left_out = [f"{name}: {reason}" for name, reason in source.left_out]

@@ -637,6 +637,10 @@ class Maintenance(BacklogTarget, Protocol):
     def has_routes(self) -> bool:
         """Whether the routing table has any row (cheap: reads at most one)."""
 
+    def route_page(self, after: str | None, limit: int) -> list[EntryDict]:
+        """Up to ``limit`` stored entries in key order after the key ``after`` (None: from the
+        first): the routing index read a page at a time, in memory bounded by ``limit``."""
+
     def import_routes(
         self, entries: Sequence[tuple[EntryDict, SessionRow]], marker: tuple[str, str]
     ) -> int:

@@ -28,7 +28,7 @@ from hermes_core.domain.keys import KeySchema, origin_keys_to
 from hermes_core.domain.models import SessionEntry
 from hermes_core.store.backend import EntryDict, Message, SessionRow, clean_message
 from hermes_core.store.base import KEY_SCHEMA_META
-from hermes_core.store.keyschema import keys_in_both
+from hermes_core.store.keyschema import lane_schema, told_schema
 from hermes_core.store.mirror import MIRROR_FILENAME, load_mirror
 from hermes_core.store.replay import (
     TRANSCRIPT_SUFFIX,
@@ -79,27 +79,54 @@ def import_lanes(
     target: OperatorBackend,
     lanes: Iterable[ImportedLane],
     *,
+    config: GatewayConfig,
+    plugins: HermesPluginManager,
     batch: int = BATCH_LANES,
     advance: Callable[[int], None] | None = None,
 ) -> ImportCounts:
     """Write ``lanes`` into ``target`` in transactions of ``batch`` lanes; ``advance`` is told
-    how many lanes each batch held once it committed."""
+    how many lanes each batch held once it committed.
+
+    A store that records no key schema is given the one the lanes are keyed in (before the
+    batch of the first lane that tells it, see :func:`~hermes_core.store.keyschema.lane_schema`;
+    when none tells, ``config``'s ``keys.schema`` for a store that was empty), so that its
+    first open finds it recorded instead of reading the routing index to tell it."""
     if batch < 1:
         raise InvalidValueError("batch", f"the batch size {batch} must be at least 1.")
+    recorded = target.get_meta(KEY_SCHEMA_META)
+    empty = recorded is None and _holds_nothing(target)
+    schema: KeySchema | None = None
     total = ImportCounts()
     pending: list[ImportedLane] = []
-    for lane in lanes:
-        pending.append(lane)
-        if len(pending) >= batch:
-            total.add(target.import_lanes(pending))
-            if advance is not None:
-                advance(len(pending))
-            pending = []
-    if pending:
+
+    def write() -> None:
+        nonlocal recorded
+        if recorded is None and schema is not None:
+            target.set_meta(KEY_SCHEMA_META, schema)
+            recorded = schema
         total.add(target.import_lanes(pending))
         if advance is not None:
             advance(len(pending))
+        pending.clear()
+
+    for lane in lanes:
+        if recorded is None and schema is None:
+            entry = lane.entry
+            schema = lane_schema(entry["session_key"], entry.get("origin"), config, plugins)
+        pending.append(lane)
+        if len(pending) >= batch:
+            write()
+    if pending:
+        write()
+    if recorded is None and empty:
+        target.set_meta(KEY_SCHEMA_META, config.keys.key_schema)
     return total
+
+
+def _holds_nothing(target: OperatorBackend) -> bool:
+    """Whether ``target`` has neither a routing entry nor a session row."""
+    kinds = target.record_kinds()
+    return not any(target.table_rows(kind, None, 1) for kind in (kinds.routes, kinds.sessions))
 
 
 # -- a gateway's sessions directory ---------------------------------------------------------------
@@ -188,23 +215,6 @@ def read_gateway_directory(
     return found
 
 
-def lanes_key_schema(
-    entries: Iterable[SessionEntry], config: GatewayConfig, plugins: HermesPluginManager
-) -> KeySchema | None:
-    """The key schema ``entries`` follow, told by the first whose origin is keyed otherwise in
-    v1 than in v2 (None: no entry tells)."""
-    for entry in entries:
-        if entry.origin is None:
-            continue
-        try:
-            v1, v2 = keys_in_both(entry.origin, config, plugins)
-        except InvalidValueError:
-            continue
-        if v1 != v2 and entry.session_key in (v1, v2):
-            return "v1" if entry.session_key == v1 else "v2"
-    return None
-
-
 def check_key_schema(
     source: GatewayImport,
     target: OperatorBackend,
@@ -214,7 +224,8 @@ def check_key_schema(
     """Raise :class:`KeySchemaError` when the store records a key schema and the lanes to
     import follow the other one: no message would ever find them under their keys."""
     recorded = target.get_meta(KEY_SCHEMA_META)
-    schema = lanes_key_schema(source.entries, config, plugins)
+    lanes = ((entry.session_key, entry.origin) for entry in source.entries)
+    schema = told_schema(lanes, config, plugins)
     if recorded in ("v1", "v2") and schema not in (None, recorded):
         raise KeySchemaError(
             f"the lanes of {source.directory} are keyed in key schema {schema}, but this store "

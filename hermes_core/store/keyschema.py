@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 from hermes_core.config.schema import GatewayConfig
@@ -14,6 +15,9 @@ from hermes_core.store.backend import Maintenance, StoreBackend
 from hermes_core.store.base import KEY_SCHEMA_META, MIRROR_IMPORTED, REKEYING
 from hermes_core.store.mirror import read_mirror
 from hermes_core.store.rekey_report import Forum
+
+ROUTE_PAGE = 1_000
+"""Routing entries read at a time while a store's key schema is told from its lanes."""
 
 
 def keys_in_both(
@@ -102,6 +106,45 @@ def recorded_key_schema(
     return wanted
 
 
+def lane_schema(
+    key: str, origin: object, config: GatewayConfig, plugins: HermesPluginManager
+) -> KeySchema | None:
+    """The key schema lane ``key`` follows, told by its ``origin`` (a :class:`SessionSource`
+    or its dict): None when the origin is missing, cannot be keyed, keys alike in v1 and v2 or
+    keys to neither, so that this lane cannot tell."""
+    try:
+        source = (
+            origin
+            if isinstance(origin, SessionSource)
+            else SessionSource.from_dict(origin, plugins=plugins)
+        )
+        v1, v2 = keys_in_both(source, config, plugins)
+    except InvalidValueError:
+        return None
+    if v1 == v2 or key not in (v1, v2):
+        return None
+    return "v1" if key == v1 else "v2"
+
+
+def told_schema(
+    lanes: Iterable[tuple[str, object]], config: GatewayConfig, plugins: HermesPluginManager
+) -> KeySchema | None:
+    """The key schema of the first of ``lanes`` (key, origin) that tells one (see
+    :func:`lane_schema`), reading no further; None when none does."""
+    for key, origin in lanes:
+        if (schema := lane_schema(key, origin, config, plugins)) is not None:
+            return schema
+    return None
+
+
+def _stored_lanes(sql: Maintenance) -> Iterator[tuple[str, object]]:
+    """Every routing entry's key and origin, read :data:`ROUTE_PAGE` entries at a time."""
+    after: str | None = None
+    while entries := sql.route_page(after, ROUTE_PAGE):
+        yield from ((entry["session_key"], entry.get("origin")) for entry in entries)
+        after = entries[-1]["session_key"]
+
+
 def _unrecorded_schema(
     backend: StoreBackend,
     sql: Maintenance,
@@ -110,21 +153,15 @@ def _unrecorded_schema(
     mirror: Path,
 ) -> KeySchema:
     """The schema of a store written before schemas were recorded: the one its routing
-    entries (or the sessions.json ``mirror`` it is about to import) are keyed in, told by
-    comparing each key with its origin's keys; v1 when only session rows exist (they predate
-    v2); ``keys.schema`` for new state."""
-    lanes = [(entry["session_key"], entry.get("origin")) for entry in backend.iter_routes()]
-    if not lanes and sql.get_meta(MIRROR_IMPORTED) is None:
+    entries (or the sessions.json ``mirror`` it is about to import) are keyed in, told by the
+    first whose key is one of its origin's keys that differ in v1 and v2 (the entries are read
+    a page at a time, and no further); v1 when no entry tells or only session rows exist (they
+    predate v2); ``keys.schema`` for new state."""
+    if sql.has_routes():
+        return told_schema(_stored_lanes(sql), config, plugins) or "v1"
+    if sql.get_meta(MIRROR_IMPORTED) is None:
         mirrored = read_mirror(mirror, plugins).values()
-        lanes = [(entry.session_key, entry.to_dict().get("origin")) for entry in mirrored]
-    for key, origin in lanes:
-        try:
-            source = SessionSource.from_dict(origin, plugins=plugins)
-            v1, v2 = keys_in_both(source, config, plugins)
-        except InvalidValueError:
-            continue  # no origin, or one that cannot be keyed: this lane cannot tell
-        if v1 != v2 and key in (v1, v2):
-            return "v1" if key == v1 else "v2"
-    if lanes or backend.count_sessions() > 0:
-        return "v1"
-    return config.keys.key_schema
+        if mirrored:
+            lanes = ((entry.session_key, entry.origin) for entry in mirrored)
+            return told_schema(lanes, config, plugins) or "v1"
+    return "v1" if backend.count_sessions() > 0 else config.keys.key_schema

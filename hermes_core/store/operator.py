@@ -59,6 +59,10 @@ class OperatorBackend(Protocol):
     def get_meta(self, name: str) -> str | None:
         """A ``state_meta`` value, or None."""
 
+    def set_meta(self, name: str, value: str) -> None:
+        """Set one ``state_meta`` value (one transaction): an import records the key schema
+        of the lanes it wrote."""
+
     def integrity_problems(self) -> list[str]:
         """Database integrity and foreign-key findings (``[]`` when sound)."""
 

@@ -324,6 +324,9 @@ class SqlBackend:
     def has_routes(self) -> bool:
         return self._routes.has_routes()
 
+    def route_page(self, after: str | None, limit: int) -> list[EntryDict]:
+        return self._routes.route_page(after, limit)
+
     def import_routes(
         self, entries: Sequence[tuple[EntryDict, SessionRow]], marker: tuple[str, str]
     ) -> int:

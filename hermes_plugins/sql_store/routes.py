@@ -128,6 +128,12 @@ class RoutingRows:
         """Every routing entry, from one consistent read."""
         return iter(self._routes(true(), "reading the routing index"))
 
+    def route_page(self, after: str | None, limit: int) -> list[EntryDict]:
+        """Up to ``limit`` entries in key order after the key ``after`` (from the first when
+        None)."""
+        where = true() if after is None else gateway_routing.c.session_key > after
+        return self._routes(where, "reading the routing index", limit=limit)
+
     def routes_with_markers(self) -> list[EntryDict]:
         """Every entry whose turn marker is set."""
         where = gateway_routing.c.active_turn_token.is_not(None)
