@@ -28,6 +28,7 @@ from hermes_core.domain.errors import (
 )
 from hermes_core.store import SessionStore
 from hermes_core.store.mirror import MIRROR_README
+from hermes_core.store.operator import LaneFilter
 from hermes_core.testing import LifecycleRecorder, fresh_plugin_manager, telegram_dm
 from hermes_plugins import sql_store
 from hermes_plugins.sql_store.dialects import dialect_for
@@ -461,6 +462,21 @@ def test_version_six_database_upgrades_in_place(open_store: Opener, backend: str
     upgraded = open_store()
     assert sql(upgraded, "SELECT version FROM schema_version")[0][0] == SCHEMA_VERSION
     assert sql(upgraded, "SELECT session_key, waiting FROM session_turn_leases") == [("k", 0)]
+
+
+def test_version_seven_database_upgrades_in_place(open_store: Opener, backend: str) -> None:
+    store = open_store()
+    older = store.get_or_create_session(telegram_dm("1"))
+    newer = store.get_or_create_session(telegram_dm("2"))
+    store.close()
+    sql(store, "DROP INDEX ix_gateway_routing_updated")
+    sql(store, "UPDATE schema_version SET version = 7")
+    assert "ix_gateway_routing_updated" not in _indexes(store, backend)
+    upgraded = open_store()
+    assert sql(upgraded, "SELECT version FROM schema_version")[0][0] == SCHEMA_VERSION
+    assert "ix_gateway_routing_updated" in _indexes(upgraded, backend)
+    rows = upgraded._backing.backend.lane_rows(LaneFilter(), None, 5)
+    assert [row.entry["session_key"] for row in rows] == [newer.session_key, older.session_key]
 
 
 # -- sessions.json mirror ------------------------------------------------------------------------

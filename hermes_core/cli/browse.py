@@ -7,6 +7,7 @@ import argparse
 import contextlib
 import json
 import sys
+import time
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
@@ -35,16 +36,14 @@ from hermes_core.domain.terminal import safe_text
 from hermes_core.domain.timeutil import checked_span
 from hermes_core.plugins.manager import platform_registry
 from hermes_core.store import SessionStore
-from hermes_core.store.operator import OperatorBackend
+from hermes_core.store.operator import LaneFilter, OperatorBackend
 
 OWED_STATES = ("pending", "attempting", "failed")
 """Ledger states of a reply still owed to a chat."""
-SORTS = {
-    "updated": (lambda lane: lane["updated_at"], True),
-    "created": (lambda lane: lane["created_at"], True),
-    "key": (lambda lane: lane["session_key"], False),
-    "messages": (lambda lane: lane["message_count"], True),
-}
+SORTS = ("created", "key", "messages", "updated")
+"""``ls --sort``: newest first by activity or creation, by key, most messages first."""
+LS_PAGE = 500
+"""The most lanes ``ls`` reads in one query."""
 SEARCH_LIMIT = 100
 """The most hits ``search`` returns (the store's own bound)."""
 
@@ -61,7 +60,7 @@ def register(commands: Any, parents: list[argparse.ArgumentParser]) -> None:
     ls.add_argument(
         "--dead-lettered", action="store_true", help="only lanes with dead-lettered events"
     )
-    ls.add_argument("--sort", choices=sorted(SORTS), default="updated", help="default: updated")
+    ls.add_argument("--sort", choices=SORTS, default="updated", help="default: updated")
     ls.add_argument("--limit", type=int, metavar="N", help="at most N lanes")
     ls.add_argument("--json", action="store_true", help="print a JSON list")
     ls.set_defaults(handler=ls_command)
@@ -95,9 +94,8 @@ def register(commands: Any, parents: list[argparse.ArgumentParser]) -> None:
     export.set_defaults(handler=export_command)
 
 
-def lane_summary(store: SessionStore, entry: SessionEntry, dead: Counter[str]) -> dict[str, Any]:
+def lane_summary(entry: SessionEntry, message_count: int, dead: Counter[str]) -> dict[str, Any]:
     """One lane as ``ls --json`` prints it."""
-    row = store.session_row(entry.session_id)
     return {
         "session_key": entry.session_key,
         "session_id": entry.session_id,
@@ -109,9 +107,30 @@ def lane_summary(store: SessionStore, entry: SessionEntry, dead: Counter[str]) -
         "resume_pending": entry.resume_pending,
         "resume_reason": entry.resume_reason,
         "turn_in_progress": entry.active_turn_token is not None,
-        "message_count": row.message_count if row is not None else 0,
+        "message_count": message_count,
         "dead_letters": dead[entry.session_key],
     }
+
+
+def listed_lanes(
+    store: SessionStore, backend: OperatorBackend, lanes: LaneFilter, limit: int | None
+) -> Iterator[dict[str, Any]]:
+    """The lanes of ``lanes`` as ``ls`` prints them, at most ``limit``: read a page at a time
+    in the database's order (a lane whose stored entry cannot be loaded is skipped, with the
+    store's one warning), so the first page costs the same however many lanes are stored."""
+    dead = Counter(letter.session_key for letter in store.dead_letters())
+    after, wanted = None, limit
+    while wanted is None or wanted > 0:
+        size = LS_PAGE if wanted is None else min(wanted, LS_PAGE)
+        page = backend.lane_rows(lanes, after, size)
+        for row in page:
+            entry = store._routes.parse(row.entry)
+            if entry is not None:
+                wanted = None if wanted is None else wanted - 1
+                yield lane_summary(entry, row.message_count, dead)
+        if len(page) < size:
+            return
+        after = page[-1].position
 
 
 def _flags(lane: dict[str, Any]) -> str:
@@ -132,32 +151,28 @@ def ls_command(args: argparse.Namespace, config: GatewayConfig) -> int:
     if args.limit is not None and args.limit < 1:
         raise InvalidValueError("limit", "--limit must be at least 1.")
     active = None if args.active is None else checked_span(args.active, "--active", "minutes")
+    since = None if active is None else time.time() - active * 60
+    lanes = LaneFilter(args.sort, args.platform, since, args.suspended, args.resume_pending,
+                       args.dead_lettered)  # fmt: skip
     with open_store(config, write=False) as store:
-        dead = Counter(letter.session_key for letter in store.dead_letters())
-        entries = [
-            entry
-            for entry in store.list_sessions(active)
-            if (args.platform is None or entry.platform == args.platform)
-            and (not args.suspended or entry.suspended)
-            and (not args.resume_pending or entry.resume_pending)
-            and (not args.dead_lettered or dead[entry.session_key])
-        ]
-        lanes = [lane_summary(store, entry, dead) for entry in entries]
-        if args.platform is not None and not lanes:  # a mistyped name is not "no lanes"
+        backend = open_operator(config, write=False, plugins=store.plugins)
+        try:
+            listed = list(listed_lanes(store, backend, lanes, args.limit))
+        finally:
+            backend.close()
+        if args.platform is not None and not listed:  # a mistyped name is not "no lanes"
             platform_registry(store.plugins).require(args.platform, field="--platform")
-    key, reverse = SORTS[args.sort]
-    lanes = sorted(lanes, key=key, reverse=reverse)[: args.limit]
     if args.json:
-        print_json(lanes)
+        print_json(listed)
         return 0
-    if not lanes:
+    if not listed:
         print("no lanes")
         return 0
     rows = [("KEY", "SESSION", "UPDATED", "MESSAGES", "FLAGS")]
     rows += [
         (lane["session_key"], lane["session_id"], short_time(lane["updated_at"]),
          str(lane["message_count"]), _flags(lane))
-        for lane in lanes
+        for lane in listed
     ]  # fmt: skip
     print_table(rows)
     return 0

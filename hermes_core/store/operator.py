@@ -35,6 +35,32 @@ class RecordKinds:
 
 
 @dataclass(frozen=True, slots=True)
+class LaneFilter:
+    """Which lanes ``ls`` lists, and in which order."""
+
+    sort: str = "updated"
+    """``updated`` or ``created`` (newest first), ``key``, ``messages`` (most first); ties
+    fall to the newest activity, then to the session key."""
+    platform: str | None = None
+    active_since: float | None = None
+    """Only lanes active at or after this epoch time."""
+    suspended: bool = False
+    resume_pending: bool = False
+    dead_lettered: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class LaneRow:
+    """A lane as ``ls`` reads it: its stored entry (as the store's ``get_route`` gives it),
+    its session's message count (0 without a session row) and where it stands in the order
+    (what :meth:`OperatorBackend.lane_rows` takes as ``after``)."""
+
+    entry: dict[str, Any]
+    message_count: int
+    position: tuple[Any, ...]
+
+
+@dataclass(frozen=True, slots=True)
 class TableDigest:
     """A kind's record count and the SHA-256 of its records in primary-key order."""
 
@@ -101,6 +127,12 @@ class OperatorBackend(Protocol):
 
     def revive_queued(self, event_ids: Sequence[int]) -> int:
         """Put dead-lettered events back in their queues; how many."""
+
+    def lane_rows(
+        self, lanes: LaneFilter, after: tuple[Any, ...] | None, limit: int
+    ) -> list[LaneRow]:
+        """Up to ``limit`` lanes of ``lanes`` in its order, after the one at ``after`` (a
+        :attr:`LaneRow.position`): a page costs the same however many lanes are stored."""
 
     def table_rows(
         self, name: str, after: Sequence[Any] | None, limit: int

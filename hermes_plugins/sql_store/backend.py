@@ -32,10 +32,11 @@ from hermes_core.store.backend import (
     StoredKeys,
 )
 from hermes_core.store.bulk import ImportCounts, ImportedLane
-from hermes_core.store.operator import RecordKinds, TableDigest
+from hermes_core.store.operator import LaneFilter, LaneRow, RecordKinds, TableDigest
 from hermes_plugins.sql_store.bulk import BulkRows
 from hermes_plugins.sql_store.connection import SqlConnection
 from hermes_plugins.sql_store.counts import CountRows
+from hermes_plugins.sql_store.lanes import lane_rows
 from hermes_plugins.sql_store.leases import LeaseRows
 from hermes_plugins.sql_store.ledger import SqlLedgerRows
 from hermes_plugins.sql_store.operator import OperatorRows
@@ -357,6 +358,11 @@ class SqlBackend:
 
     def revive_queued(self, event_ids: Sequence[int]) -> int:
         return self._operator.revive_queued(event_ids)
+
+    def lane_rows(
+        self, lanes: LaneFilter, after: tuple[Any, ...] | None, limit: int
+    ) -> list[LaneRow]:
+        return lane_rows(self._conn, lanes, after, limit)
 
     def table_rows(
         self, name: str, after: Sequence[Any] | None, limit: int

@@ -107,6 +107,7 @@ gateway_routing = Table(
     Column("revision", Integer, nullable=False, server_default="0"),
     Column("entry_json", Text, nullable=False),
     Index("ix_gateway_routing_session_id", "session_id"),
+    Index("ix_gateway_routing_updated", Column("updated_at").desc(), "session_key"),
 )
 
 delivery_obligations = Table(
@@ -309,9 +310,18 @@ def _v7_lease_waiting(conn: Connection, dialect: Dialect) -> None:
     )
 
 
+def _v8_lanes_by_activity(conn: Connection, dialect: Dialect) -> None:
+    """Version 8: an index of lanes by their latest activity (newest first, then by key), the
+    order of ``ls``, so its first page reads that page's rows only."""
+    conn.exec_driver_sql(
+        "CREATE INDEX IF NOT EXISTS ix_gateway_routing_updated ON gateway_routing "
+        "(updated_at DESC, session_key)"
+    )
+
+
 MIGRATIONS: tuple[Callable[[Connection, Dialect], None], ...] = (
     _v1_canonical, _v2_search, _v3_redelivery_and_dead_letters, _v4_index_behind_a_watermark,
-    _v5_shared_instances, _v6_fewer_pages_per_turn, _v7_lease_waiting,
+    _v5_shared_instances, _v6_fewer_pages_per_turn, _v7_lease_waiting, _v8_lanes_by_activity,
 )  # fmt: skip
 """Upgrade steps; step ``n`` brings a database from version ``n`` to ``n + 1``."""
 
