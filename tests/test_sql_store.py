@@ -475,7 +475,9 @@ def test_version_seven_database_upgrades_in_place(open_store: Opener, backend: s
     upgraded = open_store()
     assert sql(upgraded, "SELECT version FROM schema_version")[0][0] == SCHEMA_VERSION
     assert "ix_gateway_routing_updated" in _indexes(upgraded, backend)
-    rows = upgraded._backing.backend.lane_rows(LaneFilter(), None, 5)
+    operator = upgraded._backing.bound.operator
+    assert operator is not None
+    rows = operator.lane_rows(LaneFilter(), None, 5)
     assert [row.entry["session_key"] for row in rows] == [newer.session_key, older.session_key]
 
 
