@@ -222,35 +222,48 @@ def stamp(epoch: float | None) -> str:
     return short_time(iso(epoch))
 
 
-class Progress:
-    """A progress bar on standard error, drawn only when it is a terminal."""
+REDRAW_SECS = 0.1
+"""Least time between two redraws of a progress bar: a million advances draw a few hundred."""
 
-    def __init__(self, label: str, total: int, stream: TextIO | None = None) -> None:
+
+class Progress:
+    """A progress bar on standard error, drawn only when it is a terminal (and the command
+    does not print JSON), redrawn at most every :data:`REDRAW_SECS`."""
+
+    def __init__(
+        self, label: str, total: int, stream: TextIO | None = None, *, quiet: bool = False
+    ) -> None:
         self.label, self.total, self.done = label, total, 0
         self.stream = stream if stream is not None else sys.stderr
-        self.shown = self.stream.isatty()
+        self.shown = not quiet and self.stream.isatty()
+        self._drawn_at = -math.inf
 
     def advance(self, count: int = 1) -> None:
-        """Count ``count`` more items done and redraw."""
+        """Count ``count`` more items done; redraw unless the last redraw is recent."""
         self.done += count
-        if self.shown:
-            width = 30
-            filled = width * min(self.done, self.total) // max(self.total, 1)
-            bar = "#" * filled + "-" * (width - filled)
-            self.stream.write(f"\r{self.label} [{bar}] {self.done}/{self.total}")
-            self.stream.flush()
+        if self.shown and time.monotonic() - self._drawn_at >= REDRAW_SECS:
+            self._draw()
+
+    def _draw(self) -> None:
+        width = 30
+        filled = width * min(self.done, self.total) // max(self.total, 1)
+        bar = "#" * filled + "-" * (width - filled)
+        self.stream.write(f"\r{self.label} [{bar}] {self.done:,}/{self.total:,}")
+        self.stream.flush()
+        self._drawn_at = time.monotonic()
 
     def close(self) -> None:
-        """End the bar's line."""
+        """Draw the final count and end the bar's line."""
         if self.shown:
+            self._draw()
             self.stream.write("\n")
             self.stream.flush()
 
 
 @contextmanager
-def progress(label: str, total: int) -> Iterator[Progress]:
-    """A :class:`Progress` closed on leaving."""
-    bar = Progress(label, total)
+def progress(label: str, total: int, *, quiet: bool = False) -> Iterator[Progress]:
+    """A :class:`Progress` closed on leaving; ``quiet``: never drawn (``--json``)."""
+    bar = Progress(label, total, quiet=quiet)
     try:
         yield bar
     finally:

@@ -21,18 +21,25 @@ import os
 import re
 import stat
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from hermes_core.cli.common import open_operator, open_store, print_json, store_spec
+from hermes_core.cli.common import open_operator, open_store, print_json, progress
+from hermes_core.cli.doctor_routes import (
+    NOT_CHECKED,
+    PLUGIN_PROBLEM,
+    ROUTE_PAGE,
+    Finding,
+    MirrorComparison,
+    walk_routes,
+)
 from hermes_core.cli.outputs import backend_files, gateway_files
 from hermes_core.config.schema import GatewayConfig
 from hermes_core.domain.errors import (
     ConfigError,
     CorruptDatabaseError,
     GatewayLockedError,
-    PluginConflictError,
     PluginError,
     StoreError,
     shown,
@@ -45,7 +52,6 @@ from hermes_core.state.instance import (
     lock_holder,
 )
 from hermes_core.store.leases import CLOCK_SLACK_SECS, lease_state
-from hermes_core.store.mirror import load_mirror, writes_mirror
 from hermes_core.store.operator import OperatorBackend
 
 PROCEDURE = (
@@ -57,20 +63,6 @@ PROCEDURE = (
     "backup are lost)."
 )
 _PII_KEY = re.compile(rb"[0-9a-f]{64}\n?")
-_PLUGIN_PROBLEM = (PluginConflictError, ConfigError)
-"""What the plugin manager's getters raise for the problems of the ``plugins`` finding."""
-_NOT_CHECKED = "not checked: the plugins' problem above stops it"
-
-
-@dataclass
-class Finding:
-    """One check's result: ``ok``, ``warn`` (worth knowing, not failing), ``problem`` or
-    ``fixed``; ``fix`` says what repairs it (``--fix`` when doctor can)."""
-
-    check: str
-    status: str
-    detail: str
-    fix: str | None = None
 
 
 def register(commands: Any, parents: list[argparse.ArgumentParser]) -> None:
@@ -106,7 +98,7 @@ def _file_findings(config: GatewayConfig, plugins: HermesPluginManager) -> list[
             found.append(Finding("files", "problem", f"{directory} has mode {mode:04o}, not 0700",
                                  "--fix tightens it"))  # fmt: skip
     paths = gateway_files(config)
-    with contextlib.suppress(*_PLUGIN_PROBLEM):  # no store chosen: no store files to check
+    with contextlib.suppress(*PLUGIN_PROBLEM):  # no store chosen: no store files to check
         paths += backend_files(config, plugins)
     if sessions.is_dir() and not sessions.is_symlink():
         paths += sorted(sessions.glob("*.json")) + sorted(sessions.glob("*.jsonl*"))
@@ -140,10 +132,17 @@ def _tighten_modes(config: GatewayConfig, plugins: HermesPluginManager) -> None:
                 os.close(fd)
 
 
-def _database_findings(backend: OperatorBackend) -> list[Finding]:
+def _database_findings(
+    backend: OperatorBackend, mirror: MirrorComparison, *, quiet: bool, page: int
+) -> tuple[list[Finding], int]:
+    """The store's findings, and how many lanes it holds (the routing table is walked once,
+    with a progress bar unless ``quiet``, for its own checks and ``mirror``'s)."""
     integrity = backend.integrity_problems()
+    with progress("doctor: routing", backend.count_records(backend.record_kinds().routes),
+                  quiet=quiet) as bar:  # fmt: skip
+        walk = walk_routes(backend, mirror, bar, page)
     if integrity:
-        return [Finding("integrity", "problem", "; ".join(integrity[:5]), PROCEDURE)]
+        return [Finding("integrity", "problem", "; ".join(integrity[:5]), PROCEDURE)], walk.lanes
     found = [Finding("integrity", "ok", "integrity and foreign-key checks pass")]
     fts = backend.health()["fts"]
     problems = backend.fts_problems()
@@ -155,22 +154,7 @@ def _database_findings(backend: OperatorBackend) -> list[Finding]:
         found.append(Finding("fts", "problem", "; ".join(problems), "--fix rebuilds the index"))
     else:
         found.append(Finding("fts", "ok", "index consistent and queryable"))
-    unreadable = backend.unreadable_rows()
-    more = f" (and {len(unreadable) - 5} more)" if len(unreadable) > 5 else ""
-    found.append(
-        Finding("stored rows", "problem", "; ".join(unreadable[:5]) + more,
-                "ls, show, rekey and the gateway pass over them: restore them from a backup; a "
-                "lane's next message rewrites its entry (in a new session, the old one stays "
-                "stored); `hermes-sessions drop ID` deletes a dead-lettered event")
-        if unreadable
-        else Finding("stored rows", "ok", "every routing entry and queued event can be read")
-    )  # fmt: skip
-    routing = backend.routing_problems()
-    found.append(
-        Finding("routing", "warn", "; ".join(routing[:5]), "`hermes-sessions reset KEY`")
-        if routing
-        else Finding("routing", "ok", "every lane points at an open session")
-    )
+    found += walk.findings()
     counts = backend.obligation_counts()
     now = time.time()
     stuck = [
@@ -184,7 +168,7 @@ def _database_findings(backend: OperatorBackend) -> list[Finding]:
                              "them"))  # fmt: skip
     else:
         found.append(Finding("ledger", "ok", detail))
-    return found
+    return found, walk.lanes
 
 
 def _lease_finding(backend: OperatorBackend, config: GatewayConfig) -> Finding:
@@ -207,34 +191,6 @@ def _lease_finding(backend: OperatorBackend, config: GatewayConfig) -> Finding:
         )  # fmt: skip
     live = states.count("live")
     return Finding("leases", "ok", f"{len(leases)} lease(s), {live} live; {waiting}")
-
-
-def _mirror_finding(
-    config: GatewayConfig, plugins: HermesPluginManager, routes: dict[str, str], running: bool
-) -> Finding:
-    path = config.sessions_dir / "sessions.json"
-    if config.sessions_dir.is_symlink():
-        return Finding("mirror", "warn", "not read: the sessions directory is a symlink")
-    try:
-        if not writes_mirror(config, store_spec(config, plugins)):
-            return Finding("mirror", "ok", "not written (gateway.write_sessions_json is off)")
-        mirror = load_mirror(path, plugins)  # a missing file loads as empty, without a warning
-    except _PLUGIN_PROBLEM:
-        return Finding("mirror", "warn", _NOT_CHECKED)
-    if not path.exists():
-        if not routes:
-            return Finding("mirror", "ok", "no lanes yet")
-        return Finding("mirror", "problem", f"{path} is missing", "--fix rewrites it")
-    if mirror.problem is not None:
-        return Finding("mirror", "problem", f"{path} {mirror.problem}", "--fix rewrites it")
-    mirrored = {key: entry.session_id for key, entry in mirror.entries.items()}
-    if mirrored == routes:
-        return Finding("mirror", "ok", f"agrees with the routing table ({len(routes)} lanes)")
-    differ = sorted(set(mirrored.items()) ^ set(routes.items()))
-    detail = f"{path} disagrees with the routing table on {len({k for k, _ in differ})} lane(s)"
-    if running:  # the gateway writes it at most once a minute
-        return Finding("mirror", "warn", detail + " (the running gateway rewrites it soon)")
-    return Finding("mirror", "problem", detail, "--fix rewrites it")
 
 
 def _backlog(config: GatewayConfig) -> list[Path]:
@@ -260,7 +216,7 @@ def _other_files(config: GatewayConfig, plugins: HermesPluginManager) -> list[Fi
     if key.is_file() and not key.is_symlink() and not _PII_KEY.fullmatch(key.read_bytes()):
         found.append(Finding("pii key", "problem", f"{key} does not hold 64 lowercase hex digits",
                              "--fix replaces it (pseudonyms change)"))  # fmt: skip
-    with contextlib.suppress(*_PLUGIN_PROBLEM):  # no platforms known: none of their files
+    with contextlib.suppress(*PLUGIN_PROBLEM):  # no platforms known: none of their files
         for spec in plugins.platforms().values():
             for directory in spec.state_dirs(home) if spec.state_dirs is not None else ():
                 if directory.exists() and not os.access(directory, os.R_OK | os.X_OK):
@@ -270,9 +226,15 @@ def _other_files(config: GatewayConfig, plugins: HermesPluginManager) -> list[Fi
 
 
 def run_checks(
-    config: GatewayConfig, plugins: HermesPluginManager
+    config: GatewayConfig,
+    plugins: HermesPluginManager,
+    *,
+    quiet: bool = False,
+    page: int = ROUTE_PAGE,
 ) -> tuple[list[Finding], int | None]:
-    """Every check, read-only; also the pid of a running gateway (None when stopped)."""
+    """Every check, read-only; also the pid of a running gateway (None when stopped). The
+    routing table is read ``page`` rows at a time, with a progress bar on a terminal unless
+    ``quiet``."""
     running = lock_holder(config.hermes_home)
     findings = _file_findings(config, plugins)
     findings.append(
@@ -281,7 +243,7 @@ def run_checks(
         else Finding("lock", "warn", f"a gateway (pid {running}) is running")
     )
     findings += _plugin_findings(plugins)
-    routes: dict[str, str] = {}
+    mirror = MirrorComparison(config, plugins, running=running is not None)
     try:
         backend = open_operator(config, write=False, plugins=plugins)
     except CorruptDatabaseError:
@@ -289,25 +251,22 @@ def run_checks(
             *findings,
             Finding("store", "problem", "the database is corrupt", PROCEDURE),
         ], running
-    except _PLUGIN_PROBLEM:
-        return [*findings, Finding("store", "warn", _NOT_CHECKED)], running
+    except PLUGIN_PROBLEM:
+        return [*findings, Finding("store", "warn", NOT_CHECKED)], running
     except (StoreError, PluginError) as exc:  # PluginError: a backend lacking what it declares
         return [*findings, Finding("store", "problem", str(exc))], running
     try:
         findings.append(Finding("store", "ok", f"{backend.name} reachable, schema current"))
         try:
-            findings += _database_findings(backend)
+            found, lanes = _database_findings(backend, mirror, quiet=quiet, page=page)
+            findings += found
             findings.append(_lease_finding(backend, config))
         except CorruptDatabaseError:
             findings.append(Finding("integrity", "problem", "the database is corrupt", PROCEDURE))
             return findings, running
-        kind, after = backend.record_kinds().routes, None
-        while rows := backend.table_rows(kind, after, 1000):
-            routes.update((row["session_key"], row["session_id"]) for row in rows)
-            after = backend.primary_key(kind, rows[-1])
     finally:
         backend.close()
-    findings.append(_mirror_finding(config, plugins, routes, running is not None))
+    findings.append(mirror.finding(lanes))
     backlog = _backlog(config)
     findings.append(
         Finding(
@@ -357,7 +316,7 @@ def doctor_command(args: argparse.Namespace, config: GatewayConfig) -> int:
     """``doctor [--fix] [--json]``: the plugins are loaded without :meth:`check
     <HermesPluginManager.check>`, so that their problems are findings."""
     plugins = create_plugin_manager(config, check=False)
-    findings, running = run_checks(config, plugins)
+    findings, running = run_checks(config, plugins, quiet=args.json)
     done: list[str] = []
     if args.fix:
         if running is not None:
@@ -373,7 +332,7 @@ def doctor_command(args: argparse.Namespace, config: GatewayConfig) -> int:
         before = {(f.check, f.detail) for f in findings if f.status == "problem"}
         done = apply_fixes(config, findings, plugins)
         if done:
-            findings, running = run_checks(config, plugins)
+            findings, running = run_checks(config, plugins, quiet=args.json)
             fixed = {f.check for f in findings if f.status == "problem"}
             findings += [Finding(check, "fixed", detail) for check, detail in sorted(before)
                          if check not in fixed]  # fmt: skip

@@ -68,6 +68,19 @@ class TableDigest:
     sha256: str
 
 
+@dataclass(frozen=True, slots=True)
+class RouteChecks:
+    """A page of routing records as ``doctor`` checks them."""
+
+    sessions: list[tuple[str, str]]
+    """Each record's session key and session id, in key order."""
+    unreadable: list[str]
+    """Records the store passes over (an entry that is not a JSON object, a time that is not
+    one: ``ls``, ``show``, ``rekey`` and the gateway skip the lane), one line each."""
+    dangling: list[str]
+    """Records whose session is missing or ended, one line each."""
+
+
 class OperatorBackend(Protocol):
     """Checks, record transfer and dead-letter revival."""
 
@@ -95,11 +108,12 @@ class OperatorBackend(Protocol):
     def fts_problems(self) -> list[str]:
         """Full-text index integrity and probe findings (``[]`` when sound or unavailable)."""
 
-    def unreadable_rows(self) -> list[str]:
-        """Routing rows and queued events the store cannot read, one line each."""
+    def check_routes(self, after: str | None, limit: int) -> RouteChecks:
+        """Up to ``limit`` routing records in key order after the key ``after`` (None: from the
+        first), checked: ``doctor`` walks the routing table a page at a time."""
 
-    def routing_problems(self) -> list[str]:
-        """Routing rows whose session is missing or ended."""
+    def unreadable_events(self) -> list[str]:
+        """Queued events the store cannot read, one line each (read in bounded memory)."""
 
     def obligation_counts(self) -> dict[str, int]:
         """Ledger rows per state."""
@@ -138,6 +152,9 @@ class OperatorBackend(Protocol):
         self, name: str, after: Sequence[Any] | None, limit: int
     ) -> list[dict[str, Any]]:
         """Up to ``limit`` records of a kind in primary-key order after the key ``after``."""
+
+    def count_records(self, name: str) -> int:
+        """How many records of a kind :meth:`table_rows` yields in all."""
 
     def primary_key(self, name: str, row: Mapping[str, Any]) -> tuple[Any, ...]:
         """The primary key of a record of the kind."""

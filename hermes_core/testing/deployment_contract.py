@@ -192,6 +192,12 @@ class DeploymentContract(ContractBase):
         assert digest.rows == 1
         assert operator.table_digest(kinds.routes) == digest
         assert operator.integrity_problems() == []
-        assert operator.unreadable_rows() == []
-        assert operator.routing_problems() == []
+        checks = operator.check_routes(None, 10)
+        assert (checks.sessions, checks.unreadable, checks.dangling) == (
+            [(entry.session_key, entry.session_id)],
+            [],
+            [],
+        )
+        assert operator.check_routes(entry.session_key, 10).sessions == []
+        assert operator.unreadable_events() == []
         assert operator.obligation_counts() == {}

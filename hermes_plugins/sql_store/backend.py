@@ -32,8 +32,9 @@ from hermes_core.store.backend import (
     StoredKeys,
 )
 from hermes_core.store.bulk import ImportCounts, ImportedLane
-from hermes_core.store.operator import LaneFilter, LaneRow, RecordKinds, TableDigest
+from hermes_core.store.operator import LaneFilter, LaneRow, RecordKinds, RouteChecks, TableDigest
 from hermes_plugins.sql_store.bulk import BulkRows
+from hermes_plugins.sql_store.checks import CheckRows
 from hermes_plugins.sql_store.connection import SqlConnection
 from hermes_plugins.sql_store.counts import CountRows
 from hermes_plugins.sql_store.lanes import lane_rows
@@ -82,6 +83,7 @@ class SqlBackend:
         self._wakeups = WakeupRows(conn)
         self._rekey = RekeyRows(conn)
         self._operator = OperatorRows(conn)
+        self._checks = CheckRows(conn)
         self._bulk = BulkRows(conn)
 
     # -- StoreBackend -----------------------------------------------------------------------------
@@ -344,11 +346,11 @@ class SqlBackend:
     def fts_problems(self) -> list[str]:
         return self._index.fts_problems()
 
-    def unreadable_rows(self) -> list[str]:
-        return self._operator.unreadable_rows()
+    def check_routes(self, after: str | None, limit: int) -> RouteChecks:
+        return self._checks.check_routes(after, limit)
 
-    def routing_problems(self) -> list[str]:
-        return self._operator.routing_problems()
+    def unreadable_events(self) -> list[str]:
+        return self._checks.unreadable_events()
 
     def obligation_counts(self) -> dict[str, int]:
         return self._operator.obligation_counts()
@@ -368,6 +370,9 @@ class SqlBackend:
         self, name: str, after: Sequence[Any] | None, limit: int
     ) -> list[dict[str, Any]]:
         return self._operator.table_rows(name, after, limit)
+
+    def count_records(self, name: str) -> int:
+        return self._operator.count_records(name)
 
     def primary_key(self, name: str, row: Mapping[str, Any]) -> tuple[Any, ...]:
         return self._operator.primary_key(name, row)

@@ -12,13 +12,10 @@ from typing import Any
 
 from sqlalchemy import Table, bindparam, func, insert, select, tuple_, update
 
-from hermes_core.domain.errors import shown
 from hermes_core.store.operator import RecordKinds, TableDigest
 from hermes_plugins.sql_store.connection import SqlConnection
 from hermes_plugins.sql_store.dialects.sqlite_fts import WATERMARK
-from hermes_plugins.sql_store.rows import ROUTE_READ, json_object, route_problems
 from hermes_plugins.sql_store.schema import (
-    gateway_routing,
     metadata,
     queued_events,
     session_turn_leases,
@@ -80,45 +77,6 @@ class OperatorRows:
         consistent)."""
         return self._conn.dialect.integrity_problems(self._conn)
 
-    def unreadable_rows(self) -> list[str]:
-        """Rows the store passes over, one line each: routing rows with a junk ``entry_json``
-        or time column (``ls``, ``show``, ``rekey`` and the gateway skip the lane or keep the
-        entry's own time), queued events whose ``event_json`` is not a JSON object (never
-        dispatched; ``show`` lists a dead letter's as null)."""
-        routes = select(gateway_routing.c.session_key, *ROUTE_READ).order_by(
-            gateway_routing.c.session_key
-        )
-        events = select(queued_events.c.id, queued_events.c.session_key,
-                        queued_events.c.event_json).order_by(queued_events.c.id)  # fmt: skip
-        with self._conn.read("checking stored rows") as conn:
-            found = [
-                f"routing row {shown(row['session_key'])}: {'; '.join(problems)}"
-                for row in conn.execute(routes).mappings()
-                if (problems := route_problems(row))
-            ]
-            found += [
-                f"queued event #{event_id} of {shown(key)}: its event_json is not a JSON object"
-                for event_id, key, text in conn.execute(events)
-                if json_object(text) is None
-            ]
-        return found
-
-    def routing_problems(self) -> list[str]:
-        """Routing rows whose session row is missing or ended."""
-        query = (
-            "SELECT r.session_key, r.session_id, s.id, s.ended_at FROM gateway_routing r "
-            "LEFT JOIN sessions s ON s.id = r.session_id ORDER BY r.session_key"
-        )
-        with self._conn.read("checking the routing table") as conn:
-            rows = conn.exec_driver_sql(query).all()
-        problems = []
-        for key, session_id, found, ended in rows:
-            if found is None:
-                problems.append(f"{key} points at session {session_id}, which does not exist")
-            elif ended is not None:
-                problems.append(f"{key} points at session {session_id}, which has ended")
-        return problems
-
     def lease_rows(self, session_key: str | None = None) -> list[tuple[str, str, float]]:
         """Turn leases (session key, owner instance, expiry), by key."""
         table = session_turn_leases
@@ -169,6 +127,15 @@ class OperatorRows:
             query = query.where(tuple_(*key) > tuple_(*after))
         with self._conn.read(f"reading {name}") as conn:
             return [dict(row) for row in conn.execute(query).mappings()]
+
+    def count_records(self, name: str) -> int:
+        """How many rows :meth:`table_rows` yields in all."""
+        table = _table(name)
+        query = select(func.count()).select_from(table)
+        if table is state_meta:
+            query = query.where(state_meta.c.key.not_in(_INDEX_META))
+        with self._conn.read(f"counting {name}") as conn:
+            return int(conn.execute(query).scalar_one())
 
     def primary_key(self, name: str, row: Mapping[str, Any]) -> tuple[Any, ...]:
         """The primary key of a row of the table."""
