@@ -5,13 +5,16 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import sqlite3
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 from support.populate import config_for, populate
 
-from conftest import FakeDistribution
+from conftest import FakeDistribution, builtins_only
 from hermes_core.cli.main import main
 from hermes_core.store import SessionStore
 from hermes_core.store.replay import encode_message_line
@@ -69,6 +72,42 @@ def test_a_torn_sessions_json_is_rewritten(home: Path, capsys: pytest.CaptureFix
     code, report = doctor(capsys, home, "--fix")
     assert code == 0
     assert json.loads(mirror.read_text()).keys() == whole.keys()
+
+
+KILLED_MID_REBUILD = """
+import os, signal, sys
+from hermes_core.cli.main import main
+from hermes_plugins.sql_store.dialects.sqlite_search import Fts5Index
+
+def die(self):  # the index was emptied and committed; none of it is refilled yet
+    os.kill(os.getpid(), signal.SIGKILL)
+
+Fts5Index.index_backlog = die
+sys.exit(main(["doctor", "--fix", "--state-dir", sys.argv[1]]))
+"""
+
+
+def test_a_fix_killed_mid_rebuild_is_safe_to_run_again(
+    home: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``--fix`` killed while it rebuilds the index leaves it consistent (it holds what its
+    watermark covers, search scans the rest): the next run finds the store healthy and search
+    finds every message."""
+    raw = sqlite3.connect(home / "state.db")
+    raw.execute("UPDATE messages_fts_data SET block = x'" + "ff" * 16 + "' WHERE id > 1")
+    raw.commit()
+    raw.close()
+    child = subprocess.run(
+        [sys.executable, "-c", KILLED_MID_REBUILD, str(home)],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=builtins_only(), check=False,
+    )  # fmt: skip
+    assert child.returncode == -signal.SIGKILL
+    for extra in ((), ("--fix",)):
+        code, report = doctor(capsys, home, *extra)
+        assert code == 0
+        assert statuses(report)["fts"] == "ok"
+        with SessionStore.open(config_for(home), read_only=True) as store:
+            assert len(store.search("zebra")) == 6
 
 
 def test_a_0644_database_is_tightened(home: Path, capsys: pytest.CaptureFixture[str]) -> None:
