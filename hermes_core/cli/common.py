@@ -11,7 +11,7 @@ import math
 import os
 import sys
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from datetime import datetime, timezone
 from pathlib import Path
@@ -168,10 +168,20 @@ def say(line: str) -> None:
     print(safe_text(line))
 
 
-def json_text(data: Any, *, indent: int | None = None) -> str:
+_ENCODER = json.JSONEncoder(ensure_ascii=False, default=str)
+"""What :func:`json_text` writes on one line with (``json.dumps`` builds one per call)."""
+
+
+def json_text(data: Any, *, indent: int | None = None, inert: bool = True) -> str:
     """``data`` as JSON in which C1 controls and bidi overrides are ``\\u`` escapes too (JSON
-    escapes C0 itself), so no output of ours can steer a terminal; parsed, it is ``data``."""
-    return inert_json(json.dumps(data, indent=indent, ensure_ascii=False, default=str))
+    escapes C0 itself), so no output of ours can steer a terminal; parsed, it is ``data``.
+    ``inert=False``: JSON as it comes, for a caller that passes what it joins through
+    :func:`inert_json` at once."""
+    if indent is None:
+        text = _ENCODER.encode(data)
+    else:
+        text = json.dumps(data, indent=indent, ensure_ascii=False, default=str)
+    return inert_json(text) if inert else text
 
 
 def print_json(data: Any) -> None:
@@ -199,17 +209,20 @@ def iso(epoch: float | None) -> str | None:
         return str(epoch)
 
 
-def iso_times(row: Mapping[str, Any]) -> dict[str, Any]:
-    """``row`` with its epoch times (numbers under ``timestamp`` or a name ending in ``_at``)
-    as :func:`iso` strings."""
-    return {
-        name: iso(value)
-        if (name == "timestamp" or name.endswith("_at"))
-        and isinstance(value, int | float)
-        and not isinstance(value, bool)
-        else value
-        for name, value in row.items()
-    }
+def time_fields(names: Iterable[str]) -> tuple[str, ...]:
+    """The names of ``names`` that hold times: ``timestamp`` and those ending in ``_at``."""
+    return tuple(name for name in names if name == "timestamp" or name.endswith("_at"))
+
+
+def iso_times(row: Mapping[str, Any], times: Sequence[str] | None = None) -> dict[str, Any]:
+    """``row`` with its epoch times (numbers under its :func:`time_fields`, or under ``times``
+    when the caller knows them for many rows alike) as :func:`iso` strings."""
+    converted = dict(row)
+    for name in time_fields(row) if times is None else times:
+        value = converted[name]
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            converted[name] = iso(value)
+    return converted
 
 
 def short_time(text: str | None) -> str:
@@ -231,7 +244,7 @@ class Progress:
     does not print JSON), redrawn at most every :data:`REDRAW_SECS`."""
 
     def __init__(
-        self, label: str, total: int, stream: TextIO | None = None, *, quiet: bool = False
+        self, label: str, total: int | None, stream: TextIO | None = None, *, quiet: bool = False
     ) -> None:
         self.label, self.total, self.done = label, total, 0
         self.stream = stream if stream is not None else sys.stderr
@@ -245,10 +258,13 @@ class Progress:
             self._draw()
 
     def _draw(self) -> None:
-        width = 30
-        filled = width * min(self.done, self.total) // max(self.total, 1)
-        bar = "#" * filled + "-" * (width - filled)
-        self.stream.write(f"\r{self.label} [{bar}] {self.done:,}/{self.total:,}")
+        if self.total is None:  # not known: the count alone
+            self.stream.write(f"\r{self.label} {self.done:,}")
+        else:
+            width = 30
+            filled = width * min(self.done, self.total) // max(self.total, 1)
+            bar = "#" * filled + "-" * (width - filled)
+            self.stream.write(f"\r{self.label} [{bar}] {self.done:,}/{self.total:,}")
         self.stream.flush()
         self._drawn_at = time.monotonic()
 
@@ -261,8 +277,9 @@ class Progress:
 
 
 @contextmanager
-def progress(label: str, total: int, *, quiet: bool = False) -> Iterator[Progress]:
-    """A :class:`Progress` closed on leaving; ``quiet``: never drawn (``--json``)."""
+def progress(label: str, total: int | None, *, quiet: bool = False) -> Iterator[Progress]:
+    """A :class:`Progress` of ``total`` items (None: not known) closed on leaving; ``quiet``:
+    never drawn (``--json``)."""
     bar = Progress(label, total, quiet=quiet)
     try:
         yield bar

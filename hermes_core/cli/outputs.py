@@ -12,6 +12,11 @@ An output is opened after the store (so a store that cannot be opened leaves no 
 created 0600 like the store's own files, and opened without blocking: a FIFO that nothing reads
 is refused instead of hanging. A regular file, a character device (``/dev/null``, a terminal) and
 a pipe with a reader (``-o >(gzip > export.gz)``) are accepted; anything else is refused.
+
+A file (one that exists, or a new name) is written as ``.NAME.partial`` beside it and renamed onto
+it once complete (:func:`written_output`): an export interrupted, killed or out of disk space
+leaves the file as it was (or absent), never a truncated file that looks complete; the next run
+replaces the partial file it left.
 """
 
 from __future__ import annotations
@@ -20,6 +25,8 @@ import errno
 import fcntl
 import os
 import stat
+from collections.abc import Iterator
+from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import TextIO
 
@@ -36,6 +43,13 @@ from hermes_core.state.instance import (
 PRIVATE_FILES = (LOCK_FILE, CLEAN_SHUTDOWN_FILE, RESTART_COUNTS_FILE, INSTANCE_ID_FILE)
 """The gateway's own files in its state directory."""
 _OPEN_FLAGS = os.O_WRONLY | os.O_CREAT | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
+_PARTIAL_FLAGS = (
+    os.O_WRONLY
+    | os.O_CREAT
+    | os.O_EXCL
+    | getattr(os, "O_NOFOLLOW", 0)
+    | getattr(os, "O_CLOEXEC", 0)
+)
 
 
 def backend_files(config: GatewayConfig, plugins: HermesPluginManager | None = None) -> list[Path]:
@@ -99,23 +113,64 @@ def refuse_store_file(path: Path, config: GatewayConfig, what: str) -> None:
         )
 
 
-def open_output(path: Path, config: GatewayConfig) -> TextIO:
-    """``path`` opened for writing text, after :func:`refuse_store_file`; see the module."""
+def _cannot_write(path: Path, exc: OSError) -> InvalidValueError:
+    reason = exc.strerror or type(exc).__name__
+    if exc.errno == errno.ENXIO:
+        reason = "nothing reads from it (a FIFO without a reader); start its reader first"
+    return InvalidValueError("output", f"{shown(str(path))}: cannot write: {reason}.")
+
+
+@contextmanager
+def written_output(path: Path, config: GatewayConfig) -> Iterator[TextIO]:
+    """``path`` open for writing text, after :func:`refuse_store_file`: a file is written beside
+    it and renamed onto it when the block ends without an error (see the module), a device or
+    pipe is written in place."""
     refuse_store_file(path, config, "output")
+    target = Path(os.path.realpath(path))  # a symlink's file is replaced, not the symlink
+    try:
+        info = os.stat(target)
+    except FileNotFoundError:
+        info = None
+    except OSError as exc:
+        raise _cannot_write(path, exc) from exc
+    if info is not None and not stat.S_ISREG(info.st_mode):
+        with _open_in_place(path, config) as out:
+            yield out
+        return
+    partial = target.with_name(f".{target.name}.partial")
+    with suppress(FileNotFoundError):
+        partial.unlink()  # what an interrupted run left
+    try:
+        out = os.fdopen(os.open(partial, _PARTIAL_FLAGS, 0o600), "w", encoding="utf-8")
+    except OSError as exc:
+        raise _cannot_write(path, exc) from exc
+    try:
+        with out:
+            yield out
+            out.flush()
+            os.fsync(out.fileno())
+        refuse_store_file(target, config, "output")  # nothing linked a store file there since
+        os.replace(partial, target)
+    except BaseException:
+        with suppress(OSError):
+            partial.unlink()
+        raise
+
+
+def _open_in_place(path: Path, config: GatewayConfig) -> TextIO:
+    """``path`` itself opened for writing text (a character device or a pipe)."""
     try:
         fd = os.open(path, _OPEN_FLAGS, 0o600)
     except OSError as exc:
-        reason = exc.strerror or type(exc).__name__
-        if exc.errno == errno.ENXIO:
-            reason = "nothing reads from it (a FIFO without a reader); start its reader first"
-        raise InvalidValueError("output", f"{shown(str(path))}: cannot write: {reason}.") from exc
+        raise _cannot_write(path, exc) from exc
     try:
         info = os.fstat(fd)
-        if stat.S_ISREG(info.st_mode):
-            if (info.st_dev, info.st_ino) in _protected(config)[2]:  # linked there meanwhile
-                refuse_store_file(path, config, "output")
-            os.ftruncate(fd, 0)
-        elif not (stat.S_ISCHR(info.st_mode) or stat.S_ISFIFO(info.st_mode)):
+        if stat.S_ISREG(info.st_mode):  # a file put there since: written as one
+            raise InvalidValueError(
+                "output", f"{shown(str(path))}: cannot write: it became a file while the export "
+                "started; run it again."
+            )  # fmt: skip
+        if not (stat.S_ISCHR(info.st_mode) or stat.S_ISFIFO(info.st_mode)):
             raise InvalidValueError(
                 "output",
                 f"{shown(str(path))}: cannot write: not a regular file, a character device or a "

@@ -192,6 +192,20 @@ class SqlConnection:
         with self.read(what) as conn:
             return conn.exec_driver_sql(statement.sql, statement.bind(params)).mappings().first()
 
+    def rows(self, statement: Prepared, what: str) -> list[dict[str, Any]]:
+        """Every row of a read from the pool as a dict, fetched on the driver's cursor (without
+        SQLAlchemy's row objects: for reads of many rows, such as ``export``'s)."""
+        with self.read(what) as conn:
+            cursor = conn.connection.cursor()
+            try:
+                statement.run(cursor)
+                names = [column[0] for column in cursor.description]
+                return [dict(zip(names, row, strict=True)) for row in cursor.fetchall()]
+            except self.driver_error as exc:
+                raise self.translate(exc, what) from exc
+            finally:
+                cursor.close()
+
     def get_meta(self, name: str) -> str | None:
         """A ``state_meta`` value, or None."""
         with self.read("reading state_meta") as conn:

@@ -125,8 +125,7 @@ class OperatorRows:
             query = query.where(state_meta.c.key.not_in(_INDEX_META))
         if after is not None:
             query = query.where(tuple_(*key) > tuple_(*after))
-        with self._conn.read(f"reading {name}") as conn:
-            return [dict(row) for row in conn.execute(query).mappings()]
+        return self._conn.rows(self._conn.prepare(query), f"reading {name}")
 
     def count_records(self, name: str) -> int:
         """How many rows :meth:`table_rows` yields in all."""

@@ -1,0 +1,127 @@
+"""``export --output FILE`` writes beside the file and renames it into place once complete: a
+real export killed midway leaves no file, or the previous one intact, and running it again
+writes the whole export. Its progress bar is drawn on a terminal only, and not per item."""
+
+from __future__ import annotations
+
+import io
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from contextlib import closing
+from pathlib import Path
+
+import pytest
+from support.populate import populate, run
+
+from hermes_core.cli.common import Progress
+
+MESSAGES = 60_000
+"""Enough for an export to take a while (many pages) after it wrote its first."""
+
+
+def _add_messages(home: Path, session_key: str) -> None:
+    with closing(sqlite3.connect(home / "state.db")) as conn, conn:
+        (session_id,) = conn.execute(
+            "SELECT session_id FROM gateway_routing WHERE session_key = ?", (session_key,)
+        ).fetchone()
+        conn.execute(
+            "WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < ?) "
+            "INSERT INTO messages (session_id, role, content, timestamp) "
+            "SELECT ?, 'user', 'message ' || i || ' of a long transcript, zebra café', "
+            "1790000000 + i FROM n",
+            (MESSAGES, session_id),
+        )
+
+
+def _killed_midway(home: Path, target: Path) -> int:
+    """Start an export into ``target``, kill it (SIGKILL) once it has written part of its
+    output; the size of that part."""
+    partial = target.with_name(f".{target.name}.partial")
+    script = Path(sys.executable).with_name("hermes-sessions")
+    child = subprocess.Popen(
+        [str(script), "export", "--state-dir", str(home), "-o", str(target)],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 120
+        while not (partial.exists() and partial.stat().st_size > 0):
+            assert child.poll() is None, "the export ended before it could be killed"
+            assert time.monotonic() < deadline
+            time.sleep(0.002)
+        child.send_signal(signal.SIGKILL)
+    finally:
+        child.wait()
+    return partial.stat().st_size
+
+
+@pytest.mark.slow
+def test_an_export_killed_midway_leaves_the_file_as_it_was_and_a_rerun_writes_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    home = tmp_path / "state"
+    keys = populate(home)
+    _add_messages(home, keys["alice"])
+    code, expected, _ = run(capsys, "export", "--state-dir", str(home))
+    assert code == 0
+    assert expected.count("\n") > MESSAGES
+    (tmp_path / "out").mkdir()
+    target = tmp_path / "out" / "export.jsonl"
+    assert _killed_midway(home, target) < len(expected.encode())
+    assert not target.exists()  # no truncated file that looks complete
+    target.write_text("the previous export\n", encoding="utf-8")
+    assert _killed_midway(home, target) < len(expected.encode())
+    assert target.read_text(encoding="utf-8") == "the previous export\n"
+    code, _, _ = run(capsys, "export", "--state-dir", str(home), "-o", str(target))
+    assert code == 0
+    assert target.read_text(encoding="utf-8") == expected
+    assert [path.name for path in target.parent.iterdir()] == ["export.jsonl"]
+
+
+def test_an_export_that_fails_leaves_the_file_as_it_was(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    home = tmp_path / "state"
+    populate(home)
+    (tmp_path / "out").mkdir()
+    target = tmp_path / "out" / "export.jsonl"
+    target.write_text("the previous export\n", encoding="utf-8")
+
+    def fail(*_: object) -> int:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr("hermes_core.cli.browse.export_jsonl", fail)
+    code, out, err = run(capsys, "export", "--state-dir", str(home), "-o", str(target))
+    assert (code, out) == (2, "")
+    assert "No space left on device" in err
+    assert "left as it was" in err
+    assert target.read_text(encoding="utf-8") == "the previous export\n"
+    assert [path.name for path in target.parent.iterdir()] == ["export.jsonl"]
+
+
+class _Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_progress_is_drawn_on_a_terminal_only_and_at_most_every_interval(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    clock = [0.0]
+    monkeypatch.setattr(time, "monotonic", lambda: clock[0])
+    terminal = _Terminal()
+    bar = Progress("export", 1000, terminal)
+    for _ in range(1000):  # a millisecond per item: a second in all
+        bar.advance()
+        clock[0] += 0.001
+    bar.close()
+    drawn = terminal.getvalue()
+    assert 10 <= drawn.count("\r") <= 12  # every 0.1 s, and once more as it ends
+    assert drawn.endswith("\rexport [##############################] 1,000/1,000\n")
+    piped = io.StringIO()
+    bar = Progress("export", 3, piped)
+    bar.advance(3)
+    bar.close()
+    assert piped.getvalue() == ""
