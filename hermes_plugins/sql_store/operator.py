@@ -122,7 +122,7 @@ class OperatorRows:
         key = tuple(table.primary_key.columns)
         query = select(table).order_by(*key).limit(limit)
         if table is state_meta:
-            query = query.where(state_meta.c.key.not_in(_INDEX_META))
+            query = query.where(*(state_meta.c.key != name for name in _INDEX_META))
         if after is not None:
             query = query.where(tuple_(*key) > tuple_(*after))
         return self._conn.rows(self._conn.prepare(query), f"reading {name}")
