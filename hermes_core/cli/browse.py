@@ -359,7 +359,7 @@ def export_jsonl(backend: OperatorBackend, out: TextIO) -> int:
 def export_markdown(store: SessionStore, backend: OperatorBackend, out: TextIO) -> int:
     """One section per session (oldest first) with its active transcript; the session count."""
     name = backend.record_kinds().sessions
-    with progress("export", None) as bar:  # counting the sessions would read them all
+    with progress("export", backend.count_records(name)) as bar:
         for row in (row for rows in _pages(backend, name) for row in rows):
             ended = stamp(row["ended_at"])
             section = [

@@ -244,7 +244,7 @@ class Progress:
     does not print JSON), redrawn at most every :data:`REDRAW_SECS`."""
 
     def __init__(
-        self, label: str, total: int | None, stream: TextIO | None = None, *, quiet: bool = False
+        self, label: str, total: int, stream: TextIO | None = None, *, quiet: bool = False
     ) -> None:
         self.label, self.total, self.done = label, total, 0
         self.stream = stream if stream is not None else sys.stderr
@@ -258,13 +258,10 @@ class Progress:
             self._draw()
 
     def _draw(self) -> None:
-        if self.total is None:  # not known: the count alone
-            self.stream.write(f"\r{self.label} {self.done:,}")
-        else:
-            width = 30
-            filled = width * min(self.done, self.total) // max(self.total, 1)
-            bar = "#" * filled + "-" * (width - filled)
-            self.stream.write(f"\r{self.label} [{bar}] {self.done:,}/{self.total:,}")
+        width = 30
+        filled = width * min(self.done, self.total) // max(self.total, 1)
+        bar = "#" * filled + "-" * (width - filled)
+        self.stream.write(f"\r{self.label} [{bar}] {self.done:,}/{self.total:,}")
         self.stream.flush()
         self._drawn_at = time.monotonic()
 
@@ -277,9 +274,8 @@ class Progress:
 
 
 @contextmanager
-def progress(label: str, total: int | None, *, quiet: bool = False) -> Iterator[Progress]:
-    """A :class:`Progress` of ``total`` items (None: not known) closed on leaving; ``quiet``:
-    never drawn (``--json``)."""
+def progress(label: str, total: int, *, quiet: bool = False) -> Iterator[Progress]:
+    """A :class:`Progress` closed on leaving; ``quiet``: never drawn (``--json``)."""
     bar = Progress(label, total, quiet=quiet)
     try:
         yield bar
