@@ -3,13 +3,14 @@ migration killed midway (SIGKILL of a real child process) that resumes."""
 
 from __future__ import annotations
 
+import json
 import signal
-import sqlite3
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from sqlalchemy import create_engine
 from support.populate import config_for, populate
 
 from conftest import builtins_only
@@ -71,34 +72,58 @@ def insert_then_die(self, name, rows):
     return inserted
 
 SqlBackend.insert_missing = insert_then_die
-sys.exit(main(["migrate", "--state-dir", sys.argv[1], "--to", sys.argv[2]]))
+sys.exit(main(["migrate", *sys.argv[1:]]))
 """
-"""``hermes-sessions migrate`` in a child process that SIGKILLs itself once the first batch of
-messages is committed in the target: a kill midway, whatever the machine's load (a kill timed
+"""``hermes-sessions migrate ARGS`` in a child process that SIGKILLs itself once the first batch
+of messages is committed in the target: a kill midway, whatever the machine's load (a kill timed
 from outside could come after the copy had finished)."""
 
 
+def migrated(capsys: pytest.CaptureFixture[str], *argv: str) -> dict[str, dict[str, int]]:
+    """``migrate ARGS --json``'s report (records copied now and verified, per kind)."""
+    assert main(["migrate", *argv, "--json"]) == 0
+    report: dict[str, dict[str, int]] = json.loads(capsys.readouterr().out)
+    return report
+
+
 @pytest.mark.slow
-def test_a_migration_killed_midway_resumes(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
+@pytest.mark.parametrize(("source_on", "target_on"), [
+    ("sqlite", "sqlite"), ("sqlite", "postgresql"), ("postgresql", "sqlite"),
+])  # fmt: skip
+def test_a_migration_killed_midway_resumes_to_what_an_uninterrupted_one_copies(
+    tmp_path: Path, source_on: str, target_on: str, request: pytest.FixtureRequest,
+    capsys: pytest.CaptureFixture[str],
+) -> None:  # fmt: skip
+    postgresql = "postgresql" in (source_on, target_on)
+    database = str(request.getfixturevalue("empty_database")) if postgresql else None
     home = tmp_path / "state"
-    populate(home)
-    with SessionStore.open(config_for(home)) as store:
+    source_url = database if source_on == "postgresql" else None
+    populate(home, source_url)
+    with SessionStore.open(config_for(home, source_url)) as store:
         entry = store.list_sessions()[0]
         for i in range(1200):  # three batches of messages
             store.append_to_transcript(entry.session_id, {"role": "user", "content": f"m {i}"})
-    target = tmp_path / "target"
-    target.mkdir(mode=0o700)
-    database = target / "state.db"
+    source = ["--state-dir", str(home), *(["--url", source_url] if source_url else [])]
+    (tmp_path / "targets").mkdir(mode=0o700)
+    target = database if target_on == "postgresql" else f"sqlite:///{tmp_path}/targets/killed.db"
     child = subprocess.run(
-        [sys.executable, "-c", KILLED_AFTER_A_BATCH, str(home), f"sqlite:///{database}"],
+        [sys.executable, "-c", KILLED_AFTER_A_BATCH, *source, "--to", target],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=builtins_only(), check=False,
     )  # fmt: skip
     assert child.returncode == -signal.SIGKILL
-    with sqlite3.connect(database) as raw:
-        assert 0 < raw.execute("SELECT count(*) FROM messages").fetchone()[0] < 1212
-    before = export(capsys, "--state-dir", str(home))
-    assert main(["migrate", "--state-dir", str(home), "--to", f"sqlite:///{database}"]) == 0
-    capsys.readouterr()
-    assert export(capsys, "--url", f"sqlite:///{database}") == before
+    engine = create_engine(target)
+    with engine.connect() as conn:
+        copied = conn.exec_driver_sql("SELECT count(*) FROM messages").scalar_one()
+    engine.dispose()
+    assert 0 < copied < 1212
+    before = export(capsys, *source)
+
+    resumed = migrated(capsys, *source, "--to", target)
+    whole = migrated(capsys, *source, "--to", f"sqlite:///{tmp_path}/targets/whole.db")
+
+    assert resumed["verified"] == whole["verified"] == whole["copied"]
+    assert resumed["copied"]["messages"] == whole["copied"]["messages"] - copied
+    assert resumed["copied"]["sessions"] == 0
+    assert export(capsys, "--url", target) == before
+    assert export(capsys, "--url", f"sqlite:///{tmp_path}/targets/whole.db") == before
+    assert migrated(capsys, *source, "--to", target)["copied"] == dict.fromkeys(whole["copied"], 0)

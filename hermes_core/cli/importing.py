@@ -47,8 +47,7 @@ def import_gateway_command(args: argparse.Namespace, config: GatewayConfig) -> i
     target = open_operator(config, write=True, plugins=plugins)
     try:
         check_key_schema(source, target, config, plugins)
-        with progress("import", len(source.entries)) as bar:
-            bar.shown = bar.shown and not args.json
+        with progress("import", len(source.entries), quiet=args.json) as bar:
             counts = import_lanes(
                 target, source.lanes(), config=config, plugins=plugins, batch=args.batch,
                 advance=bar.advance,

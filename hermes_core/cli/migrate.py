@@ -79,17 +79,21 @@ def _check_before_writing(source: OperatorBackend, target_config: GatewayConfig)
         probe.close()
 
 
-def copy_tables(source: OperatorBackend, target: OperatorBackend) -> dict[str, int]:
-    """Copy the records ``target`` lacks, kind by kind; records inserted per kind."""
+def copy_tables(
+    source: OperatorBackend, target: OperatorBackend, *, quiet: bool = False
+) -> dict[str, int]:
+    """Copy the records ``target`` lacks, kind by kind, a batch per transaction (a progress bar
+    counts the source's records; ``quiet``: none); records inserted per kind."""
     kinds = source.record_kinds()
+    total = sum(source.count_records(name) for name in kinds.transfer)
     inserted = {}
-    with progress("migrate", len(kinds.transfer)) as bar:
+    with progress("migrate", total, quiet=quiet) as bar:
         for name in kinds.transfer:
             inserted[name], after = 0, None
             while rows := source.table_rows(name, after, BATCH_ROWS):
                 inserted[name] += target.insert_missing(name, rows)
                 after = source.primary_key(name, rows[-1])
-            bar.advance()
+                bar.advance(len(rows))
     after = None
     while sessions := source.table_rows(kinds.sessions, after, BATCH_ROWS):
         target.set_session_counts(sessions)  # the count trigger moved them during the copy
@@ -127,7 +131,7 @@ def migrate_command(args: argparse.Namespace, config: GatewayConfig) -> int:
         target = open_operator(target_config, write=True, plugins=None)
         try:
             check_target(source, target)
-            inserted = copy_tables(source, target)
+            inserted = copy_tables(source, target, quiet=args.json)
             counts = verify(source, target)
         finally:
             target.close()

@@ -6,11 +6,10 @@ so an interrupted copy resumes where it stopped) and reviving dead-lettered even
 from __future__ import annotations
 
 import hashlib
-import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from sqlalchemy import Table, bindparam, func, insert, select, tuple_, update
+from sqlalchemy import Float, Table, bindparam, func, select, tuple_, update
 
 from hermes_core.store.operator import RecordKinds, TableDigest
 from hermes_plugins.sql_store.connection import SqlConnection
@@ -23,6 +22,7 @@ from hermes_plugins.sql_store.schema import (
     state_meta,
 )
 from hermes_plugins.sql_store.search import STALE
+from hermes_plugins.sql_store.statements import Prepared
 
 TRANSFER_TABLES = (
     "state_meta", "sessions", "messages", "gateway_routing", "delivery_obligations",
@@ -48,15 +48,35 @@ def _table(name: str) -> Table:
     return metadata.tables[name]
 
 
-def _canonical(table: Table, row: Mapping[str, Any], *, copied: bool = False) -> str:
-    """A row in the form both dialects agree on: canonical JSON, floats by their exact repr.
-    ``copied``: without the session columns a copy sets only at its end."""
-    values = {
-        column: repr(float(value)) if isinstance(value, float) else value
-        for column, value in row.items()
-        if not (copied and table is sessions and column in _RECOUNTED)
-    }
-    return json.dumps(values, sort_keys=True)
+def _normal(table: Table, values: Sequence[Any]) -> tuple[Any, ...]:
+    """A row's values (in column order) in the form both dialects agree on: a float column's
+    as floats (SQLite may return an integral one as an int)."""
+    floats = _FLOAT_AT[table.name]
+    if not floats:
+        return tuple(values)
+    return tuple(
+        float(value) if at in floats and value is not None else value
+        for at, value in enumerate(values)
+    )
+
+
+def _compared(table: Table, row: Mapping[str, Any]) -> tuple[Any, ...]:
+    """A copied row as :meth:`OperatorRows.foreign_rows` compares it: :func:`_normal` without
+    the session columns a copy sets only at its end."""
+    values = _normal(table, [row[name] for name in table.columns.keys()])  # noqa: SIM118
+    if table is not sessions:
+        return values
+    return tuple(value for at, value in enumerate(values) if at not in _RECOUNTED_AT)
+
+
+_FLOAT_AT = {
+    name: frozenset(at for at, column in enumerate(table.columns) if isinstance(column.type, Float))
+    for name, table in metadata.tables.items()
+}
+"""Each table's float columns, by position."""
+_RECOUNTED_AT = frozenset(sessions.columns.keys().index(name) for name in _RECOUNTED)
+DIGEST_ROWS = 2000
+"""Rows per read of :meth:`OperatorRows.table_digest`."""
 
 
 class OperatorRows:
@@ -64,6 +84,8 @@ class OperatorRows:
 
     def __init__(self, conn: SqlConnection) -> None:
         self._conn = conn
+        self._inserts: dict[str, Prepared] = {}
+        """Per table, the insert that skips a row whose primary key is there."""
 
     def record_kinds(self) -> RecordKinds:
         """The tables, by what the operator commands do with them."""
@@ -141,21 +163,20 @@ class OperatorRows:
         return tuple(row[column.name] for column in _table(name).primary_key.columns)
 
     def insert_missing(self, name: str, rows: Sequence[Mapping[str, Any]]) -> int:
-        """Insert the rows whose primary key the table lacks, in one transaction; how many."""
+        """Insert the rows whose primary key the table lacks, in one transaction and one
+        ``executemany`` (``ON CONFLICT (key) DO NOTHING``: a batch copied before is skipped
+        by the database, so copying it again is harmless); how many were inserted."""
         if not rows:
             return 0
-        table = _table(name)
-        columns = tuple(table.primary_key.columns)
-        keys = [self.primary_key(name, row) for row in rows]
-        present_query = select(*columns).where(tuple_(*columns).in_(keys))
-        statement = self._conn.prepare(insert(table))
-        with self._conn.read(f"reading {name}") as conn:
-            present = {tuple(row) for row in conn.execute(present_query).all()}
-        missing = [row for row, key in zip(rows, keys, strict=True) if key not in present]
+        statement = self._inserts.get(name)
+        if statement is None:
+            table = _table(name)
+            skipping = self._conn.dialect.insert(table).on_conflict_do_nothing(
+                index_elements=list(table.primary_key.columns)
+            )
+            statement = self._inserts[name] = self._conn.prepare(skipping)
         with self._conn.write(f"copying {name}") as cursor:
-            for row in missing:
-                statement.run(cursor, row)
-        return len(missing)
+            return int(statement.run_many(cursor, rows).rowcount)
 
     def foreign_rows(self, name: str, rows: Sequence[Mapping[str, Any]]) -> int:
         """How many of ``rows`` (another store's rows of table ``name``) this table lacks or
@@ -168,10 +189,9 @@ class OperatorRows:
         query = select(table).where(tuple_(*table.primary_key.columns).in_(keys))
         with self._conn.read(f"reading {name}") as conn:
             found = [dict(row) for row in conn.execute(query).mappings()]
-        mine = {self.primary_key(name, row): _canonical(table, row, copied=True) for row in found}
+        mine = {self.primary_key(name, row): _compared(table, row) for row in found}
         return sum(
-            mine.get(key) != _canonical(table, row, copied=True)
-            for key, row in zip(keys, rows, strict=True)
+            mine.get(key) != _compared(table, row) for key, row in zip(keys, rows, strict=True)
         )
 
     def set_session_counts(self, rows: Sequence[Mapping[str, Any]]) -> None:
@@ -182,10 +202,10 @@ class OperatorRows:
             .where(sessions.c.id == bindparam("row_id"))
             .values({column: bindparam(column) for column in _RECOUNTED})
         )
+        params = [{"row_id": row["id"], **{column: row[column] for column in _RECOUNTED}}
+                  for row in rows]  # fmt: skip
         with self._conn.write("restoring session counts") as cursor:
-            for row in rows:
-                values = {column: row[column] for column in _RECOUNTED}
-                statement.run(cursor, {"row_id": row["id"], **values})
+            statement.run_many(cursor, params)
 
     def finish_transfer(self) -> None:
         """After a copy: the dialect's statements that make the database ready (PostgreSQL's
@@ -199,13 +219,14 @@ class OperatorRows:
                 cursor.execute(statement)
 
     def table_digest(self, name: str) -> TableDigest:
-        """Row count and SHA-256 of a table's rows (primary-key order, canonical JSON)."""
+        """Row count and SHA-256 of a table's rows (primary-key order, the ``repr`` of each
+        batch of :func:`_normal` rows: both stores read the same batches when they agree)."""
+        table = _table(name)
         digest = hashlib.sha256()
         count = 0
         after: Sequence[Any] | None = None
-        while rows := self.table_rows(name, after, 1000):
-            for row in rows:
-                digest.update(_canonical(_table(name), row).encode("utf-8") + b"\n")
+        while rows := self.table_rows(name, after, DIGEST_ROWS):
+            digest.update(repr([_normal(table, list(row.values())) for row in rows]).encode())
             count += len(rows)
             after = self.primary_key(name, rows[-1])
         return TableDigest(count, digest.hexdigest())

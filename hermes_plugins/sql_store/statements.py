@@ -8,7 +8,7 @@ per-call compile-cache and parameter-processing work, which dominates a one-row 
 from __future__ import annotations
 
 import operator
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, cast
 
 from sqlalchemy import (
@@ -94,6 +94,12 @@ class Prepared:
     def run(self, cursor: Any, params: Mapping[str, Any] | None = None) -> Any:
         """Execute on a DBAPI cursor."""
         cursor.execute(self.sql, self.bind(params))
+        return cursor
+
+    def run_many(self, cursor: Any, rows: Sequence[Mapping[str, Any]]) -> Any:
+        """Execute once per row as one ``executemany`` on a DBAPI cursor (psycopg pipelines
+        the rows: one round trip, not one per row)."""
+        cursor.executemany(self.sql, [self.bind(row) for row in rows])
         return cursor
 
 

@@ -157,6 +157,11 @@ class CountingCursor:
             return self._cursor.execute(sql)
         return self._cursor.execute(sql, params)
 
+    def executemany(self, sql: str, params: Any) -> Any:
+        """Counted as one statement: psycopg sends the rows in one pipeline."""
+        self._counters["statements"] += 1
+        return self._cursor.executemany(sql, params)
+
     @property
     def rowcount(self) -> int:
         count: int = self._cursor.rowcount
