@@ -3,6 +3,7 @@ migration killed midway (SIGKILL of a real child process) that resumes."""
 
 from __future__ import annotations
 
+import io
 import json
 import signal
 import subprocess
@@ -14,6 +15,8 @@ from sqlalchemy import create_engine
 from support.populate import config_for, populate
 
 from conftest import builtins_only
+from hermes_core.cli import common
+from hermes_core.cli.common import Progress
 from hermes_core.cli.main import main
 from hermes_core.store import SessionStore
 
@@ -60,6 +63,8 @@ def test_migrate_refuses_an_unreachable_target(
 
 KILLED_AFTER_A_BATCH = """
 import os, signal, sys
+from hermes_core.cli import common
+from hermes_core.cli.common import Progress
 from hermes_core.cli.main import main
 from hermes_plugins.sql_store.backend import SqlBackend
 
@@ -127,3 +132,53 @@ def test_a_migration_killed_midway_resumes_to_what_an_uninterrupted_one_copies(
     assert export(capsys, "--url", target) == before
     assert export(capsys, "--url", f"sqlite:///{tmp_path}/targets/whole.db") == before
     assert migrated(capsys, *source, "--to", target)["copied"] == dict.fromkeys(whole["copied"], 0)
+
+
+class Terminal(io.StringIO):
+    """Standard error as a terminal."""
+
+    def isatty(self) -> bool:
+        return True
+
+
+def test_the_progress_bar_counts_rows_on_a_terminal_and_stays_quiet_with_json(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    home = tmp_path / "state"
+    populate(home)
+    (tmp_path / "targets").mkdir(mode=0o700)
+    for json_output, name in ((True, "quiet"), (False, "shown")):
+        terminal = Terminal()
+        monkeypatch.setattr(sys, "stderr", terminal)
+        argv = [
+            "migrate",
+            "--state-dir",
+            str(home),
+            "--to",
+            f"sqlite:///{tmp_path}/targets/{name}.db",
+        ]
+        assert main([*argv, *(["--json"] if json_output else [])]) == 0
+        if json_output:
+            assert terminal.getvalue() == ""
+            rows = sum(json.loads(capsys.readouterr().out)["verified"].values())
+        else:
+            assert terminal.getvalue().endswith(f"] {rows:,}/{rows:,}\n")  # rows, not tables
+    capsys.readouterr()
+
+
+def test_a_million_advances_redraw_only_as_the_clock_moves(monkeypatch: pytest.MonkeyPatch) -> None:
+    clock = iter(range(10**7))
+    monkeypatch.setattr(common.time, "monotonic", lambda: next(clock) * 0.001)  # 1 ms a call
+    terminal = Terminal()
+    bar = Progress("migrate", 10**6, terminal)
+    for _ in range(10**6):
+        bar.advance()
+    bar.close()
+    draws = terminal.getvalue().count("\r")
+    assert 5_000 < draws < 20_000  # a draw per 100 calls of the clock, not one per advance
+    assert terminal.getvalue().endswith("] 1,000,000/1,000,000\n")
+    quiet = Terminal()
+    silent = Progress("migrate", 10, quiet, quiet=True)
+    silent.advance(10)
+    silent.close()
+    assert quiet.getvalue() == ""

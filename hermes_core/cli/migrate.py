@@ -1,13 +1,16 @@
 """``hermes-sessions migrate --to URL``: copy every kind of stored record (every table, for a SQL
-store) to another store (SQLite to PostgreSQL or back), in batches keyed by primary key, so a run
-that was interrupted resumes where it stopped; then rebuild the full-text index there and verify
-each kind by record count and checksum. The source backend names the kinds
-(:class:`~hermes_core.store.operator.RecordKinds`); the target must keep the same ones.
+store) to another store (SQLite to PostgreSQL or back), in batches keyed by primary key, each
+batch one transaction that skips the records the target holds already; then rebuild the
+full-text index there and verify each kind by record count and checksum. The source backend
+names the kinds (:class:`~hermes_core.store.operator.RecordKinds`); the target must keep the
+same ones.
 
-Before writing anything it refuses a target that is one of the source's own files (those its
-``StoreSpec.files`` declares) or that holds anything but part of this source's copy: another
-store, or this store's copy from before the source changed. A resumed migration of the same
-source is allowed."""
+A run that was interrupted (even killed) is resumed by running it again: its committed batches
+stay, and the re-run walks the source again, inserting only what the target lacks, so every
+record ends there once. Before writing anything it refuses a target that is one of the source's
+own files (those its ``StoreSpec.files`` declares) or that holds anything but part of this
+source's copy: a record the source lacks or holds otherwise means another store, or this store's
+copy from before the source changed."""
 
 from __future__ import annotations
 
