@@ -8,6 +8,7 @@ import json
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -15,7 +16,6 @@ from sqlalchemy import create_engine
 from support.populate import config_for, populate
 
 from conftest import builtins_only
-from hermes_core.cli import common
 from hermes_core.cli.common import Progress
 from hermes_core.cli.main import main
 from hermes_core.store import SessionStore
@@ -63,7 +63,6 @@ def test_migrate_refuses_an_unreachable_target(
 
 KILLED_AFTER_A_BATCH = """
 import os, signal, sys
-from hermes_core.cli import common
 from hermes_core.cli.common import Progress
 from hermes_core.cli.main import main
 from hermes_plugins.sql_store.backend import SqlBackend
@@ -110,7 +109,9 @@ def test_a_migration_killed_midway_resumes_to_what_an_uninterrupted_one_copies(
             store.append_to_transcript(entry.session_id, {"role": "user", "content": f"m {i}"})
     source = ["--state-dir", str(home), *(["--url", source_url] if source_url else [])]
     (tmp_path / "targets").mkdir(mode=0o700)
-    target = database if target_on == "postgresql" else f"sqlite:///{tmp_path}/targets/killed.db"
+    target = f"sqlite:///{tmp_path}/targets/killed.db"
+    if database is not None and target_on == "postgresql":
+        target = database
     child = subprocess.run(
         [sys.executable, "-c", KILLED_AFTER_A_BATCH, *source, "--to", target],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=builtins_only(), check=False,
@@ -168,7 +169,7 @@ def test_the_progress_bar_counts_rows_on_a_terminal_and_stays_quiet_with_json(
 
 def test_a_million_advances_redraw_only_as_the_clock_moves(monkeypatch: pytest.MonkeyPatch) -> None:
     clock = iter(range(10**7))
-    monkeypatch.setattr(common.time, "monotonic", lambda: next(clock) * 0.001)  # 1 ms a call
+    monkeypatch.setattr(time, "monotonic", lambda: next(clock) * 0.001)  # 1 ms a call
     terminal = Terminal()
     bar = Progress("migrate", 10**6, terminal)
     for _ in range(10**6):

@@ -86,13 +86,20 @@ def copy_tables(
     source: OperatorBackend, target: OperatorBackend, *, quiet: bool = False
 ) -> dict[str, int]:
     """Copy the records ``target`` lacks, kind by kind, a batch per transaction (a progress bar
-    counts the source's records; ``quiet``: none); records inserted per kind."""
+    counts the source's records; ``quiet``: none); records inserted per kind.
+
+    Called once :func:`check_target` passed: every record of the target is then one of the
+    source's, so a kind with as many records in both is complete and is not walked again (a
+    resumed run walks only the kinds the interrupted one had not finished)."""
     kinds = source.record_kinds()
-    total = sum(source.count_records(name) for name in kinds.transfer)
-    inserted = {}
-    with progress("migrate", total, quiet=quiet) as bar:
+    counts = {name: source.count_records(name) for name in kinds.transfer}
+    inserted = dict.fromkeys(kinds.transfer, 0)
+    with progress("migrate", sum(counts.values()), quiet=quiet) as bar:
         for name in kinds.transfer:
-            inserted[name], after = 0, None
+            if target.count_records(name) == counts[name]:
+                bar.advance(counts[name])
+                continue
+            after = None
             while rows := source.table_rows(name, after, BATCH_ROWS):
                 inserted[name] += target.insert_missing(name, rows)
                 after = source.primary_key(name, rows[-1])
