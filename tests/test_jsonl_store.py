@@ -23,7 +23,7 @@ from hermes_core.domain.models import SessionEntry, SessionSource
 from hermes_core.store.backend import CounterDelta, SessionRow, StoreBackend
 from hermes_core.store.capabilities import PROTOCOLS, protocol_methods
 from hermes_core.store.jsonl import JsonlBackend
-from hermes_core.store.mirror import read_mirror, render_mirror
+from hermes_core.store.mirror import mirror_chunks, read_mirror
 
 T0 = datetime(2026, 3, 1, 12, 0, 0, tzinfo=timezone.utc)
 KEY = "agent:main:telegram:dm:42"
@@ -434,7 +434,9 @@ def test_restart_sees_routing_and_transcripts(sessions_dir: Path) -> None:
 def test_unregistered_platform_entries_survive_rewrites(sessions_dir: Path) -> None:
     ghost = _entry("agent:main:irc:dm:1", SID2, origin=None, platform=None)
     ghost["origin"] = {"platform": "irc", "chat_id": "1"}
-    (sessions_dir / "sessions.json").write_bytes(render_mirror({"agent:main:irc:dm:1": ghost}))
+    (sessions_dir / "sessions.json").write_bytes(
+        b"".join(mirror_chunks({"agent:main:irc:dm:1": ghost}))
+    )
     backend = JsonlBackend(sessions_dir)
     assert backend.get_route("agent:main:irc:dm:1") is None
     assert backend.count_sessions() == 0
@@ -444,7 +446,7 @@ def test_unregistered_platform_entries_survive_rewrites(sessions_dir: Path) -> N
 
 
 def test_unusable_mirror_is_set_aside_not_overwritten(sessions_dir: Path) -> None:
-    torn = render_mirror({KEY: _entry()})[:50]
+    torn = b"".join(mirror_chunks({KEY: _entry()}))[:50]
     (sessions_dir / "sessions.json").write_bytes(torn)
     backend = JsonlBackend(sessions_dir)
     assert backend.count_sessions() == 0

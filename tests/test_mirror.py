@@ -7,6 +7,7 @@ import logging
 import os
 import threading
 from datetime import datetime, timedelta, timezone
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -18,8 +19,8 @@ from hermes_core.store.mirror import (
     MIRROR_README,
     MirrorWriter,
     load_mirror,
+    mirror_chunks,
     read_mirror,
-    render_mirror,
 )
 
 T0 = datetime(2026, 3, 1, 12, 0, 0, tzinfo=timezone.utc)
@@ -40,6 +41,11 @@ ENTRIES = {
     KEY_B: _entry(KEY_B, "20260301_120000_bbbbbbbb"),
     KEY_A: _entry(KEY_A, "s-a", name="Zoë"),
 }
+
+
+def render_mirror(entries: dict[str, Any]) -> bytes:
+    """The whole file content of ``entries``."""
+    return b"".join(mirror_chunks(entries))
 
 
 def _write(path: Path, text: str | bytes) -> None:
@@ -129,16 +135,15 @@ def test_slow_old_writer_is_dropped(tmp_path: Path, monkeypatch: pytest.MonkeyPa
     writer = MirrorWriter(path)
     rendered = threading.Event()
     proceed = threading.Event()
-    real_render = render_mirror
+    real_chunks = mirror_chunks
 
-    def slow_render(entries: Any) -> bytes:
-        data = real_render(entries)
+    def slow_chunks(entries: Any, max_entries: int | None = None) -> Iterator[bytes]:
+        yield from real_chunks(entries, max_entries)
         if not entries:
             rendered.set()
             proceed.wait(5)
-        return data
 
-    monkeypatch.setattr("hermes_core.store.mirror.render_mirror", slow_render)
+    monkeypatch.setattr("hermes_core.store.mirror.mirror_chunks", slow_chunks)
     results: list[bool] = []
     old = threading.Thread(target=lambda: results.append(writer.write({}, 1)))
     old.start()

@@ -15,7 +15,7 @@ import pytest
 from hermes_core.domain.models import SessionEntry, SessionSource
 from hermes_core.store.backend import BacklogTarget, EntryDict, Message, SessionRow
 from hermes_core.store.jsonl import JsonlBackend
-from hermes_core.store.mirror import render_mirror
+from hermes_core.store.mirror import mirror_chunks
 from hermes_core.store.replay import (
     ParsedLines,
     ReplayReport,
@@ -114,7 +114,7 @@ def target() -> FakeTarget:
 
 def _write_mirror(sessions_dir: Path, *entries: SessionEntry) -> None:
     document = {entry.session_key: entry.to_dict() for entry in entries}
-    (sessions_dir / "sessions.json").write_bytes(render_mirror(document))
+    (sessions_dir / "sessions.json").write_bytes(b"".join(mirror_chunks(document)))
 
 
 def _run(sessions_dir: Path, target: FakeTarget) -> ReplayReport:

@@ -239,6 +239,7 @@ class GatewaySection(SharedSection):
     sessions_dir: PathValue = None
     write_sessions_json: OptFlag = None
     sessions_json_interval_secs: Secs = 60.0
+    sessions_json_max_lanes: Count = 10_000
     reset_triggers: Words = Field(
         ("/new", "/reset"), description="a list of non-empty strings without spaces"
     )

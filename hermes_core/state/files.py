@@ -15,6 +15,8 @@ import logging
 import os
 import secrets
 import stat
+from collections.abc import Iterable
+from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 from typing import IO, AnyStr
 
@@ -58,13 +60,28 @@ def fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def _fill(fd: int, data: bytes) -> None:
-    """Write ``data`` completely (a file may take it in several chunks), fsync, close ``fd``."""
-    try:
+_WRITE_BUFFER = 1 << 20
+"""Bytes gathered from a stream of small chunks before one ``write`` call."""
+
+
+def _fill(fd: int, chunks: Iterable[bytes]) -> None:
+    """Write ``chunks`` completely (in writes of about :data:`_WRITE_BUFFER` bytes; a file may
+    take each in several pieces), fsync, close ``fd``. Only one buffer is held at a time."""
+
+    def flush(data: bytes | bytearray) -> None:
         view = memoryview(data)
         while view:
             written = os.write(fd, view)
             view = view[written:]
+
+    try:
+        buffer = bytearray()
+        for chunk in chunks:
+            buffer += chunk
+            if len(buffer) >= _WRITE_BUFFER:
+                flush(buffer)
+                buffer.clear()
+        flush(buffer)
         os.fsync(fd)
     finally:
         os.close(fd)
@@ -146,12 +163,22 @@ def refuse_special_target(path: Path) -> None:
 
 
 def atomic_write(path: Path, data: bytes) -> None:
-    """Replace ``path`` with ``data`` atomically and durably.
+    """Replace ``path`` with ``data`` atomically and durably (see :func:`atomic_write_stream`)."""
+    atomic_write_stream(path, (data,))
+
+
+def atomic_write_stream(
+    path: Path, chunks: Iterable[bytes], commit: AbstractContextManager[bool] | None = None
+) -> bool:
+    """Replace ``path`` with the concatenated ``chunks`` atomically and durably, holding only
+    a bounded buffer of them at a time (a file of any size, streamed from an iterator).
 
     A 0600 temp file in the same directory is written, fsynced and renamed over ``path``; then
-    the directory is fsynced. On any failure the temp file is removed, the old file is kept (the
-    rename is the last step that can lose it) and :class:`StoreError` is raised, chained to the
-    :class:`OSError`.
+    the directory is fsynced. The rename happens inside ``commit`` (when given), and only if it
+    yields True: a caller's lock and last check; otherwise the temp file is discarded and False
+    returned. An exception raised by ``chunks`` also discards it and propagates. On any failure
+    of the file system the temp file is removed, the old file is kept (the rename is the last
+    step that can lose it) and :class:`StoreError` is raised, chained to the :class:`OSError`.
     """
     refuse_special_target(path)
     directory = path.parent
@@ -164,14 +191,22 @@ def atomic_write(path: Path, data: bytes) -> None:
             f"({_reason(exc)}); check that the directory exists and is writable."
         ) from exc
     try:
-        _fill(fd, data)
-        os.replace(temp, path)
+        _fill(fd, chunks)
+        with commit if commit is not None else nullcontext(True) as wanted:
+            if wanted:
+                os.replace(temp, path)
+        if not wanted:
+            _unlink_quietly(temp)
+            return False
     except OSError as exc:
         _unlink_quietly(temp)
         raise StoreError(
             f"cannot write {path}: {_reason(exc)}; the previous version is kept. Check free "
             "space and permissions."
         ) from exc
+    except BaseException:
+        _unlink_quietly(temp)
+        raise
     try:
         fsync_dir(directory)
     except OSError as exc:
@@ -179,6 +214,7 @@ def atomic_write(path: Path, data: bytes) -> None:
             f"wrote {path} but could not make its directory durable: {_reason(exc)}; the new "
             "version may not survive a power loss. Check the file system."
         ) from exc
+    return True
 
 
 def create_private_file(path: Path, data: bytes) -> bool:
@@ -200,7 +236,7 @@ def create_private_file(path: Path, data: bytes) -> bool:
             "writable."
         ) from exc
     try:
-        _fill(fd, data)
+        _fill(fd, (data,))
     except OSError as exc:
         _unlink_quietly(path)
         raise StoreError(

@@ -641,6 +641,9 @@ class Maintenance(BacklogTarget, Protocol):
         """Up to ``limit`` stored entries in key order after the key ``after`` (None: from the
         first): the routing index read a page at a time, in memory bounded by ``limit``."""
 
+    def count_routes(self) -> int:
+        """The number of routing rows (one count, no row read into memory)."""
+
     def import_routes(
         self, entries: Sequence[tuple[EntryDict, SessionRow]], marker: tuple[str, str]
     ) -> int:

@@ -22,7 +22,12 @@ from hermes_core.store.backing import Backing
 from hermes_core.store.base import MIRROR_IMPORTED, exclusive
 from hermes_core.store.capabilities import BoundBackend
 from hermes_core.store.entries import EntryCache
-from hermes_core.store.mirror import MirrorWriter, load_mirror, writes_mirror
+from hermes_core.store.mirror import (
+    MirrorTooLargeError,
+    MirrorWriter,
+    load_mirror,
+    writes_mirror,
+)
 from hermes_core.store.replay import ReplayReport, replay_backlog, session_row_from_entry
 from hermes_core.store.writer import StoreWriter
 
@@ -53,8 +58,13 @@ class Fallback:
         self._config = config
         self._plugins = plugins
         self._read_only = read_only
-        self._mirror_revision = 0
+        self._mirror_revision = -1
+        """The routing revision the file was last written at; none yet, so a process writes it
+        once after opening whatever it holds (a run killed before its final rewrite, a prune
+        or re-key, leaves it outdated only until then)."""
         self._mirror_written_at = 0.0
+        self._too_large = False
+        """The routing index was found past ``gateway.sessions_json_max_lanes``: no mirror."""
 
     # -- sessions.json -----------------------------------------------------------------------------
 
@@ -107,7 +117,10 @@ class Fallback:
     def flush_mirror(self, *, force: bool = False) -> bool:
         """Rewrite sessions.json if routing changed (at most once per interval unless ``force``).
 
-        Never on the per-message path: housekeeping, ``close`` and bulk changes call it.
+        Never on the per-message path: housekeeping, ``close`` and bulk changes call it. The
+        entries are streamed from the routing table to the file (memory bounded whatever the
+        number of lanes); past ``gateway.sessions_json_max_lanes`` nothing is written and an old
+        file is removed (:meth:`_switch_off`).
         """
         backing = self._backing
         if (
@@ -118,20 +131,47 @@ class Fallback:
             return False
         revision = self._cache.routing_revision
         interval = self._config.gateway.sessions_json_interval_secs
-        if revision == self._mirror_revision and self._mirror.path.exists():
+        if revision == self._mirror_revision and (self._too_large or self._mirror.path.exists()):
             return False
         if not force and time.monotonic() - self._mirror_written_at < interval:
             return False
-        with backing.canonical:
-            snapshot = {entry["session_key"]: entry for entry in backing.backend.iter_routes()}
+        limit = self._config.gateway.sessions_json_max_lanes
+        sql = backing.bound.maintenance
         try:
-            written = self._mirror.write(snapshot, revision)
+            with backing.canonical:
+                lanes = sql.count_routes() if sql is not None else None
+                if lanes is not None and lanes > limit:
+                    raise MirrorTooLargeError(f"{lanes} routing entries")  # skip the walk
+                routes = ((entry["session_key"], entry) for entry in backing.backend.iter_routes())
+                written = self._mirror.write(routes, revision, max_entries=limit)
+            self._too_large = False
+        except MirrorTooLargeError:
+            written = self._switch_off(limit)
         except StoreError as exc:
             logger.warning("sessions.json mirror not written (the SQL store is intact): %s", exc)
             return False
         self._mirror_revision = revision
         self._mirror_written_at = time.monotonic()
         return written
+
+    def _switch_off(self, limit: int) -> bool:
+        """Past the limit: no mirror, and no old one left for a tool to take as current. One
+        warning per process (and per switch back off). False: nothing was written."""
+        try:
+            removed = self._mirror.remove()
+        except StoreError as exc:
+            logger.warning("%s", exc)
+            removed = False
+        if not self._too_large:
+            logger.warning(
+                "sessions.json is not written: the routing index has more than "
+                "gateway.sessions_json_max_lanes (%d) lanes, and each rewrite would cost disk "
+                "writes in proportion%s; raise gateway.sessions_json_max_lanes to keep writing it",
+                limit,
+                f" (removed the outdated {self._mirror.path})" if removed else "",
+            )  # fmt: skip
+        self._too_large = True
+        return False
 
     def rewrite_mirror(self) -> bool:
         """Rewrite sessions.json from the routing table now, whatever the file holds (for

@@ -11,7 +11,8 @@ from __future__ import annotations
 import json
 import logging
 import threading
-from collections.abc import Mapping
+from collections.abc import Iterable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -20,7 +21,7 @@ from hermes_core.config.schema import GatewayConfig
 from hermes_core.domain.errors import InvalidValueError, StoreError, UnknownPlatformError, shown
 from hermes_core.domain.models import SessionEntry
 from hermes_core.domain.specs import StoreSpec
-from hermes_core.state.files import atomic_write
+from hermes_core.state.files import atomic_write_stream
 
 if TYPE_CHECKING:
     from hermes_core.plugins.manager import HermesPluginManager
@@ -38,22 +39,46 @@ MIRROR_README = (
 """The exact ``_README`` value, the first member of the file."""
 
 
-def render_mirror(entries: Mapping[str, Mapping[str, Any]]) -> bytes:
-    """The file content: ``_README`` first, then one member per key in sorted order.
+MirrorEntries = Mapping[str, Mapping[str, Any]] | Iterable[tuple[str, Mapping[str, Any]]]
+"""Entries by session key: a mapping (sorted here), or (key, entry) pairs in key order (streamed
+as they come, never all held at once)."""
 
-    UTF-8 without BOM, 2-space indent, non-ASCII kept, final newline. An entry that is not plain
-    JSON (a non-serialisable value, NaN) raises :class:`StoreError`.
-    """
-    document: dict[str, Any] = {"_README": MIRROR_README}
-    for key in sorted(entries):
-        document[key] = entries[key]
+
+class MirrorTooLargeError(StoreError):
+    """More entries than a mirror may hold (``max_entries``): nothing was written."""
+
+
+def _member(key: str, value: Any) -> bytes:
+    """One member of the document as ``json.dumps(..., indent=2)`` renders it inside it."""
     try:
-        text = json.dumps(document, ensure_ascii=False, indent=2, allow_nan=False)
+        text = json.dumps({key: value}, ensure_ascii=False, indent=2, allow_nan=False)
     except (TypeError, ValueError) as exc:
         raise StoreError(
             f"cannot write {MIRROR_FILENAME}: a routing entry is not plain JSON ({exc})."
         ) from exc
-    return (text + "\n").encode("utf-8")
+    return text[2:-2].encode("utf-8")  # without the enclosing "{\n" and "\n}"
+
+
+def mirror_chunks(entries: MirrorEntries, max_entries: int | None = None) -> Iterator[bytes]:
+    """The file content, one member at a time: ``_README`` first, then one member per key.
+
+    Byte for byte what ``json.dumps`` renders for the whole document (UTF-8 without BOM,
+    2-space indent, non-ASCII kept, final newline), without building it. An entry that is not
+    plain JSON (a non-serialisable value, NaN) raises :class:`StoreError`; pairs out of key
+    order raise it too (the file would not be sorted); more than ``max_entries`` entries raise
+    :class:`MirrorTooLargeError`.
+    """
+    pairs = sorted(entries.items()) if isinstance(entries, Mapping) else entries
+    yield b"{\n" + _member("_README", MIRROR_README)
+    previous: str | None = None
+    for count, (key, value) in enumerate(pairs, 1):
+        if max_entries is not None and count > max_entries:
+            raise MirrorTooLargeError(f"more than {max_entries} routing entries")
+        if previous is not None and key <= previous:
+            raise StoreError(f"cannot write {MIRROR_FILENAME}: entries arrived out of key order.")
+        previous = key
+        yield b",\n" + _member(key, value)
+    yield b"\n}\n"
 
 
 class MirrorWriter:
@@ -77,20 +102,43 @@ class MirrorWriter:
     def _stale(self, revision: int) -> bool:
         return self._written is not None and revision < self._written
 
-    def write(self, entries: Mapping[str, Mapping[str, Any]], revision: int) -> bool:
+    @contextmanager
+    def _turn(self, revision: int) -> Iterator[bool]:
+        """Under the lock: whether ``revision`` may replace the file; recorded if it did."""
+        with self._lock:
+            wanted = not self._stale(revision)
+            yield wanted
+            if wanted:
+                self._written = revision
+
+    def write(
+        self, entries: MirrorEntries, revision: int, *, max_entries: int | None = None
+    ) -> bool:
         """Write ``entries`` as snapshot ``revision``; False (nothing written) if it is stale.
 
-        Rendering happens outside the lock; the staleness check and the replace happen under it,
-        in that order. A failed write raises :class:`StoreError` with the old file kept.
+        The entries are streamed to a temp file outside the lock, so memory stays bounded by one
+        entry and a write buffer whatever the number of entries; the staleness check and the
+        replace happen under the lock, in that order. A failed write raises :class:`StoreError`
+        (:class:`MirrorTooLargeError` past ``max_entries``) with the old file kept.
         """
         if self._stale(revision):
             return False
-        data = render_mirror(entries)
+        return atomic_write_stream(
+            self.path, mirror_chunks(entries, max_entries), self._turn(revision)
+        )
+
+    def remove(self) -> bool:
+        """Delete the file (a mirror no longer kept); False if there was none."""
         with self._lock:
-            if self._stale(revision):
+            try:
+                self.path.unlink()
+            except FileNotFoundError:
                 return False
-            atomic_write(self.path, data)
-            self._written = revision
+            except OSError as exc:
+                raise StoreError(
+                    f"cannot remove the outdated {self.path} ({exc.strerror}); delete it by hand."
+                ) from exc
+            self._written = None
         return True
 
 

@@ -332,6 +332,9 @@ class SqlBackend:
     def route_page(self, after: str | None, limit: int) -> list[EntryDict]:
         return self._routes.route_page(after, limit)
 
+    def count_routes(self) -> int:
+        return self._routes.count_routes()
+
     def import_routes(
         self, entries: Sequence[tuple[EntryDict, SessionRow]], marker: tuple[str, str]
     ) -> int:

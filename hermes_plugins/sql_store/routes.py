@@ -13,7 +13,7 @@ from contextlib import contextmanager
 from dataclasses import replace
 from typing import Any
 
-from sqlalchemy import select, true
+from sqlalchemy import func, select
 
 from hermes_core.domain.errors import LeaseLostError, shown
 from hermes_core.domain.models import SessionEntry
@@ -34,6 +34,10 @@ from hermes_plugins.sql_store.statements import Prepared, idle_route
 from hermes_plugins.sql_store.transcripts import TranscriptRows
 
 logger = logging.getLogger(__name__)
+
+
+ROUTE_BATCH = 1000
+"""Rows fetched at a time by a streamed read of the routing index."""
 
 
 class RoutingRows:
@@ -125,8 +129,15 @@ class RoutingRows:
         return found[0] if found else None
 
     def iter_routes(self) -> Iterator[EntryDict]:
-        """Every routing entry, from one consistent read."""
-        return iter(self._routes(true(), "reading the routing index"))
+        """Every routing entry, from one consistent read, in Python's string order of keys;
+        streamed :data:`ROUTE_BATCH` rows at a time (a server-side cursor on PostgreSQL), so
+        the caller holds as many entries as it keeps."""
+        key = self._conn.dialect.code_point_order(gateway_routing.c.session_key)
+        query = select(*ROUTE_READ).order_by(key)
+        with self._conn.read("reading the routing index") as conn:
+            rows = conn.execution_options(yield_per=ROUTE_BATCH).execute(query)
+            for row in rows.mappings():
+                yield route_entry(row)
 
     def route_page(self, after: str | None, limit: int) -> list[EntryDict]:
         """Up to ``limit`` entries in key order after the key ``after`` (from the first when
@@ -138,6 +149,11 @@ class RoutingRows:
         """Every entry whose turn marker is set."""
         where = gateway_routing.c.active_turn_token.is_not(None)
         return self._routes(where, "reading turn markers")
+
+    def count_routes(self) -> int:
+        """The number of routing rows."""
+        with self._conn.read("counting the routing index") as conn:
+            return int(conn.execute(select(func.count()).select_from(gateway_routing)).scalar_one())
 
     def has_routes(self) -> bool:
         """Whether any routing row exists."""

@@ -31,6 +31,7 @@ APPENDIX_A2_DEFAULTS: list[tuple[str, object]] = [
     ("gateway.sessions_dir", None),
     ("gateway.write_sessions_json", None),
     ("gateway.sessions_json_interval_secs", 60),
+    ("gateway.sessions_json_max_lanes", 10000),
     ("gateway.reset_triggers", ("/new", "/reset")),
     ("gateway.session_store_max_age_days", 90),
     ("gateway.multiplex_profiles", False),

@@ -105,6 +105,11 @@ class Dialect(ABC):
     def position(self, haystack: Any, needle: Any) -> ColumnElement[Any]:
         """Where ``needle`` starts in ``haystack`` (1-based; 0: absent)."""
 
+    def code_point_order(self, column: Any) -> ColumnElement[Any]:
+        """``column`` to sort by in Python's string order (code points), whatever the
+        database's collation; SQLite's default (``BINARY`` over UTF-8) already is."""
+        return column  # type: ignore[no-any-return]
+
     @abstractmethod
     def begin_ddl(self, cursor: Any) -> None:
         """Open the transaction of a write that runs DDL (where DDL does not open one)."""

@@ -173,6 +173,10 @@ class PostgresqlDialect(Dialect):
     def position(self, haystack: Any, needle: Any) -> ColumnElement[Any]:
         return func.strpos(haystack, needle)
 
+    def code_point_order(self, column: Any) -> ColumnElement[Any]:
+        """The ``C`` collation: byte order of UTF-8, which is code point order."""
+        return column.collate("C")  # type: ignore[no-any-return]
+
     def begin_ddl(self, cursor: Any) -> None:
         """Nothing: DDL runs in the transaction the driver opened."""
 
