@@ -241,7 +241,8 @@ REDRAW_SECS = 0.1
 
 class Progress:
     """A progress bar on standard error, drawn only when it is a terminal (and the command
-    does not print JSON), redrawn at most every :data:`REDRAW_SECS`."""
+    does not print JSON), redrawn at most every :data:`REDRAW_SECS`. A ``total`` of 0 means
+    unknown: a running count is drawn instead of a bar."""
 
     def __init__(
         self, label: str, total: int, stream: TextIO | None = None, *, quiet: bool = False
@@ -257,11 +258,30 @@ class Progress:
         if self.shown and time.monotonic() - self._drawn_at >= REDRAW_SECS:
             self._draw()
 
+    def phase(self, label: str, total: int) -> None:
+        """Go on to another phase of the same work (its own label and total), ending the line
+        drawn for the one before."""
+        if self.shown and self.done:
+            self._draw()
+            self.stream.write("\n")
+        self.label, self.total, self.done, self._drawn_at = label, total, 0, -math.inf
+
+    def told(self, phase: str, count: int, *, total: int) -> None:
+        """:meth:`advance` by ``count`` in ``phase`` (the label's suffix), entering it first
+        (:meth:`phase`) if it is another; the form a store's progress callback takes."""
+        label = f"{self.label.partition(':')[0]}: {phase}"
+        if label != self.label:
+            self.phase(label, total)
+        self.advance(count)
+
     def _draw(self) -> None:
-        width = 30
-        filled = width * min(self.done, self.total) // max(self.total, 1)
-        bar = "#" * filled + "-" * (width - filled)
-        self.stream.write(f"\r{self.label} [{bar}] {self.done:,}/{self.total:,}")
+        if self.total > 0:
+            width = 30
+            filled = width * min(self.done, self.total) // self.total
+            bar = "#" * filled + "-" * (width - filled)
+            self.stream.write(f"\r{self.label} [{bar}] {self.done:,}/{self.total:,}")
+        else:
+            self.stream.write(f"\r{self.label} {self.done:,}")
         self.stream.flush()
         self._drawn_at = time.monotonic()
 

@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from hermes_core.cli.common import check_chat_type
+from hermes_core.cli.common import check_chat_type, progress
 from hermes_core.cli.explain import explain_session_key, format_explanation
 from hermes_core.config.schema import GatewayConfig
 from hermes_core.domain.errors import InvalidValueError
@@ -129,11 +129,15 @@ def rekey_command(args: argparse.Namespace, config: GatewayConfig) -> int:
     """``rekey (--to v2 | --forum PLATFORM CHAT_ID ...) [--dry-run] [--json]``: exit 1 when
     collisions were found or lanes were left as they are (both are listed)."""
     plugins = create_plugin_manager(config)
-    with SessionStore(
-        config.sessions_dir, config, plugins=plugins, rekeying=True, read_only=args.dry_run
-    ) as store:  # the real run takes the database's writer lock: never beside a gateway
+    with (
+        SessionStore(
+            config.sessions_dir, config, plugins=plugins, rekeying=True, read_only=args.dry_run
+        ) as store,
+        progress("rekey", 0, quiet=args.json) as bar,
+    ):
+        # the real run takes the database's writer lock: never beside a gateway
         forums = [(platform, chat) for platform, chat in args.forums or ()]
-        report = store.rekey(dry_run=args.dry_run, forums=forums)
+        report = store.rekey(dry_run=args.dry_run, forums=forums, progress=bar.told)
     if args.json:
         print(json.dumps(report.to_dict(), indent=2, ensure_ascii=False))
     else:

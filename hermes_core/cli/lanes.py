@@ -16,6 +16,7 @@ from hermes_core.cli.common import (
     open_operator,
     open_store,
     print_json,
+    progress,
 )
 from hermes_core.config.schema import GatewayConfig
 from hermes_core.domain.errors import InvalidValueError
@@ -176,8 +177,11 @@ def prune_command(args: argparse.Namespace, config: GatewayConfig) -> int:
         finally:
             backend.close()
     else:
-        with open_store(config, write=True) as store:
-            keys = store.prune_idle_lanes(days)
+        with (
+            open_store(config, write=True) as store,
+            progress("prune: idle lanes examined", 0, quiet=args.json) as bar,
+        ):
+            keys = store.prune_idle_lanes(days, progress=bar.advance)
     verb = "would remove" if args.dry_run else "removed"
     data = {"lanes": keys, "count": len(keys), "dry_run": args.dry_run}
     return _report(args, data, "\n".join([*keys, f"{verb} {len(keys)} lane(s)"]))

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, Protocol
@@ -202,16 +202,21 @@ class DeadLetter:
 
 @dataclass(frozen=True, slots=True)
 class StoredKeys:
-    """Where session keys are stored, as re-keying reads them."""
+    """Where session keys are stored, as re-keying reads them: each kind of row streamed (read
+    in that order, once, each from a read of its own; the real run holds the writer lock, so
+    nothing changes in between), and lookups of keys among the ones a plan needs."""
 
-    routes: Sequence[EntryDict]
+    routes: Iterable[EntryDict]
     """Every routing entry (its ``session_key`` and ``origin``)."""
-    sessions: Sequence[tuple[str, str, str | None, float]]
+    sessions: Iterable[tuple[str, str, str | None, float]]
     """Session rows: (id, session key, origin JSON, started at)."""
-    queued: Sequence[tuple[int, str, str]]
+    queued: Iterable[tuple[int, str, str]]
     """Queued events, dead letters included: (id, session key, event JSON)."""
-    others: frozenset[str]
-    """Keys named by redelivery records, ledger rows, restart counts and turn leases."""
+    routed: Callable[[Collection[str]], set[str]]
+    """Those of the keys given that have a routing row."""
+    others: Callable[[Collection[str]], set[str]]
+    """Those of the keys given that redelivery records, ledger rows, restart counts or turn
+    leases name."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -373,8 +378,11 @@ class TranscriptEditing(Protocol):
 class Pruning(Protocol):
     """Capability ``pruning``: removing idle routing entries."""
 
-    def prune_candidates(self, cutoff: float) -> list[str]:
-        """Keys idle since before ``cutoff`` (epoch seconds), not suspended, without a marker."""
+    def prune_candidates(
+        self, cutoff: float, after: str | None = None, limit: int | None = None
+    ) -> list[str]:
+        """Keys idle since before ``cutoff`` (epoch seconds), not suspended, without a marker.
+        In key order; a page of a walk: only keys after ``after``, at most ``limit``."""
 
     def delete_idle_routes(self, session_keys: Sequence[str], cutoff: float) -> list[str]:
         """Remove the routing rows of those keys still idle since before ``cutoff``, not

@@ -136,8 +136,11 @@ class OperatorBackend(Protocol):
     def remove_queued(self, event_ids: Sequence[int]) -> int:
         """Delete queued events (dead letters included); how many."""
 
-    def prune_candidates(self, cutoff: float) -> list[str]:
-        """Keys idle since before ``cutoff`` that are not suspended and have no marker."""
+    def prune_candidates(
+        self, cutoff: float, after: str | None = None, limit: int | None = None
+    ) -> list[str]:
+        """Keys idle since before ``cutoff`` that are not suspended and have no marker.
+        In key order; a page of a walk: only keys after ``after``, at most ``limit``."""
 
     def revive_queued(self, event_ids: Sequence[int]) -> int:
         """Put dead-lettered events back in their queues; how many."""

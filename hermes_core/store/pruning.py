@@ -50,23 +50,42 @@ class Pruner:
         removed (:meth:`prune_idle_lanes` names them)."""
         return len(self.prune_idle_lanes(max_age_days))
 
-    def prune_idle_lanes(self, max_age_days: float | None) -> list[str]:
-        """:meth:`prune_old_entries`, returning the session keys of the entries removed. The
-        candidates are read first, then removed in batches of :data:`MAINTENANCE_BATCH` keys,
-        each a writer step of its own (turns' steps run between them) whose delete re-checks
-        that the lane is still idle."""
+    def prune_idle_lanes(
+        self,
+        max_age_days: float | None,
+        *,
+        batch_size: int | None = None,
+        progress: Callable[[int], None] | None = None,
+    ) -> list[str]:
+        """:meth:`prune_old_entries`, returning the session keys of the entries removed.
+
+        A walk over the candidates in key order, ``batch_size`` keys (default
+        :data:`MAINTENANCE_BATCH`) at a time: each page is read after the last key of the one
+        before, then removed in a writer step of its own (turns' steps run between them) whose
+        delete re-checks that the lane is still idle, and ``progress`` is called with the number
+        of lanes examined. No more than a page of rows is held, and each committed page stays
+        removed, so a run interrupted anywhere is finished by running it again.
+        """
         pruning = self._backing.bound.pruning
         if max_age_days is None or max_age_days == 0 or pruning is None:
             return []
         cutoff = time.time() - checked_span(max_age_days, "max_age_days") * 86_400
-        with self._backing.canonical:
-            candidates = pruning.prune_candidates(cutoff)
+        size = batch_size or MAINTENANCE_BATCH
         removed: list[str] = []
-        for start in range(0, len(candidates), MAINTENANCE_BATCH):
-            batch = candidates[start : start + MAINTENANCE_BATCH]
+        after: str | None = None
+        while True:
+            with self._backing.canonical:
+                page = pruning.prune_candidates(cutoff, after, size)
+            if not page:
+                break
+            after = page[-1]
             removed += self._prune_batch(
-                [key for key in batch if not self._has_active_process(key)], cutoff
+                [key for key in page if not self._has_active_process(key)], cutoff
             )
+            if progress is not None:
+                progress(len(page))
+            if len(page) < size:
+                break
         if removed:
             self._fallback.flush_mirror(force=True)
         return removed

@@ -25,7 +25,7 @@ import functools
 import json
 import logging
 from collections import defaultdict
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -33,14 +33,14 @@ from hermes_core.config.schema import GatewayConfig
 from hermes_core.domain.errors import InvalidValueError, KeySchemaError, StoreUnavailableError
 from hermes_core.domain.models import SessionSource
 from hermes_core.plugins.manager import HermesPluginManager
-from hermes_core.store.backend import KeyMoves, StoredKeys
+from hermes_core.store.backend import EntryDict, KeyMoves, StoredKeys
 from hermes_core.store.backing import Backing
 from hermes_core.store.base import KEY_SCHEMA_META, REKEYING, exclusive
 from hermes_core.store.counts import RestartCountStore
 from hermes_core.store.entries import EntryCache
 from hermes_core.store.fallback import Fallback
 from hermes_core.store.keyschema import check_forums, general_topic_keys, keys_in_both
-from hermes_core.store.rekey_report import Collision, Forum, RekeyReport
+from hermes_core.store.rekey_report import Collision, Forum, RekeyProgress, RekeyReport
 from hermes_core.store.writer import StoreWriter
 
 logger = logging.getLogger(__name__)
@@ -66,7 +66,8 @@ class RekeyPlan:
 
     units: dict[str, _Unit]
     renames: dict[str, str]
-    """v1 key → v2 key of every source seen (restart counts follow these)."""
+    """Old key → new key of the sources seen whose old key has a restart count (the counts
+    follow these)."""
     report: RekeyReport
 
     def batches(self, size: int, schema: str = "v2") -> Iterator[KeyMoves]:
@@ -93,21 +94,40 @@ def plan_rekey(
     schema_before: str,
     *,
     twins: bool = True,
+    counted: Collection[str] = (),
+    seen: Callable[[int], None] | None = None,
 ) -> RekeyPlan:
     """Where everything in ``stored`` moves (nothing is written); ``twins``: report the v1
-    collisions of sources not recorded (the move to v2)."""
-    planner = _Planner(keys_of, plugins, twins)
+    collisions of sources not recorded (the move to v2); ``counted``: the keys with a restart
+    count, whose renames the plan keeps; ``seen`` is called with each row read.
+
+    The rows are walked once as they stream in; only what moves or is left is kept (the
+    memory grows with the lanes that move, not with the store)."""
+    planner = _Planner(keys_of, plugins, twins, frozenset(counted), seen or _ignore)
     return planner.plan(stored, schema_before)
 
 
+def _ignore(count: int) -> None:
+    """No progress to report."""
+
+
 class _Planner:
-    def __init__(self, keys_of: KeysOf, plugins: HermesPluginManager | None, twins: bool) -> None:
+    def __init__(
+        self,
+        keys_of: KeysOf,
+        plugins: HermesPluginManager | None,
+        twins: bool,
+        counted: frozenset[str],
+        seen: Callable[[int], None],
+    ) -> None:
         self.keys_of = keys_of
         self.plugins = plugins
         self.find_twins = twins
+        self.counted = counted
+        self.seen = seen
         self.updated: dict[str, str] = {}
-        """Routing key → its entry's ``updated_at``, to pick one of several lanes moving to
-        one key."""
+        """Moving routing key → its entry's ``updated_at``, to pick one of several lanes moving
+        to one key."""
         self.renames: dict[str, str] = {}
         self.targets: defaultdict[str, set[str]] = defaultdict(set)
         self.twins: defaultdict[str, set[str]] = defaultdict(set)
@@ -125,7 +145,8 @@ class _Planner:
         except InvalidValueError:
             return None
         if keys[0] != keys[1]:
-            self.renames[keys[0]] = keys[1]
+            if keys[0] in self.counted:
+                self.renames[keys[0]] = keys[1]
             if self.find_twins:
                 self.twins[keys[0]].update(self._twin_keys(source, keys))
         return keys
@@ -149,9 +170,10 @@ class _Planner:
             yield found[1]
 
     def plan(self, stored: StoredKeys, schema_before: str) -> RekeyPlan:
-        unchanged = self._routes(stored)
+        unchanged = self._routes(stored.routes)
         units: defaultdict[str, _Unit] = defaultdict(_Unit)
         for session_id, key, origin, started in stored.sessions:
+            self.seen(1)
             new = self._target(key, _json(origin))
             if new is not None:
                 unit = units[key]
@@ -159,22 +181,24 @@ class _Planner:
                 if started >= unit.newest:
                     unit.newest, unit.lane = started, new
         for event_id, key, event in stored.queued:
+            self.seen(1)
             data = _json(event)
             new = self._target(key, data.get("source") if isinstance(data, dict) else None)
             if new is not None:
                 units[key].queued.append((event_id, new))
                 units[key].lane = units[key].lane or new
-        routed = {entry["session_key"] for entry in stored.routes}
-        order = self._order(routed)
+        order = self._order(stored.routed(set(self.lanes.values())))
         for key in self.left:
             units.pop(key, None)
         ordered: dict[str, _Unit] = {}
         for key in order:
             ordered[key] = units.pop(key, _Unit())
             ordered[key].lane = self.lanes[key]
-        for key in sorted(units):  # rows of other sources, or of a pruned lane's history
+        rest = sorted(units)  # rows of other sources, or of a pruned lane's history
+        routed, others = stored.routed(rest), stored.others(rest)
+        for key in rest:
             unit = ordered[key] = units[key]
-            if key in routed or key not in stored.others:
+            if key in routed or key not in others:
                 unit.lane = None  # only the rows move: the key's lane stays, or there is none
         collisions = tuple(
             Collision(key, tuple(sorted(targets | self.twins[key])), len(targets) > 1)
@@ -190,12 +214,12 @@ class _Planner:
         )  # fmt: skip
         return RekeyPlan(ordered, self.renames, report)
 
-    def _routes(self, stored: StoredKeys) -> int:
+    def _routes(self, routes: Iterable[EntryDict]) -> int:
         """Plan the routing rows; returns how many are already under their v2 key."""
         unchanged = 0
-        for entry in stored.routes:
+        for entry in routes:
+            self.seen(1)
             key, origin = entry["session_key"], entry.get("origin")
-            self.updated[key] = str(entry.get("updated_at") or "")
             keys = self._keys(origin)
             if keys is None:
                 self.left[key] = (
@@ -210,6 +234,7 @@ class _Planner:
             elif key == keys[0]:
                 self.lanes[key] = keys[1]
                 self.targets[key].add(keys[1])
+                self.updated[key] = str(entry.get("updated_at") or "")
             else:
                 self.left[key] = "its key is not its origin's v1 key under the current settings"
         return unchanged
@@ -227,8 +252,9 @@ class _Planner:
         return self.lanes.get(key)
 
     def _order(self, routed: set[str]) -> list[str]:
-        """Lane moves in an order where no move lands on a key still in use; moves that
-        cannot (their v2 key belongs to a lane that stays, or a cycle) are left."""
+        """Lane moves in an order where no move lands on a key still in use (``routed``: the
+        new keys that have a routing row); moves that cannot (their v2 key belongs to a lane
+        that stays, or a cycle) are left."""
         pending = dict(self.lanes)
         claimed: dict[str, str] = {}
         for old in sorted(pending, key=lambda key: (self.updated.get(key, ""), key), reverse=True):
@@ -255,6 +281,10 @@ class _Planner:
             self.left[old] = f"its new key {new} is held by another lane"
             del self.lanes[old]
         return order
+
+
+def _untold(phase: str, count: int, *, total: int) -> None:
+    """No progress to show."""
 
 
 def _json(text: str | None) -> Any:
@@ -289,22 +319,31 @@ class Rekeying:
         self._plugins = plugins
 
     def rekey(
-        self, *, dry_run: bool = False, batch_size: int = 500, forums: Sequence[Forum] = ()
+        self,
+        *,
+        dry_run: bool = False,
+        batch_size: int = 500,
+        forums: Sequence[Forum] = (),
+        progress: RekeyProgress | None = None,
     ) -> RekeyReport:
         """Move every lane of a v1 store to its v2 key, or with ``forums`` ((platform, chat id)
         pairs) the thread-less lanes of those forums to their General topic, ``batch_size`` keys per
         transaction (see the module). A dry run only reads, so it may run on a read-only store
         beside a running gateway; the real run needs a store opened for writing, which no
-        gateway can hold meanwhile (the database's writer lock)."""
+        gateway can hold meanwhile (the database's writer lock). ``progress`` is told of each
+        row read (phase ``reading``, total 0: unknown) and each batch committed (``moving``)."""
         chats = tuple(sorted(set(forums)))
         check_forums(frozenset(chats), self._plugins)
+        told = progress or _untold
         if dry_run:
-            return self._rekey(True, batch_size, chats)
-        return self._rekey_exclusively(batch_size, chats)
+            return self._rekey(True, batch_size, chats, told)
+        return self._rekey_exclusively(batch_size, chats, told)
 
     @exclusive
-    def _rekey_exclusively(self, batch_size: int, forums: tuple[Forum, ...]) -> RekeyReport:
-        return self._rekey(False, batch_size, forums)
+    def _rekey_exclusively(
+        self, batch_size: int, forums: tuple[Forum, ...], progress: RekeyProgress
+    ) -> RekeyReport:
+        return self._rekey(False, batch_size, forums, progress)
 
     def _keys_of(self, forums: tuple[Forum, ...], schema: str) -> KeysOf:
         """(old key, new key) of a source: v1 and v2, or its keys outside and in the General
@@ -316,7 +355,9 @@ class Rekeying:
             schema="v2" if schema == "v2" else "v1", forums=frozenset(forums),
         )  # fmt: skip
 
-    def _rekey(self, dry_run: bool, batch_size: int, forums: tuple[Forum, ...]) -> RekeyReport:
+    def _rekey(
+        self, dry_run: bool, batch_size: int, forums: tuple[Forum, ...], progress: RekeyProgress
+    ) -> RekeyReport:
         backing = self._backing
         sql = backing.bound.maintenance
         if sql is None:
@@ -331,22 +372,25 @@ class Rekeying:
             return RekeyReport(dry_run=dry_run, schema_before=before)
         if not dry_run:
             self._fallback.replay_backlog()  # lanes the degraded mode wrote are re-keyed too
-        plan = plan_rekey(
-            sql.stored_keys(), self._keys_of(forums, before), self._plugins, before,
-            twins=not forums,
-        )  # fmt: skip
-        plan = dataclasses.replace(plan, report=dataclasses.replace(plan.report, forums=forums))
         counts = self._counts.current
         stored = counts.load()
+        plan = plan_rekey(
+            sql.stored_keys(), self._keys_of(forums, before), self._plugins, before,
+            twins=not forums, counted=stored.keys(),
+            seen=functools.partial(progress, "reading", total=0),
+        )  # fmt: skip
+        plan = dataclasses.replace(plan, report=dataclasses.replace(plan.report, forums=forums))
         moved_counts = {plan.renames.get(key, key): value for key, value in stored.items()}
         changed = sum(1 for key in stored if key in plan.renames)
         if dry_run:
             return dataclasses.replace(plan.report, counts=changed)
         batches = 0
         schema = before if forums else "v2"
+        total = max(1, -(-len(plan.units) // batch_size))
         for moves in plan.batches(batch_size, schema):
             sql.move_keys(moves)
             batches += 1
+            progress("moving", 1, total=total)
         if changed:
             counts.save(moved_counts)
         backing.key_schema = "v2" if schema == "v2" else "v1"

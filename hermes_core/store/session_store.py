@@ -40,7 +40,7 @@ from hermes_core.store.obligations import Obligations
 from hermes_core.store.pruning import Pruner
 from hermes_core.store.queue_rows import QueueRows
 from hermes_core.store.rekey import Rekeying
-from hermes_core.store.rekey_report import Forum, RekeyReport
+from hermes_core.store.rekey_report import Forum, RekeyProgress, RekeyReport
 from hermes_core.store.routing import RoutingTable
 from hermes_core.store.sessions import Sessions
 from hermes_core.store.transcripts import Transcripts
@@ -263,9 +263,17 @@ class SessionStore:
         number removed."""
         return self._pruner.prune_old_entries(max_age_days)
 
-    def prune_idle_lanes(self, max_age_days: float | None) -> list[str]:
-        """:meth:`prune_old_entries`, returning the session keys of the entries removed."""
-        return self._pruner.prune_idle_lanes(max_age_days)
+    def prune_idle_lanes(
+        self,
+        max_age_days: float | None,
+        *,
+        batch_size: int | None = None,
+        progress: Callable[[int], None] | None = None,
+    ) -> list[str]:
+        """:meth:`prune_old_entries`, returning the session keys of the entries removed; a walk
+        in pages of ``batch_size`` lanes, each reported to ``progress`` once removed, safe to
+        interrupt and run again."""
+        return self._pruner.prune_idle_lanes(max_age_days, batch_size=batch_size, progress=progress)
 
     # -- turns -------------------------------------------------------------------------------------
 
@@ -342,11 +350,20 @@ class SessionStore:
     # -- maintenance -------------------------------------------------------------------------------
 
     def rekey(
-        self, *, dry_run: bool = False, batch_size: int = 500, forums: Sequence[Forum] = ()
+        self,
+        *,
+        dry_run: bool = False,
+        batch_size: int = 500,
+        forums: Sequence[Forum] = (),
+        progress: RekeyProgress | None = None,
     ) -> RekeyReport:
         """Move every lane of a v1 store to its v2 key, or the thread-less lanes of the forum
-        chats ``forums`` to their general topic (``hermes-sessions rekey``)."""
-        return self._rekeying.rekey(dry_run=dry_run, batch_size=batch_size, forums=forums)
+        chats ``forums`` to their general topic (``hermes-sessions rekey``), ``batch_size`` keys
+        per transaction; the rows are streamed, ``progress`` is told of each read and batch, and
+        an interrupted run is finished by running it again."""
+        return self._rekeying.rekey(
+            dry_run=dry_run, batch_size=batch_size, forums=forums, progress=progress
+        )
 
     def import_sessions_json(self, path: str | Path, *, strict: bool = False) -> int:
         """Import the entries of a sessions.json whose keys the routing table lacks; the

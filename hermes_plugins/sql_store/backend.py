@@ -185,8 +185,10 @@ class SqlBackend:
     def soft_delete_messages(self, session_id: str, message_ids: Sequence[int]) -> int:
         return self._transcripts.soft_delete_messages(session_id, message_ids)
 
-    def prune_candidates(self, cutoff: float) -> list[str]:
-        return self._routes.prune_candidates(cutoff)
+    def prune_candidates(
+        self, cutoff: float, after: str | None = None, limit: int | None = None
+    ) -> list[str]:
+        return self._routes.prune_candidates(cutoff, after, limit)
 
     def delete_idle_routes(self, session_keys: Sequence[str], cutoff: float) -> list[str]:
         return self._routes.delete_idle_routes(session_keys, cutoff)

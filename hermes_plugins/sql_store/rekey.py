@@ -1,11 +1,13 @@
-"""Re-keying in SQL: every table that names a session key, read at once and moved in batches."""
+"""Re-keying in SQL: every table that names a session key, streamed in batches and moved in
+batches."""
 
 from __future__ import annotations
 
 import json
+from collections.abc import Collection, Iterator, Sequence
 from typing import Any
 
-from sqlalchemy import delete, exists, select, update
+from sqlalchemy import RowMapping, Select, delete, exists, select, update
 from sqlalchemy.sql.schema import Table
 
 from hermes_core.store.backend import KeyMoves, StoredKeys
@@ -23,6 +25,9 @@ from hermes_plugins.sql_store.schema import (
 
 _ONE_ROW_PER_KEY = (restart_failure_counts, session_turn_leases)
 
+READ_BATCH = 1000
+"""Rows fetched at a time by the reads of a re-key, and keys looked up at a time."""
+
 
 class RekeyRows:
     """What ``SessionStore.rekey`` needs from the SQL store."""
@@ -36,27 +41,56 @@ class RekeyRows:
             self._conn.put_meta(cursor, name, value)
 
     def stored_keys(self) -> StoredKeys:
-        """Routes, session rows, queued events and the other tables' keys, from one read."""
-        table = sessions.c
-        others: set[str] = set()
-        with self._conn.read("reading the stored session keys") as conn:
-            routes = [
-                {**route_entry(row), "session_key": row["session_key"]}
-                for row in conn.execute(
-                    select(*ROUTE_READ, gateway_routing.c.session_key)
-                ).mappings()
-            ]
-            rows = conn.execute(
-                select(table.id, table.session_key, table.origin_json, table.started_at)
+        """Routes, session rows and queued events, each streamed :data:`READ_BATCH` rows at a
+        time, and lookups of routed keys and of the other tables' keys."""
+        table, queue = sessions.c, queued_events.c
+        routes = (
+            {**route_entry(row), "session_key": row["session_key"]}
+            for row in self._stream(
+                select(*ROUTE_READ, gateway_routing.c.session_key), "reading the routing index"
             )
-            session_rows = [(row[0], row[1], row[2], float(row[3])) for row in rows]
-            events = conn.execute(
-                select(queued_events.c.id, queued_events.c.session_key, queued_events.c.event_json)
+        )
+        session_rows = (
+            (row["id"], row["session_key"], row["origin_json"], float(row["started_at"]))
+            for row in self._stream(
+                select(table.id, table.session_key, table.origin_json, table.started_at),
+                "reading the session rows",
             )
-            queued = [(int(row[0]), row[1], row[2]) for row in events]
-            for other in (seen_messages, delivery_obligations, *_ONE_ROW_PER_KEY):
-                others.update(conn.execute(select(other.c.session_key).distinct()).scalars())
-        return StoredKeys(routes, session_rows, queued, frozenset(others))
+        )
+        queued = (
+            (int(row["id"]), row["session_key"], row["event_json"])
+            for row in self._stream(
+                select(queue.id, queue.session_key, queue.event_json), "reading the queue"
+            )
+        )
+        return StoredKeys(routes, session_rows, queued, self._routed, self._others)
+
+    def _stream(self, query: Select[Any], what: str) -> Iterator[RowMapping]:
+        """The rows of ``query``, fetched :data:`READ_BATCH` at a time (a server-side cursor on
+        PostgreSQL) from one read."""
+        with self._conn.read(what) as conn:
+            yield from conn.execution_options(yield_per=READ_BATCH).execute(query).mappings()
+
+    def _among(self, tables: Sequence[Table], keys: Collection[str], what: str) -> set[str]:
+        """Those of ``keys`` that some row of ``tables`` names, asked :data:`READ_BATCH` at a
+        time."""
+        wanted = sorted(keys)
+        found: set[str] = set()
+        with self._conn.read(what) as conn:
+            for start in range(0, len(wanted), READ_BATCH):
+                chunk = wanted[start : start + READ_BATCH]
+                for table in tables:
+                    column = table.c.session_key
+                    query = select(column).where(column.in_(chunk)).distinct()
+                    found.update(conn.execute(query).scalars())
+        return found
+
+    def _routed(self, keys: Collection[str]) -> set[str]:
+        return self._among((gateway_routing,), keys, "reading the routing index")
+
+    def _others(self, keys: Collection[str]) -> set[str]:
+        tables = (seen_messages, delivery_obligations, *_ONE_ROW_PER_KEY)
+        return self._among(tables, keys, "reading the stored session keys")
 
     def move_keys(self, moves: KeyMoves) -> None:
         """Apply one batch of a re-key in one transaction."""

@@ -160,14 +160,15 @@ class RoutingRows:
         with self._conn.read("reading the routing index") as conn:
             return conn.execute(select(gateway_routing.c.session_key).limit(1)).first() is not None
 
-    def prune_candidates(self, cutoff: float) -> list[str]:
+    def prune_candidates(
+        self, cutoff: float, after: str | None = None, limit: int | None = None
+    ) -> list[str]:
         """Keys idle since before ``cutoff`` that are not suspended and have no marker, in key
-        order."""
-        query = (
-            select(gateway_routing.c.session_key)
-            .where(idle_route(cutoff))
-            .order_by(gateway_routing.c.session_key)
-        )
+        order: those after ``after`` (a page of a walk), at most ``limit`` of them."""
+        key = gateway_routing.c.session_key
+        query = select(key).where(idle_route(cutoff)).order_by(key).limit(limit)
+        if after is not None:
+            query = query.where(key > after)
         with self._conn.read("finding stale routing entries") as conn:
             return list(conn.execute(query).scalars())
 
