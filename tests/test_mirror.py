@@ -6,8 +6,8 @@ import json
 import logging
 import os
 import threading
-from datetime import datetime, timedelta, timezone
 from collections.abc import Iterator
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 

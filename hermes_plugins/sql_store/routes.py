@@ -13,7 +13,7 @@ from contextlib import contextmanager
 from dataclasses import replace
 from typing import Any
 
-from sqlalchemy import func, select
+from sqlalchemy import func, select, true
 
 from hermes_core.domain.errors import LeaseLostError, shown
 from hermes_core.domain.models import SessionEntry
