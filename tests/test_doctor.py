@@ -110,6 +110,26 @@ def test_a_fix_killed_mid_rebuild_is_safe_to_run_again(
             assert len(store.search("zebra")) == 6
 
 
+def test_past_the_mirror_limit_an_old_sessions_json_is_outdated_and_removed(
+    home: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    mirror = home / "sessions" / "sessions.json"
+    lanes = len(json.loads(mirror.read_text())) - 1
+    (home / "config.yaml").write_text(
+        f"gateway: {{sessions_json_max_lanes: {lanes - 1}}}\n", encoding="utf-8"
+    )
+    code, report = doctor(capsys, home)
+    assert code == 1
+    finding = next(f for f in report["findings"] if f["check"] == "mirror")
+    assert finding["status"] == "problem"
+    assert "more than gateway.sessions_json_max_lanes" in finding["detail"]
+    code, report = doctor(capsys, home, "--fix")
+    assert not mirror.exists()
+    code, report = doctor(capsys, home)
+    assert code == 0
+    assert statuses(report)["mirror"] == "ok"
+
+
 def test_a_0644_database_is_tightened(home: Path, capsys: pytest.CaptureFixture[str]) -> None:
     os.chmod(home / "state.db", 0o644)
     code, report = doctor(capsys, home)

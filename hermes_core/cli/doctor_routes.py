@@ -68,6 +68,9 @@ class MirrorComparison:
         self.mirrored: dict[str, str] | None = None
         """The file's lanes not yet matched (session id by key), while it is compared."""
         self.differ = 0
+        self.limit = config.gateway.sessions_json_max_lanes
+        self.kept = False
+        """A mirror is written for a store of this kind (up to :attr:`limit` lanes)."""
         if config.sessions_dir.is_symlink():
             self.decided = Finding(
                 "mirror", "warn", "not read: the sessions directory is a symlink"
@@ -79,6 +82,7 @@ class MirrorComparison:
                     "mirror", "ok", "not written (gateway.write_sessions_json is off)"
                 )
                 return
+            self.kept = True
             mirror = load_mirror(self.path, plugins)  # a missing file loads as empty, quietly
         except PLUGIN_PROBLEM:
             self.decided = Finding("mirror", "warn", NOT_CHECKED)
@@ -101,6 +105,8 @@ class MirrorComparison:
 
     def finding(self, lanes: int) -> Finding:
         """The finding once the walk has seen all ``lanes`` of the routing table."""
+        if self.kept and lanes > self.limit:
+            return self._past_limit(lanes)
         if self.decided is not None:
             return self.decided
         if self.missing:
@@ -114,6 +120,19 @@ class MirrorComparison:
         if self.running:  # the gateway writes it at most once a minute
             return Finding("mirror", "warn", detail + " (the running gateway rewrites it soon)")
         return Finding("mirror", "problem", detail, "--fix rewrites it")
+
+    def _past_limit(self, lanes: int) -> Finding:
+        """A store past ``gateway.sessions_json_max_lanes``: no mirror is kept, and one left
+        from before is outdated (the next write removes it)."""
+        detail = (
+            f"not written: {lanes} lanes, more than gateway.sessions_json_max_lanes ({self.limit})"
+        )
+        if not self.path.exists():
+            return Finding("mirror", "ok", detail)
+        detail += f"; {self.path} is left from before and outdated"
+        if self.running:
+            return Finding("mirror", "warn", detail + " (the running gateway removes it soon)")
+        return Finding("mirror", "problem", detail, "--fix removes it")
 
 
 @dataclass
