@@ -51,7 +51,7 @@ def populate(config: GatewayConfig, home: Path) -> dict[str, str]:
 def census(config: GatewayConfig) -> tuple[int, int, int]:
     """(routing rows, session rows, messages) straight from the database."""
     url = config.storage_url
-    return tuple(  # type: ignore[return-value]
+    return tuple(
         run_sql(url, f"SELECT count(*) FROM {table}")[0][0]
         for table in ("gateway_routing", "sessions", "messages")
     )
@@ -224,7 +224,7 @@ class Terminal(io.StringIO):
 def test_progress_redraws_at_most_once_an_interval_and_never_when_quiet(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(common.time, "monotonic", lambda: 100.0)  # the clock stands still
+    monkeypatch.setattr("time.monotonic", lambda: 100.0)  # the clock stands still
     terminal = Terminal()
     bar = common.Progress("rekey", 0, terminal)
     for _ in range(1000):
