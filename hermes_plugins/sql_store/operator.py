@@ -48,33 +48,29 @@ def _table(name: str) -> Table:
     return metadata.tables[name]
 
 
-def _normal(table: Table, values: Sequence[Any]) -> tuple[Any, ...]:
-    """A row's values (in column order) in the form both dialects agree on: a float column's
+def _normal(table: Table, row: dict[str, Any]) -> dict[str, Any]:
+    """``row`` (changed in place) in the form both dialects agree on: its float columns' values
     as floats (SQLite may return an integral one as an int)."""
-    floats = _FLOAT_AT[table.name]
-    if not floats:
-        return tuple(values)
-    return tuple(
-        float(value) if at in floats and value is not None else value
-        for at, value in enumerate(values)
-    )
+    for name in _FLOATS[table.name]:
+        value = row[name]
+        if isinstance(value, int):
+            row[name] = float(value)
+    return row
 
 
 def _compared(table: Table, row: Mapping[str, Any]) -> tuple[Any, ...]:
-    """A copied row as :meth:`OperatorRows.foreign_rows` compares it: :func:`_normal` without
-    the session columns a copy sets only at its end."""
-    values = _normal(table, [row[name] for name in table.columns.keys()])  # noqa: SIM118
-    if table is not sessions:
-        return values
-    return tuple(value for at, value in enumerate(values) if at not in _RECOUNTED_AT)
+    """A copied row as :meth:`OperatorRows.foreign_rows` compares it: :func:`_normal`, in column
+    order, without the session columns a copy sets only at its end."""
+    values = _normal(table, dict(row))
+    left_out = _RECOUNTED if table is sessions else ()
+    return tuple(values[column.name] for column in table.columns if column.name not in left_out)
 
 
-_FLOAT_AT = {
-    name: frozenset(at for at, column in enumerate(table.columns) if isinstance(column.type, Float))
+_FLOATS = {
+    name: tuple(column.name for column in table.columns if isinstance(column.type, Float))
     for name, table in metadata.tables.items()
 }
-"""Each table's float columns, by position."""
-_RECOUNTED_AT = frozenset(sessions.columns.keys().index(name) for name in _RECOUNTED)
+"""Each table's float columns."""
 DIGEST_ROWS = 2000
 """Rows per read of :meth:`OperatorRows.table_digest`."""
 
@@ -226,7 +222,7 @@ class OperatorRows:
         count = 0
         after: Sequence[Any] | None = None
         while rows := self.table_rows(name, after, DIGEST_ROWS):
-            digest.update(repr([_normal(table, list(row.values())) for row in rows]).encode())
+            digest.update(repr([_normal(table, row) for row in rows]).encode())
             count += len(rows)
             after = self.primary_key(name, rows[-1])
         return TableDigest(count, digest.hexdigest())
