@@ -6,6 +6,7 @@ from __future__ import annotations
 import io
 import json
 import signal
+import sqlite3
 import subprocess
 import sys
 import time
@@ -16,8 +17,9 @@ from sqlalchemy import create_engine
 from support.populate import config_for, populate
 
 from conftest import builtins_only
-from hermes_core.cli.common import Progress
+from hermes_core.cli.common import Progress, open_operator
 from hermes_core.cli.main import main
+from hermes_core.cli.migrate import MigrationMismatchError, verify
 from hermes_core.store import SessionStore
 
 
@@ -63,7 +65,8 @@ def test_migrate_refuses_an_unreachable_target(
 
 KILLED_AFTER_A_BATCH = """
 import os, signal, sys
-from hermes_core.cli.common import Progress
+from hermes_core.cli.common import Progress, open_operator
+from hermes_core.cli.migrate import MigrationMismatchError, verify
 from hermes_core.cli.main import main
 from hermes_plugins.sql_store.backend import SqlBackend
 
@@ -183,3 +186,24 @@ def test_a_million_advances_redraw_only_as_the_clock_moves(monkeypatch: pytest.M
     silent.advance(10)
     silent.close()
     assert quiet.getvalue() == ""
+
+
+def test_verification_tells_a_changed_row(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    home = tmp_path / "state"
+    populate(home)
+    (tmp_path / "copy").mkdir(mode=0o700)
+    copy = f"sqlite:///{tmp_path}/copy/state.db"
+    report = migrated(capsys, "--state-dir", str(home), "--to", copy)
+    source = open_operator(config_for(home), write=False, plugins=None)
+    target = open_operator(config_for(home, copy), write=False, plugins=None)
+    try:
+        assert verify(source, target) == report["verified"]
+        with sqlite3.connect(tmp_path / "copy" / "state.db") as raw:
+            raw.execute("UPDATE messages SET content = 'changed' WHERE id = 3")
+        with pytest.raises(MigrationMismatchError, match="table messages differs"):
+            verify(source, target)
+    finally:
+        source.close()
+        target.close()
