@@ -100,10 +100,17 @@ class SearchIndex(ABC):
     """The store's derived full-text index and its ``state``: ``ok``; ``stale`` (a fault
     disabled it; search scans until a rebuild); ``unavailable`` (this SQLite lacks FTS5).
 
+    A search ranks the newest :attr:`rank_among` matches that its scope keeps (walked newest
+    first through the index), never all of them: a term that a third of the messages hold
+    costs what a rare one does.
+
     The store's connection tells it of each commit and rollback of a writer connection and of
     each message inserted without ``RETURNING`` (:meth:`after_commit`, :meth:`rolled_back`,
     :meth:`inserted`: nothing to do unless the index trails the messages). Each dialect's
     kind declares every step, if only to say that it needs nothing there."""
+
+    rank_among = 1_000
+    """Matches ranked at most: the newest ones that the search's scope keeps."""
 
     def __init__(self, store: SqlConnection, state: str) -> None:
         self._store = store
@@ -130,7 +137,9 @@ class SearchIndex(ABC):
                     tokens = query.split()
                     if not tokens:
                         return []
-                    found = self._ranked(conn, query, session_id, session_key, limit)
+                    found = self._ranked(
+                        conn, query, session_id, session_key, limit, self.rank_among
+                    )
                     return _hits(found, tokens)
                 except SQLAlchemyError as exc:
                     # Only a write marks the index stale (it can tell the index's faults from
@@ -155,8 +164,10 @@ class SearchIndex(ABC):
         session_id: str | None,
         session_key: str | None,
         limit: int,
+        among: int,
     ) -> list[Any]:
-        """The index's matches (message rows), best rank first."""
+        """The ``limit`` best-ranked (ties: newest first) of the ``among`` newest matches in
+        scope (message rows)."""
 
     # -- rebuilding -----------------------------------------------------------------------------
 

@@ -220,15 +220,25 @@ class TsvectorIndex(SearchIndex):
         session_id: str | None,
         session_key: str | None,
         limit: int,
+        among: int,
     ) -> list[Any]:
-        columns = (messages.c.id, messages.c.session_id, messages.c.role, messages.c.timestamp,
-                   messages.c.content)  # fmt: skip
+        """The ``among`` newest matches in scope (for a common term the planner walks the
+        primary key backwards and stops there; for a rare one it reads the GIN index), then
+        the ``limit`` best of them by ``ts_rank``."""
         tsquery = func.plainto_tsquery(literal_column("'simple'::regconfig"), query)
         search_tsv: ColumnElement[Any] = literal_column("messages.search_tsv")
-        statement = (
-            scoped(select(*columns), session_id, session_key)
+        columns = ("id", "session_id", "role", "timestamp", "content")
+        newest = (
+            scoped(select(*(messages.c[name] for name in columns), search_tsv.label("tsv")),
+                   session_id, session_key)
             .where(search_tsv.op("@@")(tsquery))
-            .order_by(func.ts_rank(search_tsv, tsquery).desc(), messages.c.id)
+            .order_by(messages.c.id.desc())
+            .limit(among)
+            .subquery()
+        )  # fmt: skip
+        statement = (
+            select(*(newest.c[name] for name in columns))
+            .order_by(func.ts_rank(newest.c.tsv, tsquery).desc(), newest.c.id.desc())
             .limit(limit)
         )
         return list(conn.execute(statement).all())

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import sqlite3
+from collections.abc import Sequence
 from contextlib import closing
 from typing import TYPE_CHECKING, Any
 
@@ -184,13 +185,14 @@ class Fts5Index(SearchIndex):
         session_id: str | None,
         session_key: str | None,
         limit: int,
+        among: int,
     ) -> list[Any]:
-        """FTS5 hits, best first: those of the index (the messages up to its watermark) merged
-        by rank with those of the messages past it, matched through a private in-memory FTS5
-        table of the same tokenizer, so the newest messages are found exactly as indexed ones
-        are."""
+        """FTS5 hits, best first, among the newest ``among`` matches in scope: those of the
+        index (the messages up to its watermark, its doclist walked by rowid descending) and
+        those of the messages past it, matched through a private in-memory FTS5 table of the
+        same tokenizer, so the newest messages are found exactly as indexed ones are."""
         match = fts5_query(query)
-        scope, params = "", {"match": match, "limit": limit}
+        scope, params = "", {"match": match, "among": among}
         if session_id is not None:
             scope += " AND m.session_id = :session_id"
             params["session_id"] = session_id
@@ -204,15 +206,6 @@ class Fts5Index(SearchIndex):
         watermark = conn.execute(
             select(state_meta.c.value).where(state_meta.c.key == WATERMARK)
         ).scalar()
-        indexed = conn.execute(
-            text(
-                "SELECT m.id, m.session_id, m.role, m.timestamp, m.content, messages_fts.rank AS "
-                "rank FROM messages_fts JOIN messages m ON m.id = messages_fts.rowid "
-                f"WHERE messages_fts MATCH :match AND m.active = 1{scope} "
-                "ORDER BY messages_fts.rank LIMIT :limit"
-            ),
-            params,
-        ).all()
         tail = conn.execute(
             text(
                 "SELECT m.id, m.session_id, m.role, m.timestamp, m.content, "
@@ -221,17 +214,35 @@ class Fts5Index(SearchIndex):
             ),
             {**params, "after": int(watermark or 0)},
         ).all()
-        ranked = [(row.rank, row) for row in indexed]
-        known = {row.id for row in indexed}
-        tail = [row for row in tail if row.id not in known]
-        if tail:
-            ranked.extend(_match_in_memory(tail, match, limit))
-        ranked.sort(key=lambda pair: pair[0])
-        return [row for _rank, row in ranked[:limit]]
+        newest = _match_in_memory(tail, match, among) if tail else []
+        known = {row.id for _rank, row in newest}
+        # A scope narrows the walk to its own messages first (each probed in the index); the
+        # whole store walks the term's doclist newest first and stops after ``among`` rows.
+        walk = "messages m CROSS JOIN messages_fts" if scope else "messages_fts JOIN messages m"
+        indexed = conn.execute(
+            text(
+                "SELECT m.id, m.session_id, m.role, m.timestamp, m.content, messages_fts.rank AS "
+                f"rank FROM {walk} ON m.id = messages_fts.rowid "
+                f"WHERE messages_fts MATCH :match AND m.active = 1{scope} "
+                "ORDER BY messages_fts.rowid DESC LIMIT :among"
+            ),
+            params,
+        ).all()
+        newest.extend((row.rank, row) for row in indexed if row.id not in known)
+        return _best_of(newest, among, limit)
 
 
-def _match_in_memory(rows: list[Any], match: str, limit: int) -> list[tuple[float, Any]]:
-    """(FTS5 rank, row) of the ``rows`` (past the watermark) that ``match`` finds."""
+def _best_of(candidates: list[tuple[float, Any]], among: int, limit: int) -> list[Any]:
+    """Of the newest ``among`` (rank, row) pairs, the ``limit`` rows of the lowest FTS5 rank
+    (the best), the newest first among ties."""
+    candidates.sort(key=lambda pair: -pair[1].id)
+    kept = sorted(candidates[:among], key=lambda pair: (pair[0], -pair[1].id))
+    return [row for _rank, row in kept[:limit]]
+
+
+def _match_in_memory(rows: Sequence[Any], match: str, among: int) -> list[tuple[float, Any]]:
+    """(FTS5 rank, row) of the newest ``among`` of the ``rows`` (past the watermark) that
+    ``match`` finds, newest first."""
     by_id = {row.id: row for row in rows}
     with closing(sqlite3.connect(":memory:")) as memory:
         memory.execute("CREATE VIRTUAL TABLE tail USING fts5(content, tool_name, tool_calls)")
@@ -240,6 +251,7 @@ def _match_in_memory(rows: list[Any], match: str, limit: int) -> list[tuple[floa
             [(row.id, row.indexed, row.tool_name, row.tool_calls) for row in rows],
         )
         found = memory.execute(
-            "SELECT rowid, rank FROM tail WHERE tail MATCH ? ORDER BY rank LIMIT ?", (match, limit)
+            "SELECT rowid, rank FROM tail WHERE tail MATCH ? ORDER BY rowid DESC LIMIT ?",
+            (match, among),
         ).fetchall()
     return [(rank, by_id[rowid]) for rowid, rank in found]
