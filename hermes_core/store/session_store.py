@@ -336,8 +336,10 @@ class SessionStore:
         session_key: str | None = None,
         limit: int = 20,
     ) -> list[SearchHit]:
-        """Full-text search over active messages, best rank first (``[]`` while degraded).
-        ``query`` is data, never query syntax: every whitespace-separated word must occur."""
+        """Full-text search over active messages, best rank first (``[]`` while degraded),
+        ranked among the newest 1,000 matches in scope (a bound on its cost; see
+        docs/storage.md). ``query`` is data, never query syntax: every whitespace-separated
+        word must occur."""
         return self._transcripts.search(
             query, session_id=session_id, session_key=session_key, limit=limit
         )
