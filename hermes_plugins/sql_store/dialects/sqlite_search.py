@@ -188,9 +188,9 @@ class Fts5Index(SearchIndex):
         among: int,
     ) -> list[Any]:
         """FTS5 hits, best first, among the newest ``among`` matches in scope: those of the
-        index (the messages up to its watermark, its doclist walked by rowid descending) and
-        those of the messages past it, matched through a private in-memory FTS5 table of the
-        same tokenizer, so the newest messages are found exactly as indexed ones are."""
+        index (the messages up to its watermark, its doclist walked by rowid descending, up to
+        ``among``) and the messages past it, all ranked together in a private in-memory FTS5
+        table of the same tokenizer (see :func:`_rank_in_memory`)."""
         match = fts5_query(query)
         scope, params = "", {"match": match, "among": among}
         if session_id is not None:
@@ -201,57 +201,53 @@ class Fts5Index(SearchIndex):
                 " AND m.session_id IN (SELECT id FROM sessions WHERE session_key = :session_key)"
             )
             params["session_key"] = session_key
+        columns = (
+            "m.id, m.session_id, m.role, m.timestamp, m.content, "
+            f"{TAIL_PROJECTION} AS indexed, m.tool_name, m.tool_calls"
+        )
         # Read before the index: a catch-up committed in between makes rows show twice (merged
         # below), never not at all.
         watermark = conn.execute(
             select(state_meta.c.value).where(state_meta.c.key == WATERMARK)
         ).scalar()
         tail = conn.execute(
-            text(
-                "SELECT m.id, m.session_id, m.role, m.timestamp, m.content, "
-                f"{TAIL_PROJECTION} AS indexed, m.tool_name, m.tool_calls FROM messages m "
-                f"WHERE m.id > :after AND m.active = 1{scope}"
-            ),
+            text(f"SELECT {columns} FROM messages m WHERE m.id > :after AND m.active = 1{scope}"),
             {**params, "after": int(watermark or 0)},
         ).all()
-        newest = _match_in_memory(tail, match, among) if tail else []
-        known = {row.id for _rank, row in newest}
         # A scope narrows the walk to its own messages first (each probed in the index); the
         # whole store walks the term's doclist newest first and stops after ``among`` rows.
         walk = "messages m CROSS JOIN messages_fts" if scope else "messages_fts JOIN messages m"
         indexed = conn.execute(
             text(
-                "SELECT m.id, m.session_id, m.role, m.timestamp, m.content, messages_fts.rank AS "
-                f"rank FROM {walk} ON m.id = messages_fts.rowid "
+                f"SELECT {columns} FROM {walk} ON m.id = messages_fts.rowid "
                 f"WHERE messages_fts MATCH :match AND m.active = 1{scope} "
                 "ORDER BY messages_fts.rowid DESC LIMIT :among"
             ),
             params,
         ).all()
-        newest.extend((row.rank, row) for row in indexed if row.id not in known)
-        return _best_of(newest, among, limit)
+        known = {row.id for row in tail}
+        candidates = [*tail, *(row for row in indexed if row.id not in known)]
+        return _rank_in_memory(candidates, match, among, limit) if candidates else []
 
 
-def _best_of(candidates: list[tuple[float, Any]], among: int, limit: int) -> list[Any]:
-    """Of the newest ``among`` (rank, row) pairs, the ``limit`` rows of the lowest FTS5 rank
-    (the best), the newest first among ties."""
-    candidates.sort(key=lambda pair: -pair[1].id)
-    kept = sorted(candidates[:among], key=lambda pair: (pair[0], -pair[1].id))
-    return [row for _rank, row in kept[:limit]]
+def _rank_in_memory(rows: Sequence[Any], match: str, among: int, limit: int) -> list[Any]:
+    """The ``limit`` best of the newest ``among`` ``rows`` that ``match`` finds, by FTS5's
+    bm25 in a private in-memory table of them (ties: newest first).
 
-
-def _match_in_memory(rows: Sequence[Any], match: str, among: int) -> list[tuple[float, Any]]:
-    """(FTS5 rank, row) of the newest ``among`` of the ``rows`` (past the watermark) that
-    ``match`` finds, newest first."""
+    The bm25 of the store's index would count every message holding each word (its weight)
+    before ranking even one, which for a common word is as slow as ranking them all; over the
+    candidates, which all hold every word, the words weigh the same and the rank says how
+    often they occur in a message for its length."""
     by_id = {row.id: row for row in rows}
     with closing(sqlite3.connect(":memory:")) as memory:
-        memory.execute("CREATE VIRTUAL TABLE tail USING fts5(content, tool_name, tool_calls)")
+        memory.execute("CREATE VIRTUAL TABLE found USING fts5(content, tool_name, tool_calls)")
         memory.executemany(
-            "INSERT INTO tail(rowid, content, tool_name, tool_calls) VALUES (?, ?, ?, ?)",
+            "INSERT INTO found(rowid, content, tool_name, tool_calls) VALUES (?, ?, ?, ?)",
             [(row.id, row.indexed, row.tool_name, row.tool_calls) for row in rows],
         )
-        found = memory.execute(
-            "SELECT rowid, rank FROM tail WHERE tail MATCH ? ORDER BY rowid DESC LIMIT ?",
-            (match, among),
+        best = memory.execute(
+            "SELECT rowid FROM (SELECT rowid, rank FROM found WHERE found MATCH ? "
+            "ORDER BY rowid DESC LIMIT ?) ORDER BY rank, rowid DESC LIMIT ?",
+            (match, among, limit),
         ).fetchall()
-    return [(rank, by_id[rowid]) for rowid, rank in found]
+    return [by_id[rowid] for (rowid,) in best]
