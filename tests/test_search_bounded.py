@@ -15,6 +15,7 @@ from conftest import POSTGRES_URL
 from hermes_core import GatewayConfig
 from hermes_core.store import SessionStore
 from hermes_core.testing import fresh_plugin_manager, telegram_dm
+from hermes_plugins.sql_store.dialects import postgresql
 from hermes_plugins.sql_store.search import SearchIndex
 
 AMONG = 4
@@ -23,12 +24,15 @@ STRONG = "kiwi kiwi"
 BEST = "kiwi kiwi kiwi"
 
 
-@pytest.fixture(params=["sqlite-indexed", "sqlite-tail", "postgresql"])
-def kind(request: pytest.FixtureRequest) -> str:
-    """The backend, and on SQLite whether the messages are indexed or wait past the
-    watermark (fewer than 256 messages do)."""
-    if request.param == "postgresql":
+@pytest.fixture(params=["sqlite-indexed", "sqlite-tail", "postgresql", "postgresql-probe3"])
+def kind(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """The backend; on SQLite whether the messages are indexed or wait past the watermark
+    (fewer than 256 messages do); on PostgreSQL whether the probe of the newest messages
+    covers them all or only 3, so that the search walks on or reads the GIN index after it."""
+    if request.param.startswith("postgresql"):
         request.getfixturevalue("empty_database")
+    if request.param == "postgresql-probe3":
+        monkeypatch.setattr(postgresql, "PROBE_ROWS", 3)
     return str(request.param)
 
 
@@ -36,7 +40,7 @@ def kind(request: pytest.FixtureRequest) -> str:
 def store(kind: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[SessionStore]:
     """A store whose searches rank among the 4 newest matches."""
     monkeypatch.setattr(SearchIndex, "rank_among", AMONG)
-    settings = {"storage": {"url": POSTGRES_URL}} if kind == "postgresql" else {}
+    settings = {"storage": {"url": POSTGRES_URL}} if kind.startswith("postgresql") else {}
     home = tmp_path / "home"
     config = GatewayConfig.from_dict(settings, environ={"HERMES_HOME": str(home)})
     opened = SessionStore.open(config, plugins=fresh_plugin_manager(home))

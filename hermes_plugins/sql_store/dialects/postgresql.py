@@ -55,6 +55,9 @@ _FAILED_REINDEX = (
 """The invalid copies an interrupted ``REINDEX ... CONCURRENTLY`` of the search index left."""
 _PROBE = "SELECT id FROM messages WHERE search_tsv @@ plainto_tsquery('simple', 'hermesprobe')"
 _SEQUENCES = ("messages", "queued_events")
+_HIT = ("id", "session_id", "role", "timestamp", "content")
+PROBE_ROWS = 2_000
+"""Newest messages a search walks first, to tell a common word from a rare one."""
 
 
 def shared_writer_timeouts(turn_lease_secs: float) -> dict[str, str]:
@@ -222,26 +225,52 @@ class TsvectorIndex(SearchIndex):
         limit: int,
         among: int,
     ) -> list[Any]:
-        """The ``among`` newest matches in scope (for a common term the planner walks the
-        primary key backwards and stops there; for a rare one it reads the GIN index), then
-        the ``limit`` best of them by ``ts_rank``."""
+        """The ``limit`` best by ``ts_rank`` of the ``among`` newest matches in scope.
+
+        The planner's choice between walking the primary key backwards (cheap for a common
+        word) and reading the GIN index (cheap for a rare one) rests on statistics that
+        misjudge words they do not list (a rare word walked 27 s over 5,000,000 messages),
+        so the search measures instead: it walks the newest :data:`PROBE_ROWS` messages, and
+        if the word is common enough there that walking on costs fewer rows than reading its
+        older matches would, walks on; otherwise it reads the GIN index. A scope's few
+        messages are walked through its own index."""
         tsquery = func.plainto_tsquery(literal_column("'simple'::regconfig"), query)
         search_tsv: ColumnElement[Any] = literal_column("messages.search_tsv")
-        columns = ("id", "session_id", "role", "timestamp", "content")
-        newest = (
-            scoped(select(*(messages.c[name] for name in columns), search_tsv.label("tsv")),
-                   session_id, session_key)
-            .where(search_tsv.op("@@")(tsquery))
-            .order_by(messages.c.id.desc())
-            .limit(among)
-            .subquery()
-        )  # fmt: skip
-        statement = (
-            select(*(newest.c[name] for name in columns))
-            .order_by(func.ts_rank(newest.c.tsv, tsquery).desc(), newest.c.id.desc())
-            .limit(limit)
-        )
-        return list(conn.execute(statement).all())
+        matches = search_tsv.op("@@")(tsquery)
+        walked = matches.is_(True)  # not a form the GIN index serves: the rows are walked
+
+        def newest(where: ColumnElement[Any], by: ColumnElement[Any], count: int) -> list[Any]:
+            inner = (
+                scoped(select(*(messages.c[name] for name in _HIT), search_tsv.label("tsv")),
+                       session_id, session_key)
+                .where(where)
+                .order_by(by.desc())
+                .limit(count)
+                .subquery()
+            )  # fmt: skip
+            ranked = select(*(inner.c[name] for name in _HIT),
+                            func.ts_rank(inner.c.tsv, tsquery).label("rank"))  # fmt: skip
+            return list(conn.execute(ranked).all())
+
+        if session_id is not None or session_key is not None:
+            found = newest(walked, messages.c.id, among)
+        else:
+            floor = (conn.execute(select(func.max(messages.c.id))).scalar() or 0) - PROBE_ROWS
+            found = newest(walked & (messages.c.id > floor), messages.c.id, among)
+            rest = among - len(found)
+            if rest:
+                # Rows to walk for the rest at the rate seen, against the older matches the
+                # GIN index would read (``id + 0``: no ordered walk of the primary key).
+                walk = bool(found) and rest * PROBE_ROWS / len(found) <= (
+                    len(found) / PROBE_ROWS * floor
+                )
+                older = messages.c.id <= floor
+                if walk:
+                    found += newest(walked & older, messages.c.id, rest)
+                else:
+                    found += newest(matches & older, messages.c.id + 0, rest)
+        found.sort(key=lambda row: (-row.rank, -row.id))
+        return found[:limit]
 
     def reindex_fts(self) -> None:
         """``REINDEX INDEX CONCURRENTLY`` on a connection of its own (no writer's), which

@@ -241,9 +241,10 @@ def _rank_in_memory(rows: Sequence[Any], match: str, among: int, limit: int) -> 
     by_id = {row.id: row for row in rows}
     with closing(sqlite3.connect(":memory:")) as memory:
         memory.execute("CREATE VIRTUAL TABLE found USING fts5(content, tool_name, tool_calls)")
+        # Ascending ids: FTS5 writes a segment for every id lower than the one before it.
         memory.executemany(
             "INSERT INTO found(rowid, content, tool_name, tool_calls) VALUES (?, ?, ?, ?)",
-            [(row.id, row.indexed, row.tool_name, row.tool_calls) for row in rows],
+            sorted((row.id, row.indexed, row.tool_name, row.tool_calls) for row in rows),
         )
         best = memory.execute(
             "SELECT rowid FROM (SELECT rowid, rank FROM found WHERE found MATCH ? "
