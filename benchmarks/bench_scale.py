@@ -184,18 +184,6 @@ def build(store: Store) -> None:
     finally:
         target.close()
     store.build_secs = time.perf_counter() - started
-    if store.url is not None:
-        analyze(store.url)
-
-
-def analyze(url: str) -> None:
-    """``ANALYZE``, as autovacuum does after an import (when it is on): search's plan on
-    PostgreSQL (walk the newest messages, or read the GIN index) follows how common the words
-    are in the statistics."""
-    engine = create_engine(url, isolation_level="AUTOCOMMIT")
-    with engine.connect() as conn:
-        conn.exec_driver_sql("ANALYZE")
-    engine.dispose()
 
 
 def size_on_disk(store: Store) -> int:
