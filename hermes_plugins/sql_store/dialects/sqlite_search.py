@@ -187,10 +187,10 @@ class Fts5Index(SearchIndex):
         limit: int,
         among: int,
     ) -> list[Any]:
-        """FTS5 hits, best first, among the newest ``among`` matches in scope: those of the
-        index (the messages up to its watermark, its doclist walked by rowid descending, up to
-        ``among``) and the messages past it, all ranked together in a private in-memory FTS5
-        table of the same tokenizer (see :func:`_rank_in_memory`)."""
+        """FTS5 hits, best first, among the newest ``among`` matches in scope, ranked in a
+        private in-memory FTS5 table of the same tokenizer (:func:`_rank_in_memory`) that holds
+        the index's newest ``among`` matches (its doclist walked by rowid descending) and the
+        messages past its watermark, or for a session or key every message of that scope."""
         match = fts5_query(query)
         scope, params = "", {"match": match, "among": among}
         if session_id is not None:
@@ -205,26 +205,33 @@ class Fts5Index(SearchIndex):
             "m.id, m.session_id, m.role, m.timestamp, m.content, "
             f"{TAIL_PROJECTION} AS indexed, m.tool_name, m.tool_calls"
         )
-        # Read before the index: a catch-up committed in between makes rows show twice (merged
-        # below), never not at all.
-        watermark = conn.execute(
-            select(state_meta.c.value).where(state_meta.c.key == WATERMARK)
-        ).scalar()
+        if scope:
+            # A scope's own messages, every one matched in memory: their number bounds the
+            # cost, where a walk of the term's doclist would pass every newer match first.
+            after = 0
+        else:
+            # Read before the index: a catch-up committed in between makes rows show twice
+            # (merged below), never not at all.
+            watermark = conn.execute(
+                select(state_meta.c.value).where(state_meta.c.key == WATERMARK)
+            ).scalar()
+            after = int(watermark or 0)
         tail = conn.execute(
             text(f"SELECT {columns} FROM messages m WHERE m.id > :after AND m.active = 1{scope}"),
-            {**params, "after": int(watermark or 0)},
+            {**params, "after": after},
         ).all()
-        # A scope narrows the walk to its own messages first (each probed in the index); the
-        # whole store walks the term's doclist newest first and stops after ``among`` rows.
-        walk = "messages m CROSS JOIN messages_fts" if scope else "messages_fts JOIN messages m"
-        indexed = conn.execute(
-            text(
-                f"SELECT {columns} FROM {walk} ON m.id = messages_fts.rowid "
-                f"WHERE messages_fts MATCH :match AND m.active = 1{scope} "
-                "ORDER BY messages_fts.rowid DESC LIMIT :among"
-            ),
-            params,
-        ).all()
+        indexed = (
+            []
+            if scope
+            else conn.execute(
+                text(
+                    f"SELECT {columns} FROM messages_fts JOIN messages m ON m.id = "
+                    "messages_fts.rowid WHERE messages_fts MATCH :match AND m.active = 1 "
+                    "ORDER BY messages_fts.rowid DESC LIMIT :among"
+                ),
+                params,
+            ).all()
+        )
         known = {row.id for row in tail}
         candidates = [*tail, *(row for row in indexed if row.id not in known)]
         return _rank_in_memory(candidates, match, among, limit) if candidates else []
