@@ -181,6 +181,10 @@ class StorageConfig(Section):
     """PostgreSQL: pooled read connections per process, beside its writer connections (a
     process needs ``writer_connections + read_connections`` of the server's
     ``max_connections``, and one more that listens for lane wake-ups when shared)."""
+    entry_cache_size: Count = 10_000
+    """Routing entries the store keeps in memory (least recently used dropped first): a bound
+    on the memory a gateway holds for the lanes it served, whatever the store's size. A lane
+    not cached reads its routing row on its next turn."""
 
     @property
     def writers(self) -> int:

@@ -60,7 +60,6 @@ class SessionStore:
         has_active_processes_fn: Callable[[str], bool] | None = None,
         *,
         plugins: HermesPluginManager | None = None,
-        entry_cache_size: int = 10_000,
         read_only: bool = False,
         rekeying: bool = False,
     ) -> None:
@@ -81,7 +80,7 @@ class SessionStore:
         self.sessions_dir = directory if read_only else ensure_private_dir(directory)
         self.plugins = plugins = plugins if plugins is not None else default_plugin_manager(config)
         self._closed = False
-        cache = EntryCache(entry_cache_size)
+        cache = EntryCache(config.storage.entry_cache_size)
         mirror = MirrorWriter(self.sessions_dir / MIRROR_FILENAME)
         backing = Backing(
             config, plugins, self.sessions_dir, cache, mirror, read_only=read_only,
