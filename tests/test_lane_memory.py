@@ -3,7 +3,7 @@ each cache's bound, and releases the rest when the lane goes idle."""
 
 from __future__ import annotations
 
-from collections.abc import Sized
+from collections.abc import Iterator, Sized
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +13,7 @@ from hermes_core import GatewayConfig, MessageEvent
 from hermes_core.gateway import inbound, runner, runtime
 from hermes_core.gateway.agents import EchoAgent, InMemoryAdapter
 from hermes_core.gateway.runtime import Gateway
+from hermes_core.store import SessionStore
 from hermes_core.testing import fresh_plugin_manager, telegram_dm
 
 LANES = 60
@@ -27,7 +28,10 @@ def _config(home: Path, settings: dict[str, Any]) -> GatewayConfig:
     return GatewayConfig.from_dict(
         {
             "storage": storage,
-            "gateway": {"housekeeping": {"initial_delay_secs": 3600}},
+            "gateway": {
+                "housekeeping": {"initial_delay_secs": 3600},
+                "write_sessions_json": False,  # the mirror holds every lane (its own bound)
+            },
             "agent": {"agent_cache": {"max_size": BOUND, "protect_recent": 0}},
         },
         environ={"HERMES_HOME": str(home)},
@@ -91,3 +95,37 @@ async def test_entry_cache_size_is_read_from_the_config(hermes_home: Path) -> No
     assert GatewayConfig.from_dict({}).storage.entry_cache_size == 10_000
     with pytest.raises(ValueError, match=r"storage\.entry_cache_size"):
         GatewayConfig.from_dict({"storage": {"entry_cache_size": 0}})
+
+
+async def test_start_reads_only_the_lanes_to_resume(
+    hermes_home: Path, settings: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A start resumes the lanes marked ``resume_pending`` without reading every routing
+    entry into memory (a store of a million lanes once held them all, gigabytes, at start)."""
+    config = _config(hermes_home, settings)
+    with SessionStore.open(config, plugins=fresh_plugin_manager(hermes_home)) as store:
+        keys = [
+            store.get_or_create_session(telegram_dm(str(lane))).session_key for lane in range(LANES)
+        ]
+        pending = keys[::WAVE]
+        for key in pending:
+            store.mark_resume_pending(key, "restart_timeout")
+        backend = type(store._backing.backend)
+
+    def every_route(self: object) -> Iterator[dict[str, Any]]:
+        raise AssertionError("the whole routing index was read")
+
+    monkeypatch.setattr(backend, "iter_routes", every_route)
+    adapter = InMemoryAdapter("telegram")
+    gateway = Gateway(
+        config, fresh_plugin_manager(hermes_home), lambda entry: EchoAgent(), [adapter]
+    )
+    await gateway.start()
+    try:
+        await gateway.idle()
+        resumed = {message.chat_id for message in adapter.sent}
+        assert resumed == {str(lane) for lane in range(0, LANES, WAVE)}
+        entries = [gateway.store.lookup_by_session_key(key) for key in pending]
+        assert all(entry is not None and not entry.resume_pending for entry in entries)
+    finally:
+        await gateway.stop()

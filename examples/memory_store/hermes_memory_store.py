@@ -94,6 +94,10 @@ class MemoryBackend:
         with self.lock:
             return [copy.deepcopy(e) for e in self.routes.values() if e.get("active_turn_token")]
 
+    def routes_to_resume(self) -> list[EntryDict]:
+        with self.lock:
+            return [copy.deepcopy(e) for e in self.routes.values() if e.get("resume_pending")]
+
     # -- sessions
     def get_session(self, session_id: str) -> SessionRow | None:
         with self.lock:

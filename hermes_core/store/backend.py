@@ -306,6 +306,9 @@ class StoreBackend(Protocol):
     def routes_with_markers(self) -> list[EntryDict]:
         """Every entry whose turn marker is set."""
 
+    def routes_to_resume(self) -> list[EntryDict]:
+        """Every entry marked ``resume_pending`` (read without reading the other lanes)."""
+
     def put_routes(self, entries: Sequence[EntryDict]) -> None:
         """Write several routing entries in one transaction."""
 

@@ -256,12 +256,16 @@ class JsonlBackend:
 
     def routes_with_markers(self) -> list[EntryDict]:
         """Every entry whose turn marker is set."""
+        return self._routes_with("active_turn_token")
+
+    def routes_to_resume(self) -> list[EntryDict]:
+        """Every entry marked ``resume_pending``."""
+        return self._routes_with("resume_pending")
+
+    def _routes_with(self, field: str) -> list[EntryDict]:
+        """Copies of the entries whose ``field`` is set."""
         with self._lock:
-            return [
-                copy.deepcopy(entry)
-                for entry in self._entries.values()
-                if entry.get("active_turn_token")
-            ]
+            return [copy.deepcopy(entry) for entry in self._entries.values() if entry.get(field)]
 
     def put_routes(self, entries: Sequence[EntryDict]) -> None:
         """Write several entries with one rewrite of the file (undone in memory if it fails)."""

@@ -160,10 +160,15 @@ class RoutingTable:
         entry = self.current_entry_of(session_id)
         return self.snapshot(entry) if entry is not None else None
 
-    def list_sessions(self, active_minutes: float | None = None) -> list[SessionEntry]:
-        """All loadable entries (or those updated within ``active_minutes``), newest first."""
+    def list_sessions(
+        self, active_minutes: float | None = None, *, resume_pending: bool = False
+    ) -> list[SessionEntry]:
+        """All loadable entries (or those updated within ``active_minutes``; only those marked
+        ``resume_pending`` if so asked, read through the backend's narrow query), newest
+        first."""
+        backend = self._backing.backend
         with self._backing.canonical:
-            stored = list(self._backing.backend.iter_routes())
+            stored = backend.routes_to_resume() if resume_pending else list(backend.iter_routes())
         entries = [entry for entry in map(self.parse, stored) if entry is not None]
         if active_minutes is not None:
             minutes = checked_span(active_minutes, "active_minutes", "minutes")

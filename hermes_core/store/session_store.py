@@ -245,9 +245,12 @@ class SessionStore:
         """The entry whose *current* session id is ``session_id``, or None."""
         return self._routes.lookup_by_session_id(session_id)
 
-    def list_sessions(self, active_minutes: float | None = None) -> list[SessionEntry]:
-        """All loadable entries (or those updated within ``active_minutes``), newest first."""
-        return self._routes.list_sessions(active_minutes)
+    def list_sessions(
+        self, active_minutes: float | None = None, *, resume_pending: bool = False
+    ) -> list[SessionEntry]:
+        """All loadable entries (or those updated within ``active_minutes``; only those marked
+        ``resume_pending``, read without the other lanes, if so asked), newest first."""
+        return self._routes.list_sessions(active_minutes, resume_pending=resume_pending)
 
     def session_row(self, session_id: str) -> SessionRow | None:
         """The stored row of a session (start, end, counters, last activity), or None."""

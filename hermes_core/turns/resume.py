@@ -87,7 +87,7 @@ def resume_candidates(
         resumable, store=store, window=window, platform=platform, connected=connected,
         busy=busy, authorised=authorised,
     )  # fmt: skip
-    return [entry for entry in store.list_sessions() if check(entry)]
+    return [entry for entry in store.list_sessions(resume_pending=True) if check(entry)]
 
 
 def resumable(

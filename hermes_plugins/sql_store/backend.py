@@ -130,6 +130,9 @@ class SqlBackend:
     def routes_with_markers(self) -> list[EntryDict]:
         return self._routes.routes_with_markers()
 
+    def routes_to_resume(self) -> list[EntryDict]:
+        return self._routes.routes_to_resume()
+
     def put_routes(self, entries: Sequence[EntryDict]) -> None:
         self._routes.put_routes(entries)
 

@@ -150,6 +150,10 @@ class RoutingRows:
         where = gateway_routing.c.active_turn_token.is_not(None)
         return self._routes(where, "reading turn markers")
 
+    def routes_to_resume(self) -> list[EntryDict]:
+        """Every entry marked ``resume_pending`` (the column, not the entry's JSON)."""
+        return self._routes(gateway_routing.c.resume_pending != 0, "reading lanes to resume")
+
     def count_routes(self) -> int:
         """The number of routing rows."""
         with self._conn.read("counting the routing index") as conn:
