@@ -27,6 +27,7 @@ from hermes_core.domain.errors import (
     TurnInProgressError,
 )
 from hermes_core.store import SessionStore
+from hermes_core.store.backend import STREAM_METADATA
 from hermes_core.store.mirror import MIRROR_README
 from hermes_core.store.operator import LaneFilter
 from hermes_core.testing import LifecycleRecorder, fresh_plugin_manager, telegram_dm
@@ -479,6 +480,42 @@ def test_version_seven_database_upgrades_in_place(open_store: Opener, backend: s
     assert operator is not None
     rows = operator.lane_rows(LaneFilter(), None, 5)
     assert [row.entry["session_key"] for row in rows] == [newer.session_key, older.session_key]
+
+
+def test_version_eight_moves_an_owed_streamed_reply_into_its_row(
+    open_store: Opener, backend: str
+) -> None:
+    """Version 8 kept an owed streamed reply's messages in its lane's metadata until the row
+    settled; the upgrade moves them into the row, and leaves a cut stream (no row) where it is."""
+    store = open_store()
+    owed_lane = store.get_or_create_session(telegram_dm("1"))
+    cut_lane = store.get_or_create_session(telegram_dm("2"))
+    layout = {"messages": [["m1", 0], ["m2", 10]]}
+    for lane in (owed_lane, cut_lane):
+        store.set_session_metadata(lane.session_key, STREAM_METADATA, layout)
+        store.set_session_metadata(lane.session_key, "topic", "kept")
+    owed = store._turns.record_delivery_obligation(
+        owed_lane.session_key, owed_lane.session_id, "telegram", "1", None, "the reply", "m1"
+    )
+    assert owed is not None
+    store.close()
+    sql(store, "ALTER TABLE delivery_obligations DROP COLUMN stream_messages")
+    sql(store, "UPDATE schema_version SET version = 8")
+
+    upgraded = open_store()
+    assert sql(upgraded, "SELECT version FROM schema_version")[0][0] == SCHEMA_VERSION
+    ledger = upgraded._obligations.ledger
+    assert ledger is not None
+    (row,) = ledger.rows.obligations(["pending"])
+    assert (row.obligation_id, row.content) == (owed.obligation_id, "the reply")
+    assert row.stream_messages is not None
+    assert json.loads(row.stream_messages) == layout
+    moved = upgraded.lookup_by_session_key(owed_lane.session_key)
+    kept = upgraded.lookup_by_session_key(cut_lane.session_key)
+    assert moved is not None
+    assert kept is not None
+    assert moved.metadata == {"topic": "kept"}
+    assert kept.metadata == {STREAM_METADATA: layout, "topic": "kept"}
 
 
 # -- sessions.json mirror ------------------------------------------------------------------------

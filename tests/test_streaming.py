@@ -7,6 +7,7 @@ that was cut (its reply stored or not)."""
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
@@ -135,16 +136,14 @@ async def test_an_adapter_that_cannot_edit_gets_the_finished_reply(
 
 async def test_stop_ends_a_stream_with_its_text_so_far(run: Run, hermes_home: Path) -> None:
     chats = EditingChats()
+    agent = StreamingAgent(["part one", " and two"], hang=True)
 
     async def body(gateway: Gateway) -> None:
         await _say(gateway)
-        for _ in range(200):
-            if chats.messages:
-                break
-            await asyncio.sleep(0.01)
+        await asyncio.wait_for(agent.hanging.wait(), 10)  # both chunks read, one shown
         await _say(gateway, "/stop", "502")
 
-    await run(StreamingAgent(["part one", " and two"], hang=True), chats, body)
+    await run(agent, chats, body)
     assert chats.messages[0].text == "part one and two"
     transcript, record, owed = _stored(hermes_home)
     assert transcript[-1] == {**transcript[-1], "role": "assistant", "content": "part one and two"}
@@ -161,18 +160,19 @@ async def test_the_chat_sees_typing_until_the_reply_is_shown(run: Run) -> None:
 
 
 def _leave_stream(home: Path, owed: str | None, messages: int = 1) -> None:
-    """A store as a process killed mid-stream leaves it: the lane's stream record naming the
-    posted messages ``m1``... (10 characters each), and with ``owed`` the finished reply stored
-    and owed."""
+    """A store as a process killed mid-stream leaves it, its posted messages ``m1``... (10
+    characters each) named by the lane's stream record or, with ``owed`` (the finished reply
+    stored and owed), by the reply's ledger row."""
     config = _config(home)
     layout = {"messages": [[f"m{n + 1}", 10 * n] for n in range(messages)]}
     with SessionStore(config.sessions_dir, config) as store:
         entry = store.get_or_create_session(telegram_dm(CHAT, user_id=CHAT))
-        store.set_session_metadata(entry.session_key, STREAM_METADATA, layout)
-        if owed is not None:
+        if owed is None:
+            store.set_session_metadata(entry.session_key, STREAM_METADATA, layout)
+        else:
             store._turns.record_delivery_obligation(
                 entry.session_key, entry.session_id, "telegram", CHAT, None, owed, "501",
-                reply_to_message_id="501",
+                reply_to_message_id="501", stream_messages=json.dumps(layout),
             )  # fmt: skip
 
 
@@ -253,15 +253,27 @@ async def test_nothing_is_shown_before_the_store_knows_the_stream(
     seen: list[tuple[int, object]] = []
 
     async def body(gateway: Gateway) -> None:
+        key = gateway.store.session_key_for(telegram_dm(CHAT, user_id=CHAT))
+
+        def look() -> None:
+            record = gateway.store.get_session_metadata(key, STREAM_METADATA)
+            seen.append((len(chats.messages), record))
+
         await _say(gateway)
+        for _ in range(200):  # the turn's start records the stream; the agent writes nothing yet
+            if gateway.store.get_session_metadata(key, STREAM_METADATA) is not None:
+                break
+            await asyncio.sleep(0.01)
+        look()
         await agent.feed.put("Hello there")
         for _ in range(200):
             if chats.messages:
                 break
             await asyncio.sleep(0.01)
-        key = gateway.store.session_key_for(telegram_dm(CHAT, user_id=CHAT))
-        seen.append((len(chats.messages), gateway.store.get_session_metadata(key, STREAM_METADATA)))
+        look()
         await agent.feed.put(None)
 
     await run(agent, chats, body)
-    assert seen == [(1, {"messages": [["m1", 0]]})]
+    assert seen == [(0, {"messages": []}), (1, {"messages": [["m1", 0]]})]
+    _, record, owed = _stored(hermes_home)
+    assert (record, owed) == (None, 0)  # the turn's end dropped it

@@ -13,13 +13,7 @@ from hermes_core.domain.models import SessionSource
 from hermes_core.gateway.agents import Adapter, EditingAdapter
 from hermes_core.gateway.lifecycle import Background
 from hermes_core.gateway.ownership import LaneOwnership
-from hermes_core.gateway.streaming import (
-    RECOVERED_NOTE,
-    STREAM_METADATA,
-    Commit,
-    Layout,
-    render,
-)
+from hermes_core.gateway.streaming import RECOVERED_NOTE, Commit, Layout, render
 from hermes_core.store import SessionStore
 from hermes_core.store.backend import Obligation
 from hermes_core.turns.crashpoints import crash_point
@@ -105,7 +99,8 @@ class Delivery:
     ) -> None:
         self._store = store
         self._stream_commit = stream_commit
-        """How a lane's streamed reply layout is stored (``Streams.commit``)."""
+        """How a lane's streamed reply layout is stored (``Streams.commit``): for a reply
+        without a ledger row, whose turn still holds the lane's record."""
         self._pipeline = pipeline
         self._platforms = platforms
         self._ownership = ownership
@@ -129,7 +124,7 @@ class Delivery:
         the turn, or with ``close`` (the boot sweep) clears the lane's resume flag. A turn does
         not wait for its settle; a sweep does (after the boot sweep the lanes are resumed: an
         answered turn must not look interrupted). A streamed reply (its ``layout``, the turn's,
-        or the lane's stored one for a reply sent outside its turn) is delivered by editing its
+        or the one its row keeps for a reply sent outside its turn) is delivered by editing its
         messages; outside its turn it is marked as recovered. True when the platform accepted
         the reply."""
         ident = row.obligation_id
@@ -149,39 +144,49 @@ class Delivery:
                 row = claimed_row
             source = turn.event.source if turn is not None else None
             if turn is None:
-                source, layout = await self._origin(row)
+                source, layout = await self._origin(row), Layout.from_json(row.stream_messages)
             text = f"{prefix}\n\n{row.content}" if prefix else row.content
             stream = None
             if layout is not None:
-                stream = (layout, self._stream_commit(row.session_key))
+                stream = (layout, self._commit(row))
                 text = row.content if turn is not None else f"{row.content}\n\n{RECOVERED_NOTE}"
             result = await self._platforms.send(row, text, source, stream)
             if result.ok:
                 crash_point("sent")
-            settling = self._settle(row, result, turn, success, close, layout is not None)
+            settling = self._settle(row, result, turn, success, close)
             if turn is None:  # a sweep's send: settled before the sweep goes on
                 await asyncio.wait([settling])
             return result.ok
         finally:
             self._sending.discard(ident)
 
-    async def _origin(self, row: Obligation) -> tuple[SessionSource | None, Layout | None]:
+    def _commit(self, row: Obligation) -> Commit:
+        """How a streamed reply's new messages are stored while it is delivered: in its ledger
+        row (a writer step of its lane), or without a row in the lane's record."""
+        ledger = self._store._obligations.ledger
+        if ledger is None or not row.obligation_id:
+            return self._stream_commit(row.session_key)
+        update = functools.partial(ledger.rows.update_obligation, row.obligation_id)
+
+        async def store(layout: Layout) -> None:
+            changes = {"stream_messages": layout.to_json()}
+            await self._store.arun(update, changes, lane=row.session_key)
+
+        return store
+
+    async def _origin(self, row: Obligation) -> SessionSource | None:
         """Where an owed reply goes when no turn carries its source: the lane's stored origin
         (its chat type and scope, which a connector may need to send), in the row's chat and
-        thread (None when the lane is gone or now names another chat); and the messages of its
-        streamed reply when the lane records one."""
+        thread (None when the lane is gone or now names another chat)."""
         try:
             entry = await asyncio.to_thread(self._store.lookup_by_session_key, row.session_key)
         except Exception:
             logger.exception("the lane of an owed reply could not be read; sending by its row")
-            return None, None
-        if entry is None:
-            return None, None
-        layout = Layout.from_metadata(entry.metadata.get(STREAM_METADATA))
-        origin = entry.origin
+            return None
+        origin = entry.origin if entry is not None else None
         if origin is None or origin.platform != row.platform or origin.chat_id != row.chat_id:
-            return None, layout
-        return origin.replace(thread_id=row.thread_id), layout
+            return None
+        return origin.replace(thread_id=row.thread_id)
 
     async def close(self, turn: Turn, *, success: bool) -> None:
         """Close a turn that owes nothing; a store failure leaves its marker (logged), so the
@@ -199,7 +204,6 @@ class Delivery:
         turn: Turn | None,
         success: bool,
         close: bool,
-        streamed: bool,
     ) -> asyncio.Future[bool]:
         """Settle a send (the turn's last commit) without holding up the lane: the step is
         handed to the writer now, so the lane's next step queues behind it and can never
@@ -207,7 +211,7 @@ class Delivery:
         (see :meth:`_settle_step`): the ownership learns that it is pending."""
         key = row.session_key
         settling = self._store.submit(
-            self._settle_step, row, result, turn, success, close, streamed, lane=key
+            self._settle_step, row, result, turn, success, close, lane=key
         )
         self._background.track(settling)
         settling.add_done_callback(functools.partial(self._settled, row, result))
@@ -222,15 +226,11 @@ class Delivery:
         turn: Turn | None,
         success: bool,
         close: bool,
-        streamed: bool,
     ) -> bool:
         """Writer step: settle the ledger row and close the turn; the crash points of a
-        delivery pass once this is committed. A streamed reply that arrived (or never can) is
-        forgotten in the same commit. A turn's lane may be let go in the same statement (the
+        delivery pass once this is committed. A turn's lane may be let go in the same statement (the
         ownership says: see ``LaneOwnership.release_in_settle``). It reads what the delivery
         was built with and its arguments, nothing the loop changes."""
-        if streamed and (result.ok or result.failure_kind == "permanent"):
-            self._store.set_session_metadata(row.session_key, STREAM_METADATA, None)
         kept = self._ownership.release_in_settle(row.session_key) if turn is not None else None
         delivered = self._pipeline.settle(row, result, turn, success, close, kept)
         if delivered:

@@ -117,10 +117,12 @@ class TurnRunner:
             await stop_indicator(indicator)
         layout = streamer.layout if streamer is not None else None
         success = not failed and not lane.interrupted
+        shown = layout.to_json() if layout is not None else None
         try:
             owed = await self._store.submit(
-                self._pipeline.finish, turn, None if failed else reply, success, lane=turn.key
-            )
+                self._pipeline.finish, turn, None if failed else reply, success, shown,
+                lane=turn.key,
+            )  # fmt: skip
         except LeaseLostError as exc:  # another gateway took the lane over and resumes it
             logger.warning("a turn stopped without writing its reply: %s", exc)
             return
@@ -130,10 +132,8 @@ class TurnRunner:
                 await self._platforms.reply(turn.event.source, TURN_FAILED)
             await self._delivery.close(turn, success=False)
             return
-        if owed is None:
+        if owed is None:  # the turn's end dropped its stream's record too
             crash_point("marker_cleared")
-            if layout is not None:  # shown, then ended as nothing to send
-                await self._streams.forget(turn.key)
             return
         crash_point("reply_stored")
         await self._delivery.deliver(

@@ -150,7 +150,7 @@ class Gateway:
         return TurnQueue(store, self.config, notify=notify, is_command=self._reader.is_command)
 
     def _compose(
-        self, store: SessionStore, queue: TurnQueue, pipeline: TurnPipeline
+        self, store: SessionStore, queue: TurnQueue, pipeline: TurnPipeline, streams: Streams
     ) -> GatewayParts:
         """The parts over the open store. The lane ownership is chosen here, once: leased on a
         store shared with other gateway processes, else local. The ownership and the lanes
@@ -188,7 +188,6 @@ class Gateway:
             )  # fmt: skip
         else:
             ownership = LocalOwnership(store, queue)
-        streams = Streams(config, store, self.adapters)
         delivery = Delivery(store, pipeline, platforms, ownership, background, streams.commit)
         runner = TurnRunner(
             config, self.plugins, store, pipeline, self.cache, self.agent_factory, delivery,
@@ -268,10 +267,11 @@ class Gateway:
         self._loop = asyncio.get_running_loop()
         try:
             store = await asyncio.to_thread(self.state.start)
-            self.pipeline = TurnPipeline(store, self.config)
+            streams = Streams(self.config, store, self.adapters)
+            self.pipeline = TurnPipeline(store, self.config, streams.streams_to)
             if self.queue is None:  # the queue_restore step was disabled
                 self.queue = self._new_queue(store)
-            parts = self._parts = self._compose(store, self.queue, self.pipeline)
+            parts = self._parts = self._compose(store, self.queue, self.pipeline, streams)
         finally:
             self._ready.set()  # messages waiting for the parts go on (or fail, if start did)
         parts.ownership.start()

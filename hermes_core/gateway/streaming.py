@@ -2,11 +2,11 @@
 continued in a new message when it outgrows the platform's limit.
 
 What the store knows, so that a crash never leaves a half message without a note nor the whole
-reply twice: before the first message is posted, the lane's metadata says a streamed reply is
-under way (:data:`STREAM_METADATA`, an empty layout); once the platform answers, the id of each
-message posted and where in the reply it starts. The finished reply is then stored and recorded
-in the delivery ledger like any reply; its delivery is the last edit, and settling it clears the
-metadata in the same commit. After a crash:
+reply twice: from the turn's start (the commit that sets its marker), the lane's metadata says a
+streamed reply is under way (:data:`STREAM_METADATA`, an empty layout); once the platform
+answers, the id of each message posted and where in the reply it starts. The finished reply is
+then stored and recorded in the delivery ledger like any reply, its row taking the messages over
+and the lane's record dropped in the same commit; its delivery is the last edit. After a crash:
 
 - the reply was stored (its ledger row is owed): the messages are edited into it, the last one
   marked as recovered (the boot sweep or the reconnect sends it, :func:`render`);
@@ -20,6 +20,7 @@ silence posts nothing, and its silence notice goes out as a plain reply.
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -29,6 +30,7 @@ from typing import Any
 from hermes_core.domain.models import SessionSource
 from hermes_core.domain.text import clean_text
 from hermes_core.gateway.agents import EditingAdapter
+from hermes_core.store.backend import STREAM_METADATA
 from hermes_core.turns.crashpoints import crash_point
 from hermes_core.turns.ledger import SendResult, could_become_silent
 
@@ -38,9 +40,6 @@ __all__ = [
 ]  # fmt: skip
 
 logger = logging.getLogger(__name__)
-
-STREAM_METADATA = "streamed_reply"
-"""The lane metadata naming the messages of a streamed reply under way (a :class:`Layout`)."""
 
 INTERRUPTED_NOTE = "⚠️ This reply was interrupted when the gateway restarted; the turn runs again."
 """What the first message of a cut stream is edited to say (its partial text is not kept)."""
@@ -64,6 +63,18 @@ class Layout:
     def to_metadata(self) -> dict[str, Any]:
         return {"messages": [[message_id, offset] for message_id, offset in self.messages]}
 
+    def to_json(self) -> str:
+        """The layout as a ledger row keeps it (``Obligation.stream_messages``)."""
+        return json.dumps(self.to_metadata(), ensure_ascii=False)
+
+    @classmethod
+    def from_json(cls, text: str | None) -> Layout | None:
+        """The layout a ledger row keeps; None when it keeps none (or it is damaged)."""
+        try:
+            return cls.from_metadata(json.loads(text)) if text else None
+        except ValueError:
+            return None
+
     @classmethod
     def from_metadata(cls, value: object) -> Layout | None:
         """The layout stored in a lane's metadata; None when there is none (or it is damaged)."""
@@ -79,7 +90,8 @@ class Layout:
 
 
 Commit = Callable[[Layout], Awaitable[None]]
-"""Stores a layout in the lane's metadata (a writer step); awaited before going on."""
+"""Stores a layout (in the lane's metadata while its turn runs, in its reply's ledger row once
+that is recorded: a writer step); awaited before going on."""
 
 
 def _cut(text: str, limit: int, measure: Callable[[str], int]) -> int:
@@ -203,9 +215,8 @@ class Streamer:
         return self.text
 
     async def _show(self, text: str) -> None:
-        if self.layout is None:
+        if self.layout is None:  # the turn's start recorded that a stream is under way
             self.layout = Layout()
-            await self._commit(self.layout)  # the store knows before the first post
             crash_point("stream_started")
         result = await render(
             self._adapter, self._source, self.layout, text, self._commit, reply_to=self._reply_to

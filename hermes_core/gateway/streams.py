@@ -29,8 +29,6 @@ __all__ = ["Streams", "stop_indicator"]
 
 logger = logging.getLogger(__name__)
 
-OWED_STATES = ("pending", "attempting", "failed")
-
 Abilities = tuple[EditingAdapter | None, TypingAdapter | None]
 
 
@@ -57,8 +55,13 @@ class Streams:
             known = self._abilities[platform] = (adapter, (editing, typing))
         return known[1]
 
+    def streams_to(self, platform: str) -> bool:
+        """Whether the platform's replies are shown as they grow (streaming on, an adapter
+        that can edit)."""
+        return self._settings.enabled and self._able(platform)[0] is not None
+
     def commit(self, key: str) -> Commit:
-        """Stores a lane's layout (a writer step of the lane, awaited)."""
+        """Stores a lane's layout in its metadata (a writer step of the lane, awaited)."""
 
         async def store(layout: Layout) -> None:
             write = functools.partial(
@@ -68,40 +71,25 @@ class Streams:
 
         return store
 
-    async def forget(self, key: str) -> None:
-        """Clear a lane's streamed reply (nothing of it is owed any more)."""
-        write = functools.partial(self._store.set_session_metadata, key, STREAM_METADATA, None)
-        try:
-            await self._store.arun(write, lane=key)
-        except Exception:
-            logger.exception("a streamed reply's record could not be cleared")
-
     async def streamer(self, lane: Lane, turn: Turn) -> Streamer | None:
         """The turn's streamer, or None when its reply is not shown as it grows (streaming off,
-        an adapter that cannot edit, or a lane whose earlier streamed reply is still owed).
-        A stream an earlier turn left cut is first edited to say so (its reply was not stored,
-        so this turn answers instead)."""
+        an adapter that cannot edit). A stream an earlier turn left cut (its messages are still
+        the lane's: the turn ended in a crash before its reply was stored) is first edited to
+        say so, and the record replaced by this turn's (under way, no messages yet; a turn that
+        does not stream drops it at its end)."""
         source = turn.event.source
         adapter, _ = self._able(source.platform)
         left = Layout.from_metadata(turn.entry.metadata.get(STREAM_METADATA))
-        if left is not None:
-            if await asyncio.to_thread(self._owes, turn.key):
-                return None  # its delivery edits those messages: this turn must not
+        if left is not None and left.messages:
             if adapter is not None:
                 await _mark_cut(adapter, source, left)
-            await self.forget(turn.key)
+            await self.commit(turn.key)(Layout())
         if not self._settings.enabled or adapter is None:
             return None
         return Streamer(
             adapter, source, turn.event.message_id, self._settings.edit_interval_secs,
             self.commit(turn.key), lambda: lane.stop is not None,
         )  # fmt: skip
-
-    def _owes(self, key: str) -> bool:
-        ledger = self._store._obligations.ledger
-        if ledger is None:
-            return False
-        return any(row.session_key == key for row in ledger.rows.obligations(OWED_STATES))
 
     def typing(self, source: SessionSource) -> asyncio.Task[None] | None:
         """Show the chat that the bot is typing until the reply is shown (or the turn ends)."""

@@ -160,6 +160,17 @@ class Obligation:
     lease_expires_at: float | None = None
     marked_sends: int = 0
     """Sends attempted with a "may be a duplicate" prefix (at most one may ever arrive)."""
+    stream_messages: str | None = None
+    """A streamed reply's platform messages, as the JSON of its :data:`STREAM_METADATA`
+    record: delivering the row edits them rather than posting anew."""
+
+
+STREAM_METADATA = "streamed_reply"
+"""The lane metadata that names the platform messages of a streamed reply while its turn runs
+(``{"messages": [[message id, offset], ...]}``, empty until the first is posted). Every end of
+the turn that clears its marker drops it: a finished reply's messages move to its ledger row
+(:attr:`Obligation.stream_messages`); after a crash the recovery keeps it, so the lane's next
+turn finds the stream its predecessor left cut."""
 
 
 def new_obligation(
@@ -173,6 +184,7 @@ def new_obligation(
     *,
     obligation_id: str = "",
     origin_kind: str = "turn",
+    stream_messages: str | None = None,
     **claim: Any,
 ) -> Obligation:
     """A new ledger row (``obligation_id`` empty for a reply sent without the ledger): unsent,
@@ -184,7 +196,8 @@ def new_obligation(
         obligation_id=obligation_id, session_key=session_key, session_id=session_id,
         platform=platform, chat_id=chat_id, thread_id=thread_id,
         reply_to_message_id=reply_to_message_id, content=content, origin_kind=origin_kind,
-        failure_kind=None, last_error=None, created_at=now, **state,
+        failure_kind=None, last_error=None, created_at=now, stream_messages=stream_messages,
+        **state,
     )  # fmt: skip
 
 
@@ -282,9 +295,10 @@ class StoreBackend(Protocol):
         """Insert or replace one routing row (a single-row write). ``touch`` marks a write that
         only moves ``updated_at``; the degraded JSONL backend may coalesce those."""
 
-    def clear_turn_marker(self, entry: SessionEntry, token: str) -> bool:
+    def clear_turn_marker(self, entry: SessionEntry, token: str, *, rewrite: bool = False) -> bool:
         """Store ``entry``'s cleared marker iff the stored marker token is ``token``. Only the
-        marker changed since the entry was last written (a backend may write just that)."""
+        marker changed since the entry was last written (a backend may write just that), and
+        with ``rewrite`` its metadata (:data:`STREAM_METADATA`)."""
 
     def begin_turn(
         self,
@@ -293,15 +307,18 @@ class StoreBackend(Protocol):
         user_message: tuple[str, Message] | None,
         seen: str | None = None,
         lease: str | None = None,
+        *,
+        rewrite: bool = False,
     ) -> bool:
         """One transaction: record ``seen`` (a platform message id) as seen on the lane, write
         ``entry``'s new marker and activity time (nothing else changed since it was last
-        written), delete the queued event, append ``(session_id, message)``. False, with
-        nothing written, when ``seen`` was recorded before (a redelivery); backends without a
-        durable redelivery record always write. ``lease`` (passed only to a backend with
-        :class:`TurnLeases`, which must accept it): the turn's lease token; unless it still
-        holds the lane's lease (checked, and kept so, in the same transaction) nothing is
-        written and :class:`~hermes_core.domain.errors.LeaseLostError` is raised."""
+        written but, with ``rewrite``, its metadata: :data:`STREAM_METADATA`), delete the
+        queued event, append ``(session_id, message)``. False, with nothing written, when
+        ``seen`` was recorded before (a redelivery); backends without a durable redelivery
+        record always write. ``lease`` (passed only to a backend with :class:`TurnLeases`,
+        which must accept it): the turn's lease token; unless it still holds the lane's lease
+        (checked, and kept so, in the same transaction) nothing is written and
+        :class:`~hermes_core.domain.errors.LeaseLostError` is raised."""
 
     def routes_with_markers(self) -> list[EntryDict]:
         """Every entry whose turn marker is set."""
@@ -402,11 +419,14 @@ class LedgerRows(Protocol):
         marker: tuple[SessionEntry, str] | None,
         reply: tuple[str, Message] | None = None,
         lease: str | None = None,
+        *,
+        rewrite: bool = False,
     ) -> tuple[bool, bool]:
         """One transaction: append ``reply`` = (session id, message), insert ``obligation``
         unless its id exists and, with ``marker`` = (entry without marker, token), clear the
-        lane's turn marker if that token still owns it. Returns (obligation was new, marker was
-        cleared). ``lease``: fenced like :meth:`StoreBackend.begin_turn`."""
+        lane's turn marker if that token still owns it (with ``rewrite``, its metadata too).
+        Returns (obligation was new, marker was cleared). ``lease``: fenced like
+        :meth:`StoreBackend.begin_turn`."""
 
     def obligations(
         self, states: Sequence[str], platforms: Sequence[str] | None = None

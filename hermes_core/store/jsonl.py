@@ -230,7 +230,7 @@ class JsonlBackend:
             self._set_entry(new["session_key"], new)
             self._dirty = True
 
-    def clear_turn_marker(self, entry: SessionEntry, token: str) -> bool:
+    def clear_turn_marker(self, entry: SessionEntry, token: str, *, rewrite: bool = False) -> bool:
         return self._commit(entry.to_dict(), expect_token=token)
 
     def begin_turn(
@@ -240,9 +240,12 @@ class JsonlBackend:
         user_message: tuple[str, Message] | None,
         seen: str | None = None,
         lease: str | None = None,
+        *,
+        rewrite: bool = False,
     ) -> bool:
         """Append the user message, then write the entry with its marker (always True; no
-        leases here, so ``lease`` is never given).
+        leases here, so ``lease`` is never given; the whole entry is written, ``rewrite`` or
+        not).
 
         Queues are memory-only while degraded, so ``consumed_event_id`` has nothing to delete;
         redeliveries are only caught by the runtime's memory (``seen`` is not recorded).

@@ -24,7 +24,13 @@ from hermes_core.domain.errors import LeaseLostError, MessageRedeliveredError, S
 from hermes_core.domain.models import SessionEntry
 from hermes_core.domain.text import clean_text
 from hermes_core.domain.timeutil import utc_now
-from hermes_core.store.backend import LOCKED, Message, Obligation, new_obligation
+from hermes_core.store.backend import (
+    LOCKED,
+    STREAM_METADATA,
+    Message,
+    Obligation,
+    new_obligation,
+)
 from hermes_core.store.backing import Backing
 from hermes_core.store.base import changed, serialised
 from hermes_core.store.counts import RestartCountStore
@@ -40,6 +46,15 @@ logger = logging.getLogger(__name__)
 
 AUTO_RESUME_REASONS = frozenset({"restart_timeout", "shutdown_timeout", "restart_interrupted"})
 _CLEARED_MARKER = {"active_turn_token": None, "active_turn_started_at": None}
+
+
+def _ended(entry: SessionEntry) -> tuple[SessionEntry, bool]:
+    """``entry`` with its marker cleared at the end of its turn, and whether its metadata
+    changed too: a streamed reply's record (:data:`STREAM_METADATA`) ends with the turn."""
+    if STREAM_METADATA not in entry.metadata:
+        return changed(entry, _CLEARED_MARKER), False
+    metadata = {name: value for name, value in entry.metadata.items() if name != STREAM_METADATA}
+    return changed(entry, _CLEARED_MARKER | {"metadata": metadata}), True
 
 
 @dataclass(frozen=True)
@@ -89,11 +104,15 @@ class Turns:
         *,
         seen: str | None = None,
         touch: bool = False,
+        stream: bool = False,
     ) -> str | None:
         """Persist a new turn marker and, in the same commit, the dequeue of
         ``consumed_event_id``, the user message, ``seen`` (its platform message id) as seen on
-        the lane and, with ``touch``, the lane's activity. Returns the marker token, or None for
-        an unknown key; raises :class:`MessageRedeliveredError` (nothing written) when ``seen``
+        the lane and, with ``touch``, the lane's activity; with ``stream`` (its reply may be
+        shown as it grows), the record that a streamed reply is under way
+        (:data:`STREAM_METADATA`, no messages yet) unless the lane holds one (a stream its last
+        turn left cut, which the turn marks first). Returns the marker token, or None for an
+        unknown key; raises :class:`MessageRedeliveredError` (nothing written) when ``seen``
         was seen on the lane before."""
         entry = self._routes.load(session_key)
         if entry is None:
@@ -103,12 +122,15 @@ class Turns:
         changes: dict[str, Any] = {"active_turn_token": token, "active_turn_started_at": now}
         if touch:
             changes["updated_at"] = now
+        rewrite = stream and STREAM_METADATA not in entry.metadata
+        if rewrite:
+            changes["metadata"] = entry.metadata | {STREAM_METADATA: {"messages": []}}
         updated = changed(entry, changes)
         message = (entry.session_id, user_message) if user_message is not None else None
         # one backend write: its own transaction, fenced in its own statement
         with self._backing.canonical, self._leases.fenced(session_key) as fence:
             begun = self._backing.backend.begin_turn(
-                updated, consumed_event_id, message, seen, **fence
+                updated, consumed_event_id, message, seen, **fence, rewrite=rewrite
             )
         if not begun:
             raise MessageRedeliveredError("the platform delivered this message again")
@@ -123,10 +145,10 @@ class Turns:
         entry = self._routes.load(session_key)
         if entry is None or entry.active_turn_token != token:
             return False
-        updated = changed(entry, {"active_turn_token": None, "active_turn_started_at": None})
+        updated, rewrite = _ended(entry)
         with self._backing.canonical, self._backing.backend.transaction():
             self._leases.fence(session_key)
-            cleared = self._backing.backend.clear_turn_marker(updated, token)
+            cleared = self._backing.backend.clear_turn_marker(updated, token, rewrite=rewrite)
         if not cleared:
             self._routes.forget(session_key)  # someone else owns the row now: reload next time
             return False
@@ -208,9 +230,11 @@ class Turns:
         origin_kind: str = "turn",
         claimed: bool = False,
         reply: Message | None = None,
+        stream_messages: str | None = None,
     ) -> Obligation | None:
         """Record a reply before its first send; with ``turn_token`` the lane's
-        marker is cleared in the same commit; ``claimed`` records it already ``attempting``
+        marker is cleared in the same commit (and its streamed reply's record, whose
+        ``stream_messages`` the row takes over); ``claimed`` records it already ``attempting``
         (the send follows at once, so the claim needs no commit of its own); ``reply``, the
         reply's transcript message, is stored in the same commit too. Returns the row, or None
         when the ledger is off or failed (logged: a ledger failure never blocks a send; the
@@ -223,12 +247,13 @@ class Turns:
         record = new_obligation(
             session_key, session_id, platform, chat_id, thread_id, reply_to_message_id, content,
             obligation_id=obligation_id(session_key, message_ref, content),
-            origin_kind=origin_kind, **(ledger.claim_state() if claimed else {}),
+            origin_kind=origin_kind, stream_messages=stream_messages,
+            **(ledger.claim_state() if claimed else {}),
         )  # fmt: skip
         entry = self._routes.load(session_key) if turn_token else None
-        cleared = None
+        cleared, rewrite = None, False
         if entry is not None and entry.active_turn_token == turn_token:
-            cleared = changed(entry, _CLEARED_MARKER)
+            cleared, rewrite = _ended(entry)
         marker = (cleared, turn_token) if cleared and turn_token else None
         stored = (session_id, reply) if reply is not None and session_id is not None else None
         try:
@@ -237,7 +262,9 @@ class Turns:
                 self._leases.fenced(session_key) if turn_token else UNFENCED
             )
             with self._backing.canonical, fenced as fence:  # one backend write, one transaction
-                _added, marker_cleared = ledger.rows.add_obligation(record, marker, stored, **fence)
+                _added, marker_cleared = ledger.rows.add_obligation(
+                    record, marker, stored, **fence, rewrite=rewrite
+                )
         except LeaseLostError:
             raise
         except StoreError as exc:

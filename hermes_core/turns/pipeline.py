@@ -75,9 +75,17 @@ class Reply:
 class TurnPipeline:
     """The three commits of a turn over one store (functions for ``store.arun``)."""
 
-    def __init__(self, store: SessionStore, config: GatewayConfig) -> None:
+    def __init__(
+        self,
+        store: SessionStore,
+        config: GatewayConfig,
+        streams_to: Callable[[str], bool] | None = None,
+    ) -> None:
         self.store = store
         self.config = config
+        self._streams_to = streams_to
+        """Whether a platform's replies are shown as they grow (the turn's start records that
+        a streamed reply may be under way: see ``STREAM_METADATA``)."""
 
     def begin(
         self, key: str, event: MessageEvent, consumed_event_id: int | None = None
@@ -109,8 +117,9 @@ class TurnPipeline:
         # A queued event's message id was recorded as seen when it was queued.
         seen = str(event.message_id) if human and consumed_event_id is None else None
         try:
-            token = store.mark_turn_active(
-                key, consumed_event_id, message, seen=seen, touch=not event.internal
+            stream = self._streams_to is not None and self._streams_to(event.source.platform)
+            token = store._turns.mark_turn_active(
+                key, consumed_event_id, message, seen=seen, touch=not event.internal, stream=stream
             )
         except MessageRedeliveredError:
             return None
@@ -123,8 +132,11 @@ class TurnPipeline:
         anchor = row.last_activity_at if row is not None else None
         return is_fresh(anchor, self.config.agent.gateway_auto_continue_freshness)
 
-    def finish(self, turn: Turn, reply: str | None, success: bool) -> Reply | None:
-        """Store the reply and record it for delivery, claimed, clearing the marker (commit 2).
+    def finish(
+        self, turn: Turn, reply: str | None, success: bool, stream_messages: str | None = None
+    ) -> Reply | None:
+        """Store the reply and record it for delivery, claimed, clearing the marker (commit 2);
+        ``stream_messages``: the platform messages it was streamed into (the row keeps them).
 
         None when nothing is to be sent: no reply, or a machinery turn that ended silently;
         the turn is then closed in this same commit.
@@ -146,7 +158,7 @@ class TurnPipeline:
         row = store._turns.record_delivery_obligation(
             key, session_id, source.platform, source.chat_id, source.thread_id, content,
             turn.event.message_id or turn.token, reply_to_message_id=turn.event.message_id,
-            turn_token=turn.token, claimed=True, reply=message,
+            turn_token=turn.token, claimed=True, reply=message, stream_messages=stream_messages,
         )  # fmt: skip
         if row is None:  # no ledger: the reply alone; the marker stays until the send settles
             store.append_to_transcript(session_id, message)

@@ -114,8 +114,8 @@ class SqlBackend:
     def put_route(self, entry: EntryDict, *, touch: bool = False) -> None:
         self._routes.put_route(entry, touch=touch)
 
-    def clear_turn_marker(self, entry: SessionEntry, token: str) -> bool:
-        return self._routes.clear_turn_marker(entry, token)
+    def clear_turn_marker(self, entry: SessionEntry, token: str, *, rewrite: bool = False) -> bool:
+        return self._routes.clear_turn_marker(entry, token, rewrite=rewrite)
 
     def begin_turn(
         self,
@@ -124,8 +124,12 @@ class SqlBackend:
         user_message: tuple[str, Message] | None,
         seen: str | None = None,
         lease: str | None = None,
+        *,
+        rewrite: bool = False,
     ) -> bool:
-        return self._routes.begin_turn(entry, consumed_event_id, user_message, seen, lease)
+        return self._routes.begin_turn(
+            entry, consumed_event_id, user_message, seen, lease, rewrite=rewrite
+        )
 
     def routes_with_markers(self) -> list[EntryDict]:
         return self._routes.routes_with_markers()
@@ -204,8 +208,10 @@ class SqlBackend:
         marker: tuple[SessionEntry, str] | None,
         reply: tuple[str, Message] | None = None,
         lease: str | None = None,
+        *,
+        rewrite: bool = False,
     ) -> tuple[bool, bool]:
-        return self._ledger.add_obligation(obligation, marker, reply, lease)
+        return self._ledger.add_obligation(obligation, marker, reply, lease, rewrite=rewrite)
 
     def obligations(
         self, states: Sequence[str], platforms: Sequence[str] | None = None

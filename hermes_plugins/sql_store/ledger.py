@@ -45,18 +45,22 @@ class SqlLedgerRows:
         marker: tuple[SessionEntry, str] | None,
         reply: tuple[str, Message] | None = None,
         lease: str | None = None,
+        *,
+        rewrite: bool = False,
     ) -> tuple[bool, bool]:
         """Store ``reply``, insert the obligation (unless recorded already) and clear the
         marker, atomically; with ``lease`` (PostgreSQL) only while that token holds the lane's
         lease, else ``LeaseLostError`` with nothing written."""
-        clear = None if marker is None else marker_params(marker[0]) | {"token": marker[1]}
+        clear = None
+        if marker is not None:
+            clear = marker_params(marker[0], rewrite=rewrite) | {"token": marker[1]}
         message = message_row(*reply) if reply is not None else None
 
         with self._conn.write("recording a delivery obligation") as cursor:
             if self._one_round_trip:
                 params = (
                     message_params(message) | obligation_params(obligation) | {"lease": lease}
-                    | (clear or {"session_key": None, "token": None, "updated_at": None})
+                    | (clear or dict.fromkeys(("session_key", "token", "updated_at", "entry_json")))
                 )  # fmt: skip
                 statement = postgresql_turns.FINISH_TURN
                 added, cleared, held = cursor.execute(statement, params).fetchone()

@@ -191,10 +191,11 @@ class RoutingRows:
             for values in params:
                 self.write_route(cursor, values)
 
-    def clear_turn_marker(self, entry: SessionEntry, token: str) -> bool:
+    def clear_turn_marker(self, entry: SessionEntry, token: str, *, rewrite: bool = False) -> bool:
         """Clear the lane's marker (``entry`` has it cleared) iff the stored marker is still
-        ``token`` (compare-and-swap); only the marker's columns are written."""
-        params = marker_params(entry) | {"token": token}
+        ``token`` (compare-and-swap); only the marker's columns are written (and ``entry_json``
+        with ``rewrite``)."""
+        params = marker_params(entry, rewrite=rewrite) | {"token": token}
         with self._conn.write("clearing a turn marker") as cursor:
             return bool(self._sql.clear_marker.run(cursor, params).rowcount == 1)
 
@@ -205,12 +206,15 @@ class RoutingRows:
         user_message: tuple[str, Message] | None,
         seen: str | None = None,
         lease: str | None = None,
+        *,
+        rewrite: bool = False,
     ) -> bool:
-        """Redelivery row, marker, queue dequeue and the user message in one transaction;
-        False (nothing written) when ``seen``, the platform message id, was seen on the lane.
-        ``lease`` (a shared store's): raises ``LeaseLostError``, nothing written, unless that
-        token holds the lane's lease (fenced in the same statement)."""
-        marker = marker_params(entry)
+        """Redelivery row, marker (and ``entry_json`` with ``rewrite``), queue dequeue and the
+        user message in one transaction; False (nothing written) when ``seen``, the platform
+        message id, was seen on the lane. ``lease`` (a shared store's): raises
+        ``LeaseLostError``, nothing written, unless that token holds the lane's lease (fenced
+        in the same statement)."""
+        marker = marker_params(entry, rewrite=rewrite)
         message = message_row(*user_message) if user_message is not None else None
         key = entry.session_key
 

@@ -98,18 +98,26 @@ def route_params(entry: EntryDict) -> dict[str, Any]:
         "resume_pending": int(bool(entry.get("resume_pending"))),
         "active_turn_token": entry.get("active_turn_token"),
         "active_turn_started_at": epoch(entry.get("active_turn_started_at")),
-        "entry_json": json.dumps(entry, ensure_ascii=False, separators=(",", ":")),
+        "entry_json": entry_text(entry),
     }
 
 
-def marker_params(entry: SessionEntry) -> dict[str, Any]:
-    """The columns a turn's start or end writes: marker token and start, activity time."""
+def entry_text(entry: EntryDict) -> str:
+    """A routing entry as its ``entry_json`` column holds it."""
+    return json.dumps(entry, ensure_ascii=False, separators=(",", ":"))
+
+
+def marker_params(entry: SessionEntry, *, rewrite: bool = False) -> dict[str, Any]:
+    """The columns a turn's start or end writes: marker token and start, activity time and,
+    with ``rewrite`` (its metadata changed too: see ``STREAM_METADATA``), ``entry_json``
+    (None: the stored one is kept)."""
     started = entry.active_turn_started_at
     return {
         "session_key": entry.session_key,
         "active_turn_token": entry.active_turn_token,
         "active_turn_started_at": started.timestamp() if started is not None else None,
         "updated_at": entry.updated_at.timestamp(),
+        "entry_json": entry_text(entry.to_dict()) if rewrite else None,
     }
 
 

@@ -30,6 +30,8 @@ from sqlalchemy import (
 )
 from sqlalchemy.schema import CreateTable
 
+from hermes_core.store.backend import STREAM_METADATA
+
 if TYPE_CHECKING:
     from hermes_plugins.sql_store.dialects.base import Dialect
 
@@ -132,6 +134,7 @@ delivery_obligations = Table(
     Column("owner_boot", String),
     Column("lease_expires_at", Float),
     Column("marked_sends", Integer, nullable=False, server_default="0"),
+    Column("stream_messages", Text),
     sqlite_with_rowid=False,
 )
 
@@ -319,9 +322,37 @@ def _v8_lanes_by_activity(conn: Connection, dialect: Dialect) -> None:
     )
 
 
+def _v9_streamed_reply_rows(conn: Connection, dialect: Dialect) -> None:
+    """Version 9: a ledger row names the platform messages its streamed reply is shown in
+    (``stream_messages``), which the lane's metadata held until the row settled; an owed row's
+    messages move from its lane's metadata into the row."""
+    _add_missing_columns(conn, {"delivery_obligations": (("stream_messages", "TEXT"),)})
+    routing, ledger = gateway_routing.c, delivery_obligations.c
+    owed = select(routing.session_key, routing.entry_json).where(
+        routing.entry_json.like(f'%"{STREAM_METADATA}"%'),
+        routing.session_key.in_(select(ledger.session_key)),
+    )
+    for key, text in conn.execute(owed).all():
+        entry = json.loads(text)
+        layout = entry.get("metadata", {}).pop(STREAM_METADATA, None)
+        if not isinstance(layout, dict) or not layout.get("messages"):
+            continue
+        conn.execute(
+            update(delivery_obligations)
+            .where(ledger.session_key == key, ledger.stream_messages.is_(None))
+            .values(stream_messages=json.dumps(layout))
+        )
+        conn.execute(
+            update(gateway_routing)
+            .where(routing.session_key == key)
+            .values(entry_json=json.dumps(entry, ensure_ascii=False, separators=(",", ":")))
+        )
+
+
 MIGRATIONS: tuple[Callable[[Connection, Dialect], None], ...] = (
     _v1_canonical, _v2_search, _v3_redelivery_and_dead_letters, _v4_index_behind_a_watermark,
     _v5_shared_instances, _v6_fewer_pages_per_turn, _v7_lease_waiting, _v8_lanes_by_activity,
+    _v9_streamed_reply_rows,
 )  # fmt: skip
 """Upgrade steps; step ``n`` brings a database from version ``n`` to ``n + 1``."""
 

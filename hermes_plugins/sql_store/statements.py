@@ -151,6 +151,8 @@ class Statements:
         self.update_route = prepare(update(routing).where(by_key, at_revision).values(copies))
         marker: dict[str, Any] = {name: bindparam(name) for name in MARKER_COLUMNS}
         marker["revision"] = routing.c.revision + literal_column("1")
+        # the entry itself only when the turn-scoped metadata changed with the marker
+        marker["entry_json"] = func.coalesce(bindparam("entry_json"), routing.c.entry_json)
         self.set_marker = prepare(update(routing).where(by_key).values(marker))
         self.clear_marker = prepare(
             update(routing)

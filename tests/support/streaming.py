@@ -93,10 +93,13 @@ class StreamingAgent(Agent):
         self.chunks = list(chunks)
         self.pause = pause
         self.hang = hang
+        self.hanging = asyncio.Event()
+        """Set once every chunk was taken (the gateway has read them all) and it waits."""
 
     async def run_turn(self, request: TurnRequest) -> AsyncIterator[str]:
         for chunk in self.chunks:
             await asyncio.sleep(self.pause)
             yield chunk
         if self.hang:
+            self.hanging.set()
             await asyncio.Event().wait()

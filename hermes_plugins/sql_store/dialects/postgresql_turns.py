@@ -59,7 +59,8 @@ WITH {_fenced("%(session_key)s::text")}, seen AS (
     UPDATE gateway_routing
     SET active_turn_token = %(active_turn_token)s::text,
         active_turn_started_at = %(active_turn_started_at)s::float8,
-        updated_at = %(updated_at)s::float8, revision = revision + 1
+        updated_at = %(updated_at)s::float8, revision = revision + 1,
+        entry_json = COALESCE(%(entry_json)s::text, entry_json)
     WHERE session_key = %(session_key)s::text AND EXISTS (SELECT 1 FROM go)
     RETURNING 1
 ), dequeued AS (
@@ -120,7 +121,8 @@ WITH {_fenced("%(o_session_key)s::text")}, message AS (
 ), cleared AS (
     UPDATE gateway_routing
     SET active_turn_token = NULL, active_turn_started_at = NULL,
-        updated_at = %(updated_at)s::float8, revision = revision + 1
+        updated_at = %(updated_at)s::float8, revision = revision + 1,
+        entry_json = COALESCE(%(entry_json)s::text, entry_json)
     WHERE session_key = %(session_key)s::text AND active_turn_token = %(token)s::text
         AND EXISTS (SELECT 1 FROM fenced)
     RETURNING 1
