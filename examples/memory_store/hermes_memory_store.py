@@ -69,7 +69,8 @@ class MemoryBackend:
             for entry in entries:
                 self.put_route(entry)
 
-    def clear_turn_marker(self, entry: SessionEntry, token: str) -> bool:
+    def clear_turn_marker(self, entry: SessionEntry, token: str, *, rewrite: bool = False) -> bool:
+        # the whole entry is written, so ``rewrite`` (its metadata changed too) needs nothing
         with self.lock:
             stored = self.routes.get(entry.session_key)
             if stored is None or stored.get("active_turn_token") != token:
@@ -83,6 +84,8 @@ class MemoryBackend:
         consumed_event_id: int | None,
         user_message: tuple[str, Message] | None,
         seen: str | None = None,
+        *,
+        rewrite: bool = False,
     ) -> bool:
         with self.lock:
             if user_message is not None:
