@@ -103,12 +103,8 @@ def plan_rekey(
 
     The rows are walked once as they stream in; only what moves or is left is kept (the
     memory grows with the lanes that move, not with the store)."""
-    planner = _Planner(keys_of, plugins, twins, frozenset(counted), seen or _ignore)
+    planner = _Planner(keys_of, plugins, twins, frozenset(counted), seen or (lambda count: None))
     return planner.plan(stored, schema_before)
-
-
-def _ignore(count: int) -> None:
-    """No progress to report."""
 
 
 class _Planner:

@@ -12,7 +12,8 @@ and re-keying (``rekey``).
 The facade's public methods are what a host embedding the library calls, each delegating to a
 service. What only the gateway, start-up recovery and the command line use is not on it: they
 reach the services through the facade's private attributes (``store._leases``,
-``store._queue``, ...), which are internal to this package.
+``store._queue``, ...), which are internal to this package. The facade stays in one class on
+purpose: it is the whole API a host reads, in one place.
 """
 
 from __future__ import annotations
@@ -266,15 +267,11 @@ class SessionStore:
         return self._pruner.prune_old_entries(max_age_days)
 
     def prune_idle_lanes(
-        self,
-        max_age_days: float | None,
-        *,
-        batch_size: int | None = None,
+        self, max_age_days: float | None, *, batch_size: int | None = None,
         progress: Callable[[int], None] | None = None,
-    ) -> list[str]:
+    ) -> list[str]:  # fmt: skip
         """:meth:`prune_old_entries`, returning the session keys of the entries removed; a walk
-        in pages of ``batch_size`` lanes, each reported to ``progress`` once removed, safe to
-        interrupt and run again."""
+        in pages of ``batch_size`` lanes, each told to ``progress``, safe to run again."""
         return self._pruner.prune_idle_lanes(max_age_days, batch_size=batch_size, progress=progress)
 
     # -- turns -------------------------------------------------------------------------------------
@@ -354,17 +351,12 @@ class SessionStore:
     # -- maintenance -------------------------------------------------------------------------------
 
     def rekey(
-        self,
-        *,
-        dry_run: bool = False,
-        batch_size: int = 500,
-        forums: Sequence[Forum] = (),
+        self, *, dry_run: bool = False, batch_size: int = 500, forums: Sequence[Forum] = (),
         progress: RekeyProgress | None = None,
-    ) -> RekeyReport:
+    ) -> RekeyReport:  # fmt: skip
         """Move every lane of a v1 store to its v2 key, or the thread-less lanes of the forum
         chats ``forums`` to their general topic (``hermes-sessions rekey``), ``batch_size`` keys
-        per transaction; the rows are streamed, ``progress`` is told of each read and batch, and
-        an interrupted run is finished by running it again."""
+        per transaction, telling ``progress``; an interrupted run is finished by running again."""
         return self._rekeying.rekey(
             dry_run=dry_run, batch_size=batch_size, forums=forums, progress=progress
         )
