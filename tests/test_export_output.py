@@ -92,7 +92,7 @@ def test_an_export_that_fails_leaves_the_file_as_it_was(
     def fail(*_: object) -> int:
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr("hermes_core.cli.browse.export_jsonl", fail)
+    monkeypatch.setattr("hermes_core.cli.exporting.export_jsonl", fail)
     code, out, err = run(capsys, "export", "--state-dir", str(home), "-o", str(target))
     assert (code, out) == (2, "")
     assert "No space left on device" in err

@@ -1,39 +1,33 @@
-"""Reading commands: ``ls``, ``show``, ``search`` and ``export``. Each opens the store
-read-only, so it works beside a running gateway."""
+"""Reading commands: ``ls``, ``show``, ``search`` and ``export`` (written by :mod:`.exporting`).
+Each opens the store read-only, so it works beside a running gateway."""
 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
-import sys
 import time
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any
 
 from hermes_core.cli.common import (
     find_lane,
     iso,
     iso_times,
-    json_text,
     lease_details,
     open_operator,
     open_store,
     print_json,
     print_table,
-    progress,
     say,
     short_time,
     stamp,
-    time_fields,
 )
-from hermes_core.cli.outputs import written_output
+from hermes_core.cli.exporting import export_command
 from hermes_core.config.schema import GatewayConfig
-from hermes_core.domain.errors import InvalidValueError, shown
+from hermes_core.domain.errors import InvalidValueError
 from hermes_core.domain.models import SessionEntry
-from hermes_core.domain.terminal import inert_json, safe_text
 from hermes_core.domain.timeutil import checked_span
 from hermes_core.plugins.manager import platform_registry
 from hermes_core.store import SessionStore
@@ -45,8 +39,6 @@ SORTS = ("created", "key", "messages", "updated")
 """``ls --sort``: newest first by activity or creation, by key, most messages first."""
 LS_PAGE = 500
 """The most lanes ``ls`` reads in one query."""
-EXPORT_PAGE = 2000
-"""The records ``export`` reads in one query."""
 SEARCH_LIMIT = 100
 """The most hits ``search`` returns (the store's own bound)."""
 
@@ -324,86 +316,4 @@ def search_command(args: argparse.Namespace, config: GatewayConfig) -> int:
         for hit in hits
     ]
     print_table(table)
-    return 0
-
-
-def _pages(backend: OperatorBackend, name: str) -> Iterator[list[dict[str, Any]]]:
-    """Every record of a kind, :data:`EXPORT_PAGE` at a time in primary-key order."""
-    after = None
-    while rows := backend.table_rows(name, after, EXPORT_PAGE):
-        yield rows
-        after = backend.primary_key(name, rows[-1])
-
-
-def export_jsonl(backend: OperatorBackend, out: TextIO) -> int:
-    """Every record of the kinds the backend exports (``RecordKinds.export``) as
-    ``{"table": ..., "row": ...}`` lines in primary-key order, times as ISO strings
-    (byte-identical for the same state in SQLite and PostgreSQL); the line count. A page of
-    lines is written at once, the kind's part of each line made once."""
-    lines = 0
-    kinds = backend.record_kinds().export
-    with progress("export", len(kinds)) as bar:
-        for name in kinds:
-            head, times = f'{{"table": {json_text(name)}, "row": ', None
-            for rows in _pages(backend, name):
-                times = time_fields(rows[0]) if times is None else times
-                page = (
-                    head + json_text(iso_times(row, times), inert=False) + "}\n" for row in rows
-                )
-                out.write(inert_json("".join(page)))
-                lines += len(rows)
-            bar.advance()
-    return lines
-
-
-def export_markdown(store: SessionStore, backend: OperatorBackend, out: TextIO) -> int:
-    """One section per session (oldest first) with its active transcript; the session count."""
-    name = backend.record_kinds().sessions
-    with progress("export", backend.count_records(name)) as bar:
-        for row in (row for rows in _pages(backend, name) for row in rows):
-            ended = stamp(row["ended_at"])
-            section = [
-                f"## {row['session_key']} — {row['id']}\n\n",
-                f"- started: {stamp(row['started_at'])}\n",
-                f"- ended: {ended} ({row['end_reason']})\n" if row["ended_at"] else "",
-                f"- messages: {row['message_count']}\n\n",
-            ]
-            for message in store.load_transcript(row["id"]):
-                when = stamp(message.get("timestamp"))
-                section.append(
-                    f"**{message['role']}** ({when}): {message.get('content') or ''}\n\n"
-                )
-            out.write(safe_text("".join(section), keep_lines=True))
-            bar.advance()
-    return bar.done
-
-
-def export_command(args: argparse.Namespace, config: GatewayConfig) -> int:
-    """``export [--format jsonl|markdown] [--output FILE]``: the output is opened after the
-    store, never onto one of the store's own files, and a file is renamed into place only once
-    complete (see :mod:`.outputs`)."""
-    with open_store(config, write=False) as store:
-        backend = open_operator(config, write=False, plugins=store.plugins)
-        output = (
-            contextlib.nullcontext(sys.stdout)
-            if args.output is None
-            else written_output(args.output, config)
-        )
-        try:
-            with output as out:
-                if args.format == "jsonl":
-                    export_jsonl(backend, out)
-                else:
-                    export_markdown(store, backend, out)
-                out.flush()
-        except BrokenPipeError:
-            raise
-        except OSError as exc:  # a full disk, /dev/full: the export is incomplete
-            where = "standard output" if args.output is None else shown(str(args.output))
-            raise InvalidValueError(
-                "output", f"{where}: cannot write: {exc.strerror or exc}; the export is "
-                "incomplete (a file named is left as it was), free space or name another output."
-            ) from exc  # fmt: skip
-        finally:
-            backend.close()
     return 0
