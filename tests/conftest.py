@@ -166,6 +166,15 @@ def local_timezone() -> Iterator[Callable[[str], None]]:
     time.tzset()
 
 
+@pytest.fixture(params=["sqlite", "postgresql"])
+def url(request: pytest.FixtureRequest) -> str | None:
+    """A CLI test's store URL: None for the state directory's SQLite database, or the emptied
+    PostgreSQL test database."""
+    if request.param == "postgresql":
+        return str(request.getfixturevalue("empty_database"))
+    return None
+
+
 @pytest.fixture
 def empty_database() -> str:
     """The PostgreSQL test database with an empty ``public`` schema (dropped and recreated)."""

@@ -17,7 +17,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from support.populate import config_for, populate, run
+from support.populate import config_for, populate, run, where
 
 from hermes_core.domain.errors import InvalidValueError
 from hermes_core.store import SessionStore
@@ -28,18 +28,6 @@ STORE_FILES = (
 )  # fmt: skip
 SQLITE_ONLY = ("state.db", "state.db-wal", "state.db-shm", "state.db.lock")
 BAD_NUMBERS = ("nan", "inf", "-inf", "1e308", "9" * 400)
-
-
-@pytest.fixture(params=["sqlite", "postgresql"])
-def url(request: pytest.FixtureRequest) -> str | None:
-    """The store's URL: None for the state directory's SQLite database."""
-    if request.param == "postgresql":
-        return str(request.getfixturevalue("empty_database"))
-    return None
-
-
-def where(home: Path, url: str | None) -> list[str]:
-    return ["--state-dir", str(home), *(["--url", url] if url else [])]
 
 
 def exported(capsys: pytest.CaptureFixture[str], home: Path, url: str | None) -> str:

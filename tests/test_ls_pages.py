@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 from sqlalchemy.dialects.sqlite import dialect as sqlite_dialect
-from support.populate import config_for, populate, run
+from support.populate import config_for, populate, run, where
 
 from hermes_core.cli import browse
 from hermes_core.domain.models import SessionSource
@@ -24,17 +24,6 @@ from hermes_plugins.sql_store.lanes import lane_query
 LANES = 11
 """Lanes added to the three of ``populate``: several pages of :data:`PAGE`."""
 PAGE = 3
-
-
-@pytest.fixture(params=["sqlite", "postgresql"])
-def url(request: pytest.FixtureRequest) -> str | None:
-    if request.param == "postgresql":
-        return str(request.getfixturevalue("empty_database"))
-    return None
-
-
-def where(home: Path, url: str | None) -> list[str]:
-    return ["--state-dir", str(home), *(["--url", url] if url else [])]
 
 
 def _store(home: Path, url: str | None) -> None:

@@ -59,3 +59,8 @@ def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
     code = main(list(argv))
     out, err = capsys.readouterr()
     return code, out, err
+
+
+def where(home: Path, url: str | None) -> list[str]:
+    """The command-line options naming the store: the state directory, and ``url`` if given."""
+    return ["--state-dir", str(home), *(["--url", url] if url else [])]
