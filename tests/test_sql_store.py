@@ -7,8 +7,10 @@ import json
 import logging
 import os
 import stat
+import threading
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -735,3 +737,89 @@ def test_each_scheme_of_the_sql_store_opens_the_dialect_its_spec_declares(
     assert dialect_for("sqlite").name == "sqlite"  # a SQLAlchemy dialect's name
     with pytest.raises(StoreUnavailableError, match="knows no database 'mysql'"):
         dialect_for("mysql+pymysql://host/db")
+
+
+# -- a writer batch reads its cold lanes' routes at once ---------------------------------------
+
+
+def _one_batch(store: SessionStore, steps: list[tuple[str, Callable[[], Any]]]) -> list[Any]:
+    """Run ``steps`` (lane, function) as one batch of the store's one writer thread: each is
+    handed over while the writer runs a step that waits until all of them are queued."""
+    queued = store._writer._queues[0]
+    started, release = threading.Event(), threading.Event()
+
+    def block() -> None:
+        started.set()
+        release.wait()
+
+    with ThreadPoolExecutor(len(steps) + 1) as pool:
+        blocker = pool.submit(store.run, block, lane=steps[0][0])
+        started.wait()  # the writer runs the blocker, its batch taken already
+        futures = []
+        for lane, step in steps:
+            futures.append(pool.submit(store.run, step, lane=lane))
+            while queued.qsize() < len(futures):
+                time.sleep(0.001)
+        release.set()
+        blocker.result()
+        return [future.result() for future in futures]
+
+
+def _counting_route_reads(store: SessionStore, monkeypatch: pytest.MonkeyPatch) -> list[Any]:
+    """The backend's route reads from now on: ``("one", key)`` and ``("many", keys)``."""
+    backend, reads = store._backing.backend, list[Any]()
+    one, many = backend.get_route, backend.get_routes  # type: ignore[attr-defined]
+    monkeypatch.setattr(backend, "get_route", lambda key: reads.append(("one", key)) or one(key))
+    monkeypatch.setattr(
+        backend, "get_routes", lambda keys: reads.append(("many", sorted(keys))) or many(keys)
+    )
+    return reads
+
+
+def test_a_batch_reads_its_cold_lanes_routes_in_one_read(
+    open_store: Opener, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Lanes a new process has not cached, new lanes and a lane whose route names an ended
+    session, begun in one batch: one read of all their routes, none of them one by one, and
+    each step finds what it would have found alone."""
+    first = open_store()
+    known = [first.get_or_create_session(telegram_dm(str(user))) for user in range(8)]
+    first.close()
+    stale = known[7]
+    sql(first, "UPDATE sessions SET ended_at = 5, end_reason = 'session_reset' WHERE id = :s",
+        s=stale.session_id)  # fmt: skip
+    store = open_store(storage={"url": first.config.storage_url, "writer_connections": 1})
+    reads = _counting_route_reads(store, monkeypatch)
+    sources = [telegram_dm(str(user)) for user in range(10)]
+    keys = [store.session_key_for(source) for source in sources]
+    steps = [
+        (key, lambda source=source: store.get_or_create_session(source))
+        for key, source in zip(keys, sources, strict=True)
+    ]
+    steps.append((keys[9], lambda: store.get_or_create_session(sources[9])))  # the new lane again
+    lanes = _one_batch(store, steps)
+    assert reads == [("many", [keys[0]]), ("many", sorted(keys[1:]))]  # the blocker's batch too
+    assert [lane.session_id for lane in lanes[:7]] == [entry.session_id for entry in known[:7]]
+    assert lanes[7].session_id != stale.session_id  # its route was stale: a new session
+    assert lanes[10].session_id == lanes[9].session_id  # created once, found by the next step
+    store.close()
+    again = open_store(storage={"url": first.config.storage_url})
+    for lane in lanes:
+        assert again.peek_session_id(lane.session_key) == lane.session_id
+
+
+def test_a_batch_of_cached_lanes_reads_no_route(
+    open_store: Opener, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = open_store(storage={"writer_connections": 1})
+    sources = [telegram_dm(str(user)) for user in range(4)]
+    lanes = [store.get_or_create_session(source) for source in sources]
+    reads = _counting_route_reads(store, monkeypatch)
+    steps = [
+        (lane.session_key, lambda source=source: store.get_or_create_session(source))
+        for lane, source in zip(lanes, sources, strict=True)
+    ]
+    assert [lane.session_id for lane in _one_batch(store, steps)] == [
+        lane.session_id for lane in lanes
+    ]
+    assert reads == []

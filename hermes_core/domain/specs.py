@@ -102,6 +102,7 @@ class PlatformSpec(BaseModel):
 StoreCapability = Literal[
     "search", "transcript_edits", "pruning", "ledger", "queue", "restart_counts", "maintenance",
     "atomic_batches", "turn_leases", "parallel_writers", "lane_wakeups", "local_state", "operator",
+    "route_batches",
 ]  # fmt: skip
 """What a storage backend declares it offers beyond the required ``StoreBackend`` protocol (most
 have a protocol of their own in ``hermes_core.store.backend``): full-text search; transcript
@@ -112,6 +113,8 @@ sessions.json and JSONL backlog imports, re-keying); ``atomic_batches`` (``trans
 back every write inside it together, so the store's writer may commit several callers' steps at
 once); ``turn_leases`` (gateways share the store under lane leases; without it one gateway uses
 it at a time); ``parallel_writers`` (several writer connections commit in parallel);
+``route_batches`` (many lanes' routing entries read in one statement: a writer batch's cold
+lanes);
 ``lane_wakeups`` (with ``turn_leases``: a process wakes the holder of a lane's lease at once);
 ``local_state`` (the state is a file on this machine: the sessions.json mirror is written by
 default, and a backend that cannot be opened falls back to the core's JSONL store); ``operator``

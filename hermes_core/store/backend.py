@@ -508,6 +508,17 @@ class ParallelWriters(Protocol):
         on. Threads never bound share connection 0."""
 
 
+class RouteBatches(Protocol):
+    """What a backend with the capability ``route_batches`` implements: the routing entries of
+    many keys in one read, so the store's writer reads the lanes a batch begins, that it has not
+    cached, at once instead of one statement each on its serial path."""
+
+    def get_routes(self, session_keys: Collection[str]) -> dict[str, EntryDict]:
+        """The stored entries of ``session_keys`` by key (a key without a row is left out), each
+        as :meth:`StoreBackend.get_route` returns it; read in the open transaction when called
+        inside ``transaction()``."""
+
+
 LeaseGrant = Literal["free", "unreleased"]
 """How a lane's lease was granted: ``free``, the lane had none (its last holder released it);
 ``unreleased``, it replaced a lease its holder never gave back (expired: the holder died or hung;

@@ -167,10 +167,15 @@ class Backing:
         """A transaction of the backend in use (the writer's batches run in one)."""
         return self.backend.transaction()
 
-    def open_writer(self, on_abort: Callable[[], None]) -> StoreWriter:
+    def open_writer(
+        self,
+        on_abort: Callable[[], None],
+        prepare: Callable[[list[str]], AbstractContextManager[object]],
+    ) -> StoreWriter:
         """The store's writer over this backend: one thread per writer connection, each bound
         to its connection (the JSONL fallback, degraded or not, is written by one thread);
-        ``on_abort`` runs after a batch is rolled back."""
+        ``on_abort`` runs after a batch is rolled back, ``prepare`` around each batch's steps
+        (see :class:`StoreWriter`)."""
         bound = self.bound
         threads, bind = 1, _bind_nothing
         if bound.writers is not None:
@@ -180,7 +185,7 @@ class Backing:
             atomic=lambda: "atomic_batches" in self.bound.spec.capabilities,
             read_only=self._read_only, threads=threads, bind=bind,
             lock_order=bound.leases is not None,
-            observe=self._committed if self._plugins.observing else None,
+            observe=self._committed if self._plugins.observing else None, prepare=prepare,
         )  # fmt: skip
 
     def _committed(self, seconds: float, steps: int) -> None:

@@ -26,6 +26,7 @@ from hermes_core.store.backend import (
     ParallelWriters,
     Pruning,
     RestartCountRows,
+    RouteBatches,
     SearchCapable,
     StoreBackend,
     TranscriptEditing,
@@ -47,6 +48,7 @@ PROTOCOLS: dict[StoreCapability, type] = {
     "parallel_writers": ParallelWriters,
     "lane_wakeups": LaneWakeups,
     "operator": OperatorBackend,
+    "route_batches": RouteBatches,
 }
 """The protocol a backend implements for each capability it declares (``atomic_batches`` and
 ``local_state`` change how the store uses the required protocol, and have none)."""
@@ -97,6 +99,8 @@ class BoundBackend:
     wakeups: LaneWakeups | None = None
     """Set with ``lane_wakeups`` on a shared store (``turn_leases``)."""
     operator: OperatorBackend | None = None
+    batches: RouteBatches | None = None
+    """Set with ``route_batches``: a writer batch reads its uncached lanes' routes at once."""
 
     def offers(self) -> dict[str, bool]:
         """Each capability, and whether this backend offers it."""
@@ -148,6 +152,7 @@ def bind_backend(spec: StoreSpec, backend: Any, plugin: str, *, warn: bool = Tru
         writers=bound("parallel_writers"),
         wakeups=bound("lane_wakeups") if shared else None,
         operator=bound("operator"),
+        batches=bound("route_batches"),
     )
 
 

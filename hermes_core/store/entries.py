@@ -31,6 +31,11 @@ class EntryCache:
         with self._lock:
             return self._entries.use(session_key)
 
+    def holds(self, session_key: str) -> bool:
+        """Whether the key's entry is cached (its place among the recent is left as it is)."""
+        with self._lock:
+            return session_key in self._entries
+
     def put(
         self, session_key: str, entry: SessionEntry | None, revision: int | None, *, shared: bool
     ) -> None:

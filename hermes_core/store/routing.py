@@ -34,7 +34,9 @@ from __future__ import annotations
 import copy
 import functools
 import logging
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from datetime import timedelta
 from typing import Any, TypeVar
 
@@ -74,6 +76,9 @@ class RoutingTable:
         self._writer = writer
         self._plugins = plugins
         self._unloadable_warned: set[str] = set()
+        self._batch = threading.local()
+        """Per writer thread: ``absent``, the keys of its open batch read without a live route
+        (:meth:`prefetched`)."""
 
     # -- reads -------------------------------------------------------------------------------------
 
@@ -106,6 +111,10 @@ class RoutingTable:
         entry = self._cache.get(session_key)
         if entry is not None:
             return entry
+        absent: set[str] | None = getattr(self._batch, "absent", None)
+        if absent and session_key in absent:
+            absent.discard(session_key)  # read with the batch's other lanes: no route
+            return None
         backing = self._backing
         leases, revision = backing.bound.leases, None
         with backing.canonical:
@@ -134,6 +143,36 @@ class RoutingTable:
             return None
         cached = self.load(entry.session_key)
         return cached if cached is not None else entry
+
+    @contextmanager
+    def prefetched(self, session_keys: list[str]) -> Iterator[None]:
+        """Within it (a writer batch whose steps change the lanes ``session_keys``), the routes
+        of those lanes the cache lacks are read, in one backend read on entering, rather than
+        one statement each on the writer's serial path: the entries found are cached, and the
+        first :meth:`load` of a key found without a live route answers None without reading.
+
+        Only on a single-instance store whose backend declares ``route_batches`` (a shared
+        store's lease grant reads a cold lane's route in its own statement already)."""
+        bound = self._backing.bound
+        batches, keys = bound.batches, {clean_text(key) for key in session_keys}
+        missing = [key for key in keys if not self._cache.holds(key)] if batches else []
+        if batches is None or bound.leases is not None or not missing:
+            yield
+            return
+        with self._backing.canonical:
+            found = batches.get_routes(missing)
+        self._batch.absent = absent = set(missing)
+        for key, data in found.items():
+            ended = data.get(SESSION_ENDED)
+            entry = None if ended else self.parse(data)
+            if ended is None or entry is not None:
+                absent.discard(key)  # not told whether it ended: read as usual
+            if ended is False and entry is not None:
+                self.cache(key, entry, None)
+        try:
+            yield
+        finally:
+            self._batch.absent = None
 
     @staticmethod
     def snapshot(entry: SessionEntry) -> SessionEntry:
@@ -199,6 +238,9 @@ class RoutingTable:
         """Cache the key's entry as read or written at ``revision`` (see
         :meth:`EntryCache.put`)."""
         shared = self._backing.bound.leases is not None
+        absent: set[str] | None = getattr(self._batch, "absent", None)
+        if absent:
+            absent.discard(session_key)  # written since the batch read it
         self._cache.put(session_key, entry, revision, shared=shared)
 
     def remember(self, entry: SessionEntry, revision: int | None = None) -> None:
@@ -207,6 +249,9 @@ class RoutingTable:
 
     def forget(self, session_key: str) -> None:
         """Drop the key's cached entry: the next use reads its row."""
+        absent: set[str] | None = getattr(self._batch, "absent", None)
+        if absent:
+            absent.discard(session_key)
         self._cache.forget(session_key)
 
     def cached_revision(self, session_key: str) -> int | None:

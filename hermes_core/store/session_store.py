@@ -87,7 +87,9 @@ class SessionStore:
             config, plugins, self.sessions_dir, cache, mirror, read_only=read_only,
             rekeying=rekeying,
         )  # fmt: skip
-        writer = backing.open_writer(cache.clear)
+        # Each batch of the writer first reads its uncached lanes' routes through the routing
+        # table, which needs the writer and so comes next (the lambda binds it late).
+        writer = backing.open_writer(cache.clear, lambda lanes: routes.prefetched(lanes))  # noqa: PLW0108
         routes = RoutingTable(backing, cache, writer, plugins)
         self._backing, self._writer, self._routes = backing, writer, routes
         self._leases = Leases(backing, routes, writer, config, plugins)

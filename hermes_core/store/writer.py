@@ -34,7 +34,7 @@ import time
 import zlib
 from collections.abc import Callable
 from concurrent.futures import Future
-from contextlib import AbstractContextManager
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -101,6 +101,7 @@ class StoreWriter:
         bind: Callable[[int], None] = lambda index: None,
         lock_order: bool = False,
         observe: Callable[[float, int], None] | None = None,
+        prepare: Callable[[list[str]], AbstractContextManager[object]] = lambda _: nullcontext(),
     ) -> None:
         """``threads``: writer threads; thread ``i`` calls ``bind(i)`` first (the backend gives it
         writer connection ``i``). ``lock_order``: run each batch's steps in the order of their
@@ -108,8 +109,11 @@ class StoreWriter:
         its lanes' rows in one order, so two processes' batches never wait for each other in
         a cycle, which the database would end after its deadlock timeout by failing one).
         ``observe(seconds, steps)``: called on the writer thread after each commit, with how
-        long it took and how many steps it held."""
+        long it took and how many steps it held. ``prepare(lanes)``: entered on the writer
+        thread inside each batch's transaction before its steps, and left before it commits,
+        with the lanes of its steps (the store reads their routes at once)."""
         self._transaction = transaction
+        self._prepare = prepare
         self._observe = observe
         self._lock_order = lock_order
         self._atomic = atomic
@@ -295,7 +299,7 @@ class StoreWriter:
         results: list[Any] = []
         began = time.perf_counter()
         try:
-            with self._transaction():
+            with self._transaction(), self._prepare([step.lane for step in batch if step.lane]):
                 for step in batch:
                     results.append(self._execute(step, counts))
         except BaseException as exc:  # noqa: BLE001 - isolated per step below

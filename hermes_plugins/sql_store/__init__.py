@@ -40,7 +40,7 @@ def sqlite_files(url: str) -> list[Path]:
 
 _BOTH: frozenset[StoreCapability] = frozenset(
     {"search", "transcript_edits", "pruning", "ledger", "queue", "maintenance", "atomic_batches",
-     "operator"}
+     "operator", "route_batches"}
 )  # fmt: skip
 """What both backends offer. SQLite keeps restart counts in the instance's own file;
 PostgreSQL keeps them, commits on several writer connections and, in shared mode, has turn

@@ -14,7 +14,7 @@ file shows every method the backend implements and the part that does it.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any
 
@@ -104,6 +104,9 @@ class SqlBackend:
 
     def get_route(self, session_key: str) -> EntryDict | None:
         return self._routes.get_route(session_key)
+
+    def get_routes(self, session_keys: Collection[str]) -> dict[str, EntryDict]:
+        return self._routes.get_routes(session_keys)
 
     def get_route_by_session_id(self, session_id: str) -> EntryDict | None:
         return self._routes.get_route_by_session_id(session_id)

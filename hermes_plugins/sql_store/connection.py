@@ -171,26 +171,29 @@ class SqlConnection:
         except SQLAlchemyError as exc:
             raise self.translate(exc, what) from exc
 
-    def fetch(self, statement: Prepared, params: Mapping[str, Any], what: str) -> Any:
-        """One row of a read in the open batch (on the writer's cursor) as a mapping, or
-        None."""
+    def fetch(self, statement: Prepared, params: Mapping[str, Any], what: str) -> list[Any]:
+        """Every row of a read in the open batch (on the writer's cursor) as a mapping."""
         try:
             cursor = statement.run(self.writers.live()[1], params)
-            row = cursor.fetchone()
+            rows = cursor.fetchall()
         except self.driver_error as exc:
             self.writers.slot.spoiled = True
             raise self.translate(exc, what) from exc
-        if row is None:
-            return None
-        return dict(zip([column[0] for column in cursor.description], row, strict=True))
+        names = [column[0] for column in cursor.description]
+        return [dict(zip(names, row, strict=True)) for row in rows]
 
-    def row(self, statement: Prepared, params: dict[str, Any], what: str) -> Any:
-        """One row of a read as a mapping, or None: in the writer's open batch on its cursor
-        (it sees the batch's writes), else from the pool."""
+    def all_rows(self, statement: Prepared, params: Mapping[str, Any], what: str) -> list[Any]:
+        """Every row of a read as a mapping: in the writer's open batch on its cursor (it sees
+        the batch's writes), else from the pool."""
         if self.in_batch:
             return self.fetch(statement, params, what)
         with self.read(what) as conn:
-            return conn.exec_driver_sql(statement.sql, statement.bind(params)).mappings().first()
+            return list(conn.exec_driver_sql(statement.sql, statement.bind(params)).mappings())
+
+    def row(self, statement: Prepared, params: dict[str, Any], what: str) -> Any:
+        """One row of a read (see :meth:`all_rows`) as a mapping, or None."""
+        rows = self.all_rows(statement, params, what)
+        return rows[0] if rows else None
 
     def rows(self, statement: Prepared, what: str) -> list[dict[str, Any]]:
         """Every row of a read from the pool as a dict, fetched on the driver's cursor (without

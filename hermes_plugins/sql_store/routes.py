@@ -8,7 +8,7 @@ import logging
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Collection, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import replace
 from typing import Any
@@ -121,6 +121,20 @@ class RoutingRows:
         entry = route_entry(row)
         entry[SESSION_ENDED] = bool(row[SESSION_ENDED])  # NULL: no session row, not ended
         return entry, int(row["revision"])
+
+    def get_routes(self, session_keys: Collection[str]) -> dict[str, EntryDict]:
+        """The stored entries of ``session_keys`` by key, each with :data:`SESSION_ENDED` (see
+        :meth:`read_route`); read :data:`ROUTE_BATCH` keys per statement."""
+        keys, found = list(session_keys), dict[str, EntryDict]()
+        for start in range(0, len(keys), ROUTE_BATCH):
+            chunk = keys[start : start + ROUTE_BATCH]
+            statement, slots = self._sql.select_routes(len(chunk))
+            params = {f"k{index}": chunk[min(index, len(chunk) - 1)] for index in range(slots)}
+            for row in self._conn.all_rows(statement, params, "reading routes"):
+                entry = route_entry(row)
+                entry[SESSION_ENDED] = bool(row[SESSION_ENDED])
+                found[row["session_key"]] = entry
+        return found
 
     def get_route_by_session_id(self, session_id: str) -> EntryDict | None:
         """The entry whose current session id is ``session_id``, or None."""

@@ -258,6 +258,9 @@ class Statements:
             .label(SESSION_ENDED)
         )
         self.select_route = prepare(select(*ROUTE_READ, ended).where(by_key))
+        self._route_columns = (routing.c.session_key, *ROUTE_READ, ended)
+        self._select_routes: dict[int, Prepared] = {}
+        self._prepare = prepare
         self.select_session = prepare(select(sessions).where(session))
         self.newest_session = prepare(
             select(sessions)
@@ -269,3 +272,16 @@ class Statements:
         self.insert_meta = prepare(
             state_meta.insert().values(key=bindparam("key"), value=bindparam("value"))
         )
+
+    def select_routes(self, count: int) -> tuple[Prepared, int]:
+        """The read of up to ``count`` keys' routes (as :attr:`select_route`, with the key),
+        parameters ``k0``, ``k1``, ...; with the number of keys it takes, the next power of two
+        (the caller repeats a key to fill it), so a few statements serve every count and each is
+        compiled, and prepared by the server, once."""
+        slots = 1 << max(count - 1, 0).bit_length()
+        prepared = self._select_routes.get(slots)
+        if prepared is None:
+            keys = gateway_routing.c.session_key.in_([bindparam(f"k{i}") for i in range(slots)])
+            prepared = self._prepare(select(*self._route_columns).where(keys))
+            self._select_routes[slots] = prepared
+        return prepared, slots
