@@ -89,6 +89,7 @@ def test_required_protocol_only_turns_features_off_with_one_warning_each(
         ("parallel_writers", ("bind_writer", "writer_connections")),
         ("lane_wakeups", ("listen_lanes", "wake_lane")),
         ("operator", ("integrity_problems", "record_kinds", "table_digest", "table_rows")),
+        ("route_batches", ("get_routes",)),
     ],
 )  # fmt: skip
 def test_a_backend_declaring_a_capability_must_implement_its_protocol(
