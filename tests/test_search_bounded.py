@@ -15,7 +15,7 @@ from conftest import POSTGRES_URL
 from hermes_core import GatewayConfig
 from hermes_core.store import SessionStore
 from hermes_core.testing import fresh_plugin_manager, telegram_dm
-from hermes_plugins.sql_store.dialects import postgresql
+from hermes_plugins.sql_store.dialects import postgresql_search
 from hermes_plugins.sql_store.search import SearchIndex
 
 AMONG = 4
@@ -32,7 +32,7 @@ def kind(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str
     if request.param.startswith("postgresql"):
         request.getfixturevalue("empty_database")
     if request.param == "postgresql-probe3":
-        monkeypatch.setattr(postgresql, "PROBE_ROWS", 3)
+        monkeypatch.setattr(postgresql_search, "PROBE_ROWS", 3)
     return str(request.param)
 
 

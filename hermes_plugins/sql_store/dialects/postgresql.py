@@ -12,17 +12,17 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import ColumnElement, Connection, Engine, Table, func, literal_column, select
+from sqlalchemy import ColumnElement, Connection, Engine, Table, func
 from sqlalchemy import Dialect as Compiler
 from sqlalchemy import create_engine as sqlalchemy_engine
 from sqlalchemy.dialects import postgresql
 from sqlalchemy.engine import URL
 
-from hermes_core.domain.errors import StoreError, StoreUnavailableError
+from hermes_core.domain.errors import StoreUnavailableError
 from hermes_plugins.sql_store import exclusive
 from hermes_plugins.sql_store.dialects.base import Dialect, OnConflictInsert
-from hermes_plugins.sql_store.schema import messages
-from hermes_plugins.sql_store.search import SearchIndex, scoped
+from hermes_plugins.sql_store.dialects.postgresql_search import TsvectorIndex
+from hermes_plugins.sql_store.search import SearchIndex
 
 if TYPE_CHECKING:
     from hermes_core.config.schema import GatewayConfig
@@ -48,16 +48,7 @@ _SEARCH = (
     "coalesce(tool_calls, ''), 65536))) STORED",
     "CREATE INDEX IF NOT EXISTS ix_messages_search ON messages USING gin (search_tsv)",
 )
-_FAILED_REINDEX = (
-    "SELECT c.relname FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid "
-    "WHERE NOT i.indisvalid AND c.relname LIKE 'ix\\_messages\\_search\\_ccnew%%'"
-)
-"""The invalid copies an interrupted ``REINDEX ... CONCURRENTLY`` of the search index left."""
-_PROBE = "SELECT id FROM messages WHERE search_tsv @@ plainto_tsquery('simple', 'hermesprobe')"
 _SEQUENCES = ("messages", "queued_events")
-_HIT = ("id", "session_id", "role", "timestamp", "content")
-PROBE_ROWS = 2_000
-"""Newest messages a search walks first, to tell a common word from a rare one."""
 
 
 def shared_writer_timeouts(turn_lease_secs: float) -> dict[str, str]:
@@ -211,110 +202,3 @@ class PostgresqlDialect(Dialect):
 
     def search_index(self, store: SqlConnection, conn: Connection) -> TsvectorIndex:
         return TsvectorIndex(store, SearchIndex.stored_state(conn))
-
-
-class TsvectorIndex(SearchIndex):
-    """The GIN index over the generated ``tsvector`` column; the server keeps it current."""
-
-    def _ranked(
-        self,
-        conn: Connection,
-        query: str,
-        session_id: str | None,
-        session_key: str | None,
-        limit: int,
-        among: int,
-    ) -> list[Any]:
-        """The ``limit`` best by ``ts_rank`` of the ``among`` newest matches in scope.
-
-        The planner's choice between walking the primary key backwards (cheap for a common
-        word) and reading the GIN index (cheap for a rare one) rests on statistics that
-        misjudge words they do not list (a rare word walked 27 s over 5,000,000 messages),
-        so the search measures instead: it walks the newest :data:`PROBE_ROWS` messages, and
-        if the word is common enough there that walking on costs fewer rows than reading its
-        older matches would, walks on; otherwise it reads the GIN index. A scope's few
-        messages are walked through its own index."""
-        tsquery = func.plainto_tsquery(literal_column("'simple'::regconfig"), query)
-        search_tsv: ColumnElement[Any] = literal_column("messages.search_tsv")
-        matches = search_tsv.op("@@")(tsquery)
-        walked = matches.is_(True)  # not a form the GIN index serves: the rows are walked
-
-        def newest(where: ColumnElement[Any], by: ColumnElement[Any], count: int) -> list[Any]:
-            inner = (
-                scoped(select(*(messages.c[name] for name in _HIT), search_tsv.label("tsv")),
-                       session_id, session_key)
-                .where(where)
-                .order_by(by.desc())
-                .limit(count)
-                .subquery()
-            )  # fmt: skip
-            ranked = select(*(inner.c[name] for name in _HIT),
-                            func.ts_rank(inner.c.tsv, tsquery).label("rank"))  # fmt: skip
-            return list(conn.execute(ranked).all())
-
-        if session_id is not None or session_key is not None:
-            found = newest(walked, messages.c.id, among)
-        else:
-            floor = (conn.execute(select(func.max(messages.c.id))).scalar() or 0) - PROBE_ROWS
-            found = newest(walked & (messages.c.id > floor), messages.c.id, among)
-            rest = among - len(found)
-            if rest:
-                # Rows to walk for the rest at the rate seen, against the older matches the
-                # GIN index would read (``id + 0``: no ordered walk of the primary key).
-                walk = bool(found) and rest * PROBE_ROWS / len(found) <= (
-                    len(found) / PROBE_ROWS * floor
-                )
-                older = messages.c.id <= floor
-                if walk:
-                    found += newest(walked & older, messages.c.id, rest)
-                else:
-                    found += newest(matches & older, messages.c.id + 0, rest)
-        found.sort(key=lambda row: (-row.rank, -row.id))
-        return found[:limit]
-
-    def reindex_fts(self) -> None:
-        """``REINDEX INDEX CONCURRENTLY`` on a connection of its own (no writer's), which
-        blocks neither message writes nor searches; an invalid copy a failed run left behind
-        is dropped first. It runs without a statement timeout (a large index may take minutes)
-        and waits for the transactions that use the old index; :meth:`start_fts_rebuild` then
-        only clears the stale record."""
-        with self._store.read("rebuilding the full-text index") as conn:
-            conn.execution_options(isolation_level="AUTOCOMMIT")
-            conn.exec_driver_sql("SET statement_timeout = 0")
-            try:
-                for name in conn.exec_driver_sql(_FAILED_REINDEX).scalars().all():
-                    conn.exec_driver_sql(f'DROP INDEX CONCURRENTLY IF EXISTS "{name}"')
-                conn.exec_driver_sql("REINDEX INDEX CONCURRENTLY ix_messages_search")
-            finally:
-                conn.exec_driver_sql("RESET statement_timeout")
-
-    def _empty(self, cursor: Any) -> int:
-        """Nothing: :meth:`reindex_fts` rebuilt the index already."""
-        return 0
-
-    def _refill(self, newest: int) -> None:
-        """Nothing: the server indexes every message as it is stored."""
-
-    def index_backlog(self) -> bool:
-        """False: no message waits to be indexed."""
-        return False
-
-    def inserted(self, message_id: int) -> None:
-        """Nothing (and ids come by ``RETURNING``)."""
-
-    def after_commit(self) -> None:
-        """Nothing: the index is current with every commit."""
-
-    def rolled_back(self) -> None:
-        """Nothing."""
-
-    def fts_problems(self) -> list[str]:
-        """A real query through the index."""
-        if self.state == "unavailable":
-            return []
-        try:
-            with self._store.read("probing the search index") as conn:
-                conn.exec_driver_sql(_PROBE).all()
-        except StoreError as exc:  # any failure is the finding
-            return [f"the search index cannot be queried: {exc}"]
-        return []
