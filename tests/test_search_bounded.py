@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from sqlalchemy import Engine, create_engine, event, text
 
 from conftest import POSTGRES_URL
 from hermes_core import GatewayConfig
@@ -121,3 +122,122 @@ def test_deactivated_matches_leave_room_for_older_active_ones(
     expected = set(ids[-2 * AMONG : -AMONG])
     assert set(_ids(store.search("kiwi", limit=100))) == expected
     assert set(_ids(store.search("kiwi", session_id=session_id, limit=100))) == expected
+
+
+# -- PostgreSQL's windows: the same hits as ranking the newest matches directly ----------------
+
+FILLER = "banana and bread"
+RANKED = ["kiwi", "kiwi kiwi", "kiwi kiwi kiwi", "a kiwi among many other words here"]
+
+
+@pytest.fixture(params=[(3, 1), (3, 5), (2_000, 100)], ids=["windows", "sampled", "one-probe"])
+def pg_store(
+    request: pytest.FixtureRequest, empty_database: str, tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> Iterator[SessionStore]:  # fmt: skip
+    """A PostgreSQL store ranking among the 4 newest matches, whose search walks the newest
+    ``probe`` ids first and samples windows of ``sample_ids`` ids: small ones, so that the
+    crafted stores below take several windows or the GIN read, or one probe covering all."""
+    probe, sample_ids = request.param
+    monkeypatch.setattr(SearchIndex, "rank_among", AMONG)
+    monkeypatch.setattr(postgresql_search, "PROBE_ROWS", probe)
+    monkeypatch.setattr(postgresql_search, "SAMPLE_IDS", sample_ids)
+    home = tmp_path / "home"
+    config = GatewayConfig.from_dict(
+        {"storage": {"url": empty_database}}, environ={"HERMES_HOME": str(home)}
+    )
+    opened = SessionStore.open(config, plugins=fresh_plugin_manager(home))
+    yield opened
+    opened.close()
+
+
+def _append(store: SessionStore, session_id: str, contents: list[str]) -> list[int]:
+    for content in contents:
+        store.append_to_transcript(session_id, {"role": "user", "content": content})
+    return [int(message["id"]) for message in store.load_transcript(session_id)[-len(contents) :]]
+
+
+def _expected(
+    query: str, limit: int, session_id: str | None = None, session_key: str | None = None
+) -> list[int]:
+    """The best ``limit`` by ``ts_rank`` (ties newest first) of the newest ``AMONG`` active
+    matches in scope, in one statement over the whole table."""
+    scope = " AND m.session_id = :session_id" if session_id else ""
+    if session_key:
+        scope += " AND m.session_id IN (SELECT id FROM sessions WHERE session_key = :key)"
+    statement = text(
+        "SELECT id FROM (SELECT m.id, ts_rank(m.search_tsv, q) AS rank FROM messages m, "
+        "plainto_tsquery('simple', :query) q WHERE m.active = 1 AND m.search_tsv @@ q"
+        f"{scope} ORDER BY m.id DESC LIMIT :among) newest ORDER BY rank DESC, id DESC "
+        "LIMIT :limit"
+    )
+    engine = create_engine(POSTGRES_URL)
+    try:
+        with engine.connect() as conn:
+            found = conn.execute(
+                statement,
+                {"query": query, "among": AMONG, "limit": limit, "session_id": session_id,
+                 "key": session_key},
+            )  # fmt: skip
+            return [int(row.id) for row in found]
+    finally:
+        engine.dispose()
+
+
+def _agrees(store: SessionStore, queries: list[str], **scope: str) -> None:
+    for query in queries:
+        for limit in (1, 2, 3, 100):
+            hits = store.search(query, limit=limit, **scope)
+            assert _ids(hits) == _expected(query, limit, **scope), (query, limit, scope)
+
+
+def test_a_common_word_past_newer_messages_without_it(pg_store: SessionStore) -> None:
+    old_entry = pg_store.get_or_create_session(telegram_dm("1"))
+    new = pg_store.get_or_create_session(telegram_dm("2")).session_id
+    older = _append(pg_store, old_entry.session_id, [RANKED[n % 4] for n in range(12)])
+    _append(pg_store, new, ["kiwi kiwi", FILLER, "kiwi"] * 2)
+    _append(pg_store, new, [FILLER] * 25)  # the newest 25 lack the word
+    # the newest matches deactivated: soft-deleted, and a transcript rewritten without them
+    assert pg_store.soft_delete_messages(old_entry.session_id, older[-2:]) == 2
+    pg_store.rewrite_transcript(new, [{"role": "user", "content": FILLER}])
+    hits = pg_store.search("kiwi", limit=100)
+    assert set(_ids(hits)) == set(older[-6:-2])
+    _agrees(pg_store, ["kiwi", "kiwi kiwi", "bread kiwi", "absent"])
+    _agrees(pg_store, ["kiwi"], session_key=old_entry.session_key)
+    _agrees(pg_store, ["kiwi", "banana"], session_id=new)
+
+
+def test_a_rare_word_only_in_the_oldest_messages(pg_store: SessionStore) -> None:
+    entry = pg_store.get_or_create_session(telegram_dm("1"))
+    other = pg_store.get_or_create_session(telegram_dm("2")).session_id
+    rare = _append(pg_store, entry.session_id, ["quokka kiwi", "kiwi quokka quokka"])
+    _append(pg_store, other, [FILLER, "kiwi"] * 15)
+    assert _ids(pg_store.search("quokka")) == [rare[1], rare[0]]
+    _agrees(pg_store, ["quokka", "quokka kiwi", "kiwi"])
+    _agrees(pg_store, ["quokka", "kiwi"], session_key=entry.session_key)
+
+
+def test_a_rare_word_takes_two_statements(pg_store: SessionStore) -> None:
+    session_id = pg_store.get_or_create_session(telegram_dm("1")).session_id
+    _append(pg_store, session_id, ["quokka"] + [FILLER] * 30)
+    statements: list[str] = []
+
+    def count(*args: Any) -> None:
+        if "FROM messages" in args[2]:
+            statements.append(args[2])
+
+    event.listen(Engine, "before_cursor_execute", count)
+    try:
+        assert len(pg_store.search("quokka")) == 1
+    finally:
+        event.remove(Engine, "before_cursor_execute", count)
+    # the first statement, then the GIN index (or, when one probe covers all, nothing more)
+    assert len(statements) == (1 if postgresql_search.PROBE_ROWS > 31 else 2)
+
+
+def test_windows_grow_while_walking_is_cheaper_than_reading_older_matches() -> None:
+    assert postgresql_search.next_window(0, 4, 10, 50.0) == 10  # none seen: double
+    assert postgresql_search.next_window(0, 4, 10, 10.0) is None  # as dear as the index
+    assert postgresql_search.next_window(2, 4, 10, 500.0) == 20  # 4 more at 1 in 5
+    assert postgresql_search.next_window(8, 4, 100, 500.0) == 100  # at least as many as walked
+    assert postgresql_search.next_window(2, 4, 10, 19.0) is None  # 20 rows against 19 matches

@@ -95,7 +95,8 @@ def _unscoped() -> tuple[Select[Any], Select[Any], Select[Any]]:
     ids = messages.c.id
     top = select(func.max(ids).label("top")).subquery("top")
     step = top.c.top // SAMPLES
-    spread = or_(*(ids.between(step * n, step * n + (SAMPLE_IDS - 1)) for n in range(SAMPLES)))
+    width: ColumnElement[int] = bindparam("sample_ids") - 1
+    spread = or_(*(ids.between(step * n, step * n + width) for n in range(SAMPLES)))
     sample = select(func.count().label("sampled")).where(_WALKED & spread).correlate(top)
     sampled = sample.lateral("sample")
     probe_ids = ids.between(top.c.top - (bindparam("probe") - 1), top.c.top)
@@ -145,7 +146,8 @@ class TsvectorIndex(SearchIndex):
             statement = _newest(_WALKED, ids, among, session_id, session_key)
             return _best(conn.execute(statement, params).all(), limit)
         first, window, below = _unscoped()
-        rows = conn.execute(first, {**params, "among": among, "probe": PROBE_ROWS}).all()
+        sizes = {"among": among, "probe": PROBE_ROWS, "sample_ids": SAMPLE_IDS}
+        rows = conn.execute(first, {**params, **sizes}).all()
         found = [row for row in rows if row.id is not None]
         high, walked = (rows[0].top or 0) - PROBE_ROWS, PROBE_ROWS
         rate = rows[0].sampled / (SAMPLES * SAMPLE_IDS)
