@@ -3,6 +3,7 @@ edits, pruning, lane rebuilds from session rows, schema versions and the session
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
@@ -769,10 +770,17 @@ def _counting_route_reads(store: SessionStore, monkeypatch: pytest.MonkeyPatch) 
     """The backend's route reads from now on: ``("one", key)`` and ``("many", keys)``."""
     backend, reads = store._backing.backend, list[Any]()
     one, many = backend.get_route, backend.get_routes  # type: ignore[attr-defined]
-    monkeypatch.setattr(backend, "get_route", lambda key: reads.append(("one", key)) or one(key))
-    monkeypatch.setattr(
-        backend, "get_routes", lambda keys: reads.append(("many", sorted(keys))) or many(keys)
-    )
+
+    def get_route(key: str) -> Any:
+        reads.append(("one", key))
+        return one(key)
+
+    def get_routes(keys: list[str]) -> Any:
+        reads.append(("many", sorted(keys)))
+        return many(keys)
+
+    monkeypatch.setattr(backend, "get_route", get_route)
+    monkeypatch.setattr(backend, "get_routes", get_routes)
     return reads
 
 
@@ -792,11 +800,11 @@ def test_a_batch_reads_its_cold_lanes_routes_in_one_read(
     reads = _counting_route_reads(store, monkeypatch)
     sources = [telegram_dm(str(user)) for user in range(10)]
     keys = [store.session_key_for(source) for source in sources]
-    steps = [
-        (key, lambda source=source: store.get_or_create_session(source))
+    steps: list[tuple[str, Callable[[], Any]]] = [
+        (key, functools.partial(store.get_or_create_session, source))
         for key, source in zip(keys, sources, strict=True)
     ]
-    steps.append((keys[9], lambda: store.get_or_create_session(sources[9])))  # the new lane again
+    steps.append((keys[9], functools.partial(store.get_or_create_session, sources[9])))  # again
     lanes = _one_batch(store, steps)
     assert reads == [("many", [keys[0]]), ("many", sorted(keys[1:]))]  # the blocker's batch too
     assert [lane.session_id for lane in lanes[:7]] == [entry.session_id for entry in known[:7]]
@@ -815,8 +823,8 @@ def test_a_batch_of_cached_lanes_reads_no_route(
     sources = [telegram_dm(str(user)) for user in range(4)]
     lanes = [store.get_or_create_session(source) for source in sources]
     reads = _counting_route_reads(store, monkeypatch)
-    steps = [
-        (lane.session_key, lambda source=source: store.get_or_create_session(source))
+    steps: list[tuple[str, Callable[[], Any]]] = [
+        (lane.session_key, functools.partial(store.get_or_create_session, source))
         for lane, source in zip(lanes, sources, strict=True)
     ]
     assert [lane.session_id for lane in _one_batch(store, steps)] == [
