@@ -3,24 +3,28 @@ migration killed midway (SIGKILL of a real child process) that resumes."""
 
 from __future__ import annotations
 
-import io
 import json
 import signal
 import sqlite3
-import subprocess
 import sys
 import time
+from collections import Counter
 from pathlib import Path
+from typing import Any
 
 import pytest
 from sqlalchemy import create_engine
+from support.killing import dies_after, run_killed
 from support.populate import config_for, populate
+from support.terminal import Terminal
 
 from conftest import builtins_only
 from hermes_core.cli.common import Progress, open_operator
 from hermes_core.cli.main import main
 from hermes_core.cli.migrate import MigrationMismatchError, verify
 from hermes_core.store import SessionStore
+from hermes_core.testing import telegram_dm
+from hermes_plugins.sql_store.backend import SqlBackend
 
 
 def export(capsys: pytest.CaptureFixture[str], *where: str) -> str:
@@ -63,27 +67,42 @@ def test_migrate_refuses_an_unreachable_target(
     assert "127.0.0.1" in err
 
 
-KILLED_AFTER_A_BATCH = """
-import os, signal, sys
-from hermes_core.cli.common import Progress, open_operator
-from hermes_core.cli.migrate import MigrationMismatchError, verify
-from hermes_core.cli.main import main
-from hermes_plugins.sql_store.backend import SqlBackend
+KILLED_AFTER_A_BATCH = dies_after(
+    "hermes_plugins.sql_store.backend:SqlBackend.insert_missing", 1, when="args[0] == 'messages'"
+)
+"""The migration's child process dies once the first batch of messages is committed in the
+target: before the next one."""
 
-insert_missing = SqlBackend.insert_missing
 
-def insert_then_die(self, name, rows):
-    inserted = insert_missing(self, name, rows)
-    if name == "messages":  # the first batch of messages is committed: die before the next
-        os.kill(os.getpid(), signal.SIGKILL)
-    return inserted
+@pytest.fixture
+def targets(tmp_path: Path) -> str:
+    """The URL prefix of SQLite targets in a private directory (``targets + "name.db"``)."""
+    (tmp_path / "targets").mkdir(mode=0o700)
+    return f"sqlite:///{tmp_path}/targets/"
 
-SqlBackend.insert_missing = insert_then_die
-sys.exit(main(["migrate", *sys.argv[1:]]))
-"""
-"""``hermes-sessions migrate ARGS`` in a child process that SIGKILLs itself once the first batch
-of messages is committed in the target: a kill midway, whatever the machine's load (a kill timed
-from outside could come after the copy had finished)."""
+
+def populate_batches(tmp_path: Path, url: str | None = None) -> Path:
+    """A state directory whose store (or ``url``'s) is :func:`populate`'d, then given 1,200 more
+    messages on one lane (1,212 in all: three batches of the copy)."""
+    home = tmp_path / "state"
+    populate(home, url)
+    with SessionStore.open(config_for(home, url)) as store:
+        entry = store.list_sessions()[0]
+        for i in range(1200):
+            store.append_to_transcript(entry.session_id, {"role": "user", "content": f"m {i}"})
+    return home
+
+
+def killed_midway(argv: list[str]) -> int:
+    """Run ``migrate ARGV`` until the first batch of messages is committed in its target (the
+    last argument), then kill it; the messages the target holds."""
+    status = run_killed(KILLED_AFTER_A_BATCH, ["migrate", *argv], builtins_only())
+    assert status == -signal.SIGKILL
+    engine = create_engine(argv[-1])
+    with engine.connect() as conn:
+        copied = int(conn.exec_driver_sql("SELECT count(*) FROM messages").scalar_one())
+    engine.dispose()
+    return copied
 
 
 def migrated(capsys: pytest.CaptureFixture[str], *argv: str) -> dict[str, dict[str, int]]:
@@ -98,59 +117,72 @@ def migrated(capsys: pytest.CaptureFixture[str], *argv: str) -> dict[str, dict[s
     ("sqlite", "sqlite"), ("sqlite", "postgresql"), ("postgresql", "sqlite"),
 ])  # fmt: skip
 def test_a_migration_killed_midway_resumes_to_what_an_uninterrupted_one_copies(
-    tmp_path: Path, source_on: str, target_on: str, request: pytest.FixtureRequest,
-    capsys: pytest.CaptureFixture[str],
+    tmp_path: Path, targets: str, source_on: str, target_on: str,
+    request: pytest.FixtureRequest, capsys: pytest.CaptureFixture[str],
 ) -> None:  # fmt: skip
     postgresql = "postgresql" in (source_on, target_on)
     database = str(request.getfixturevalue("empty_database")) if postgresql else None
-    home = tmp_path / "state"
     source_url = database if source_on == "postgresql" else None
-    populate(home, source_url)
-    with SessionStore.open(config_for(home, source_url)) as store:
-        entry = store.list_sessions()[0]
-        for i in range(1200):  # three batches of messages
-            store.append_to_transcript(entry.session_id, {"role": "user", "content": f"m {i}"})
+    home = populate_batches(tmp_path, source_url)
     source = ["--state-dir", str(home), *(["--url", source_url] if source_url else [])]
-    (tmp_path / "targets").mkdir(mode=0o700)
-    target = f"sqlite:///{tmp_path}/targets/killed.db"
+    target = targets + "killed.db"
     if database is not None and target_on == "postgresql":
         target = database
-    child = subprocess.run(
-        [sys.executable, "-c", KILLED_AFTER_A_BATCH, *source, "--to", target],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=builtins_only(), check=False,
-    )  # fmt: skip
-    assert child.returncode == -signal.SIGKILL
-    engine = create_engine(target)
-    with engine.connect() as conn:
-        copied = conn.exec_driver_sql("SELECT count(*) FROM messages").scalar_one()
-    engine.dispose()
+    copied = killed_midway([*source, "--to", target])
     assert 0 < copied < 1212
     before = export(capsys, *source)
 
     resumed = migrated(capsys, *source, "--to", target)
-    whole = migrated(capsys, *source, "--to", f"sqlite:///{tmp_path}/targets/whole.db")
+    whole = migrated(capsys, *source, "--to", targets + "whole.db")
 
     assert resumed["verified"] == whole["verified"] == whole["copied"]
     assert resumed["copied"]["messages"] == whole["copied"]["messages"] - copied
     assert resumed["copied"]["sessions"] == 0
     assert export(capsys, "--url", target) == before
-    assert export(capsys, "--url", f"sqlite:///{tmp_path}/targets/whole.db") == before
+    assert export(capsys, "--url", targets + "whole.db") == before
     assert migrated(capsys, *source, "--to", target)["copied"] == dict.fromkeys(whole["copied"], 0)
 
 
-class Terminal(io.StringIO):
-    """Standard error as a terminal."""
+@pytest.mark.slow
+def test_a_resumed_migration_reads_each_message_once_and_takes_what_the_source_gained(
+    tmp_path: Path, targets: str, monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:  # fmt: skip
+    home = populate_batches(tmp_path)
+    source, target = ["--state-dir", str(home)], targets + "killed.db"
+    assert killed_midway([*source, "--to", target]) == 500
+    with SessionStore.open(config_for(home)) as store:  # the gateway ran again meanwhile
+        entry = store.get_or_create_session(telegram_dm("new"))
+        store.append_to_transcript(entry.session_id, {"role": "user", "content": "since"})
+    read: Counter[str] = Counter()
+    table_rows = SqlBackend.table_rows
 
-    def isatty(self) -> bool:
-        return True
+    def counted(self: SqlBackend, name: str, after: Any, limit: int) -> list[dict[str, Any]]:
+        rows = table_rows(self, name, after, limit)
+        read[name] += len(rows)
+        return rows
+
+    monkeypatch.setattr(SqlBackend, "table_rows", counted)
+    report = migrated(capsys, *source, "--to", target)
+    monkeypatch.undo()
+
+    assert report["verified"]["messages"] == 1213
+    assert report["copied"]["messages"] == 713
+    assert read["messages"] == 1213  # the 500 copied compared, the rest copied: each read once
+    assert (report["copied"]["sessions"], report["copied"]["gateway_routing"]) == (1, 4)
+    assert export(capsys, "--url", target) == export(capsys, *source)
+    with sqlite3.connect(home / "state.db") as raw:  # a copied row changed in the source
+        raw.execute("UPDATE messages SET content = 'changed' WHERE id = 3")
+    assert main(["migrate", *source, "--to", target]) == 2
+    assert "1 row(s) of its table messages are not rows of this one" in capsys.readouterr().err
 
 
 def test_the_progress_bar_counts_rows_on_a_terminal_and_stays_quiet_with_json(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
-) -> None:
+    tmp_path: Path, targets: str, monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:  # fmt: skip
     home = tmp_path / "state"
     populate(home)
-    (tmp_path / "targets").mkdir(mode=0o700)
     for json_output, name in ((True, "quiet"), (False, "shown")):
         terminal = Terminal()
         monkeypatch.setattr(sys, "stderr", terminal)
@@ -159,7 +191,7 @@ def test_the_progress_bar_counts_rows_on_a_terminal_and_stays_quiet_with_json(
             "--state-dir",
             str(home),
             "--to",
-            f"sqlite:///{tmp_path}/targets/{name}.db",
+            f"{targets}{name}.db",
         ]
         assert main([*argv, *(["--json"] if json_output else [])]) == 0
         if json_output:

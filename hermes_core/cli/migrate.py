@@ -6,15 +6,18 @@ names the kinds (:class:`~hermes_core.store.operator.RecordKinds`); the target m
 same ones.
 
 A run that was interrupted (even killed) is resumed by running it again: its committed batches
-stay, and the re-run walks the source again, inserting only what the target lacks, so every
-record ends there once. Before writing anything it refuses a target that is one of the source's
-own files (those its ``StoreSpec.files`` declares) or that holds anything but part of this
-source's copy: a record the source lacks or holds otherwise means another store, or this store's
-copy from before the source changed."""
+stay, and the re-run compares them with the source once (:func:`check_target`, which walks the
+source in the copy's order only as far as the target holds records) and goes on from there,
+each batch skipping what the target holds, so every record ends there once. Before writing
+anything it refuses a target that is one of the source's own files (those its
+``StoreSpec.files`` declares) or that holds anything but part of this source's copy: a record
+the source lacks or holds otherwise means another store, or this store's copy from before the
+source changed."""
 
 from __future__ import annotations
 
 import argparse
+from dataclasses import dataclass
 from typing import Any
 
 from hermes_core.cli.common import open_operator, print_json, progress, with_url
@@ -45,9 +48,19 @@ def register(commands: Any, parents: list[argparse.ArgumentParser]) -> None:
     migrate.set_defaults(handler=migrate_command)
 
 
-def check_target(source: OperatorBackend, target: OperatorBackend) -> None:
-    """Raise :class:`ForeignTargetError` unless every row of ``target`` is a row of ``source``
-    (an empty target, or one an interrupted migration of this source filled in part)."""
+@dataclass(frozen=True, slots=True)
+class Copied:
+    """How far an earlier run copied a kind: the records the target holds (each one of the
+    source's) and the source's key that the copy goes on after (None: from its first)."""
+
+    records: int
+    after: tuple[Any, ...] | None
+
+
+def check_target(source: OperatorBackend, target: OperatorBackend) -> dict[str, Copied]:
+    """How far each kind is copied, or :class:`ForeignTargetError` unless every record of
+    ``target`` is a record of ``source`` (an empty target, or one an interrupted migration of
+    this source filled in part)."""
     kinds = source.record_kinds().transfer
     if target.record_kinds().transfer != kinds:
         raise ForeignTargetError(
@@ -55,55 +68,79 @@ def check_target(source: OperatorBackend, target: OperatorBackend) -> None:
             f"{source.name} store; nothing was copied. Migrate into a store of a backend that "
             "keeps the same ones."
         )
-    for name in kinds:
-        after = None
-        while rows := target.table_rows(name, after, BATCH_ROWS):
-            foreign = source.foreign_rows(name, rows)
-            if foreign:
-                raise ForeignTargetError(
-                    f"the target already holds another store ({foreign} row(s) of its table "
-                    f"{name} are not rows of this one); nothing was copied. Migrate into an empty "
-                    "database, or into the target of an interrupted migration of this same store."
-                )
-            after = target.primary_key(name, rows[-1])
+    return {name: _copied(source, target, name) for name in kinds}
 
 
-def _check_before_writing(source: OperatorBackend, target_config: GatewayConfig) -> None:
+def _copied(source: OperatorBackend, target: OperatorBackend, name: str) -> Copied:
+    """Walk the kind in the source's key order (the copy's), comparing each batch with what
+    the target holds, until every record the target holds is found: the walk reads only the
+    part copied before, and it stops where the copy goes on (at the first batch the target
+    lacks part of, when the source changed since). The target's own key order is never used:
+    a text key sorts by each database's collation."""
+    held = target.count_records(name)
+    found, after, resume = 0, None, None
+    lacking = False
+    while found < held and (rows := source.table_rows(name, after, BATCH_ROWS)):
+        match = target.held_rows(name, rows)
+        if match.other:
+            raise _foreign(name, match.other)
+        if match.same < len(rows) and not lacking:
+            lacking, resume = True, after
+        found += match.same
+        after = source.primary_key(name, rows[-1])
+    if found < held:
+        raise _foreign(name, held - found)
+    return Copied(held, resume if lacking else after)
+
+
+def _foreign(name: str, rows: int) -> ForeignTargetError:
+    return ForeignTargetError(
+        f"the target already holds another store ({rows} row(s) of its table {name} are not "
+        "rows of this one); nothing was copied. Migrate into an empty database, or into the "
+        "target of an interrupted migration of this same store."
+    )
+
+
+def _check_before_writing(
+    source: OperatorBackend, target_config: GatewayConfig
+) -> dict[str, Copied] | None:
     """:func:`check_target` on the target opened read-only, so that another store is refused
-    before its writer lock is taken or its schema touched; a target that cannot be read as it
-    is (nothing there yet, an older schema) is checked once opened for writing."""
+    before its writer lock is taken or its schema touched; None for a target that cannot be
+    read as it is (nothing there yet, an older schema): it is checked once opened for
+    writing."""
     try:
         probe = open_operator(target_config, write=False, plugins=None)
     except StoreError:
-        return
+        return None
     try:
-        check_target(source, probe)
+        return check_target(source, probe)
     finally:
         probe.close()
 
 
 def copy_tables(
-    source: OperatorBackend, target: OperatorBackend, *, quiet: bool = False
+    source: OperatorBackend,
+    target: OperatorBackend,
+    copied: dict[str, Copied],
+    *,
+    quiet: bool = False,
 ) -> dict[str, int]:
-    """Copy the records ``target`` lacks, kind by kind, a batch per transaction (a progress bar
-    counts the source's records; ``quiet``: none); records inserted per kind.
-
-    Called once :func:`check_target` passed: every record of the target is then one of the
-    source's, so a kind with as many records in both is complete and is not walked again (a
-    resumed run walks only the kinds the interrupted one had not finished)."""
+    """Copy each kind from where ``copied`` (:func:`check_target`) says the earlier runs
+    stopped, a batch per transaction that skips the records the target holds (so a batch it
+    holds in part is harmless); records inserted per kind. A progress bar counts the records
+    the target holds of the source's total (``quiet``: none)."""
     kinds = source.record_kinds()
     counts = {name: source.count_records(name) for name in kinds.transfer}
     inserted = dict.fromkeys(kinds.transfer, 0)
     with progress("migrate", sum(counts.values()), quiet=quiet) as bar:
         for name in kinds.transfer:
-            if target.count_records(name) == counts[name]:
-                bar.advance(counts[name])
-                continue
-            after = None
+            bar.advance(copied[name].records)
+            after = copied[name].after
             while rows := source.table_rows(name, after, BATCH_ROWS):
-                inserted[name] += target.insert_missing(name, rows)
+                now = target.insert_missing(name, rows)
+                inserted[name] += now
                 after = source.primary_key(name, rows[-1])
-                bar.advance(len(rows))
+                bar.advance(now)
     after = None
     while sessions := source.table_rows(kinds.sessions, after, BATCH_ROWS):
         target.set_session_counts(sessions)  # the count trigger moved them during the copy
@@ -137,11 +174,12 @@ def migrate_command(args: argparse.Namespace, config: GatewayConfig) -> int:
         raise InvalidValueError("to", "--to names the store to migrate from; name another one.")
     source = open_operator(config, write=True)
     try:
-        _check_before_writing(source, target_config)
+        copied = _check_before_writing(source, target_config)
         target = open_operator(target_config, write=True, plugins=None)
         try:
-            check_target(source, target)
-            inserted = copy_tables(source, target, quiet=args.json)
+            if copied is None:
+                copied = check_target(source, target)
+            inserted = copy_tables(source, target, copied, quiet=args.json)
             counts = verify(source, target)
         finally:
             target.close()

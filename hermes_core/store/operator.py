@@ -69,6 +69,15 @@ class TableDigest:
 
 
 @dataclass(frozen=True, slots=True)
+class Held:
+    """How a kind holds some records of another store: ``same``, identically (key and values);
+    ``other``, under their key with other values; the rest it lacks."""
+
+    same: int
+    other: int
+
+
+@dataclass(frozen=True, slots=True)
 class RouteChecks:
     """A page of routing records as ``doctor`` checks them."""
 
@@ -165,8 +174,8 @@ class OperatorBackend(Protocol):
     def insert_missing(self, name: str, rows: Sequence[Mapping[str, Any]]) -> int:
         """Insert the records the kind lacks (by primary key), in one transaction."""
 
-    def foreign_rows(self, name: str, rows: Sequence[Mapping[str, Any]]) -> int:
-        """How many of ``rows`` (another store's) the kind lacks or holds otherwise."""
+    def held_rows(self, name: str, rows: Sequence[Mapping[str, Any]]) -> Held:
+        """How the kind holds ``rows`` (another store's records of it)."""
 
     def set_session_counts(self, rows: Sequence[Mapping[str, Any]]) -> None:
         """Set sessions' message counts and last activity to those of ``rows``."""

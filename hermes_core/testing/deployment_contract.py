@@ -23,6 +23,7 @@ from hermes_core.domain.models import MessageEvent
 from hermes_core.store import SessionStore
 from hermes_core.store.backend import LeaseTaken
 from hermes_core.store.mirror import read_mirror
+from hermes_core.store.operator import Held
 from hermes_core.testing import telegram_dm
 from hermes_core.testing.contract_base import DM_KEY, ContractBase, StoreFactory
 
@@ -187,7 +188,10 @@ class DeploymentContract(ContractBase):
                                    10) == []  # fmt: skip
         sessions = operator.table_rows(kinds.sessions, None, 10)
         assert [(row["id"], row["message_count"]) for row in sessions] == [(entry.session_id, 1)]
-        assert operator.foreign_rows(kinds.routes, routes) == 0
+        changed = {**routes[0], "session_id": "another"}
+        lacked = {**routes[0], "session_key": "agent:main:another"}
+        assert operator.held_rows(kinds.routes, routes) == Held(same=1, other=0)
+        assert operator.held_rows(kinds.routes, [changed, lacked]) == Held(same=0, other=1)
         digest = operator.table_digest(kinds.routes)
         assert digest.rows == 1
         assert operator.table_digest(kinds.routes) == digest

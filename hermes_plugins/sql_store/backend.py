@@ -34,7 +34,14 @@ from hermes_core.store.backend import (
     StoredKeys,
 )
 from hermes_core.store.bulk import ImportCounts, ImportedLane
-from hermes_core.store.operator import LaneFilter, LaneRow, RecordKinds, RouteChecks, TableDigest
+from hermes_core.store.operator import (
+    Held,
+    LaneFilter,
+    LaneRow,
+    RecordKinds,
+    RouteChecks,
+    TableDigest,
+)
 from hermes_plugins.sql_store.bulk import BulkRows
 from hermes_plugins.sql_store.checks import CheckRows
 from hermes_plugins.sql_store.connection import SqlConnection
@@ -399,8 +406,8 @@ class SqlBackend:
     def insert_missing(self, name: str, rows: Sequence[Mapping[str, Any]]) -> int:
         return self._operator.insert_missing(name, rows)
 
-    def foreign_rows(self, name: str, rows: Sequence[Mapping[str, Any]]) -> int:
-        return self._operator.foreign_rows(name, rows)
+    def held_rows(self, name: str, rows: Sequence[Mapping[str, Any]]) -> Held:
+        return self._operator.held_rows(name, rows)
 
     def set_session_counts(self, rows: Sequence[Mapping[str, Any]]) -> None:
         self._operator.set_session_counts(rows)

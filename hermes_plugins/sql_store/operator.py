@@ -7,11 +7,11 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, cast
 
 from sqlalchemy import Float, Table, bindparam, func, select, tuple_, update
 
-from hermes_core.store.operator import RecordKinds, TableDigest
+from hermes_core.store.operator import Held, RecordKinds, TableDigest
 from hermes_plugins.sql_store.connection import SqlConnection
 from hermes_plugins.sql_store.dialects.sqlite_fts import WATERMARK
 from hermes_plugins.sql_store.schema import (
@@ -22,7 +22,7 @@ from hermes_plugins.sql_store.schema import (
     state_meta,
 )
 from hermes_plugins.sql_store.search import STALE
-from hermes_plugins.sql_store.statements import Prepared
+from hermes_plugins.sql_store.statements import Prepared, _picker
 
 TRANSFER_TABLES = (
     "state_meta", "sessions", "messages", "gateway_routing", "delivery_obligations",
@@ -58,19 +58,21 @@ def _normal(table: Table, row: dict[str, Any]) -> dict[str, Any]:
     return row
 
 
-def _compared(table: Table, row: Mapping[str, Any]) -> tuple[Any, ...]:
-    """A copied row as :meth:`OperatorRows.foreign_rows` compares it: :func:`_normal`, in column
-    order, without the session columns a copy sets only at its end."""
-    values = _normal(table, dict(row))
-    left_out = _RECOUNTED if table is sessions else ()
-    return tuple(values[column.name] for column in table.columns if column.name not in left_out)
-
-
 _FLOATS = {
     name: tuple(column.name for column in table.columns if isinstance(column.type, Float))
     for name, table in metadata.tables.items()
 }
 """Each table's float columns."""
+_COMPARED = {
+    name: tuple(
+        column.name
+        for column in table.columns
+        if not (table is sessions and column.name in _RECOUNTED)
+    )
+    for name, table in metadata.tables.items()
+}
+"""Each table's columns as :meth:`OperatorRows.held_rows` compares a copied row: all but the
+session columns a copy sets only at its end."""
 DIGEST_ROWS = 2000
 """Rows per read of :meth:`OperatorRows.table_digest`."""
 
@@ -174,21 +176,24 @@ class OperatorRows:
         with self._conn.write(f"copying {name}") as cursor:
             return int(statement.run_many(cursor, rows).rowcount)
 
-    def foreign_rows(self, name: str, rows: Sequence[Mapping[str, Any]]) -> int:
-        """How many of ``rows`` (another store's rows of table ``name``) this table lacks or
-        holds with other values, the session columns a copy sets at its end aside: 0 when
-        they are part of a copy of this store."""
+    def held_rows(self, name: str, rows: Sequence[Mapping[str, Any]]) -> Held:
+        """How this table holds ``rows`` (another store's rows of table ``name``), read by
+        their keys and compared as tuples of :data:`_COMPARED` (an integral float equals its
+        int, as SQLite may return one): all ``same`` when they are part of a copy of this
+        store."""
         if not rows:
-            return 0
+            return Held(0, 0)
         table = _table(name)
-        keys = [self.primary_key(name, row) for row in rows]
-        query = select(table).where(tuple_(*table.primary_key.columns).in_(keys))
+        key = tuple(table.primary_key.columns)
+        key_of = _picker(tuple(column.name for column in key))
+        compared = _picker(_COMPARED[name])
+        keys = [key_of(row) for row in rows]
+        query = select(table).where(tuple_(*key).in_(keys))
         with self._conn.read(f"reading {name}") as conn:
-            found = [dict(row) for row in conn.execute(query).mappings()]
-        mine = {self.primary_key(name, row): _compared(table, row) for row in found}
-        return sum(
-            mine.get(key) != _compared(table, row) for key, row in zip(keys, rows, strict=True)
-        )
+            found = cast("list[Mapping[str, Any]]", conn.execute(query).mappings().all())
+        mine = {key_of(row): compared(row) for row in found}
+        same = sum(mine.get(k) == compared(row) for k, row in zip(keys, rows, strict=True))
+        return Held(same, len(mine) - same)
 
     def set_session_counts(self, rows: Sequence[Mapping[str, Any]]) -> None:
         """Give sessions the message counts and last activity of ``rows`` (the copy's source),
