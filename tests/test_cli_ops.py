@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 from support.populate import State, config_for, run
+from support.terminal import Terminal
 
 from conftest import builtins_only
 from hermes_core.cli.main import main
@@ -197,6 +198,22 @@ def test_import_sessions_json_adds_missing_lanes(
                        "--state-dir", str(home))  # fmt: skip
     assert code == 2
     assert "no such file" in err
+
+
+def test_import_sessions_json_shows_progress_on_a_terminal_and_none_with_json(
+    state: State, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    home, _ = state
+    mirror = home / "sessions" / "sessions.json"
+    for extra, drawn in (((), True), (("--json",), False)):
+        terminal = Terminal()
+        monkeypatch.setattr(sys, "stderr", terminal)
+        assert main(["import-sessions-json", str(mirror), "--state-dir", str(home), *extra]) == 0
+        shown = terminal.getvalue()
+        assert ("import-sessions-json: reading [" in shown) is drawn
+        assert ("] 3/3\n" in shown) is drawn  # the file's three entries, each read
+        assert ("import-sessions-json: writing [" in shown) is drawn
+    assert json.loads(capsys.readouterr().out.split("imported 0 lane(s)\n")[-1]) == {"imported": 0}
 
 
 def test_recover_dry_run_reports_what_start_up_would_do(

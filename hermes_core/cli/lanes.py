@@ -191,8 +191,11 @@ def import_command(args: argparse.Namespace, config: GatewayConfig) -> int:
     """``import-sessions-json PATH``."""
     if not args.path.is_file():
         raise InvalidValueError("path", f"{args.path}: no such file; name a sessions.json.")
-    with open_store(config, write=True) as store:
-        imported = store.import_sessions_json(args.path, strict=True)
+    with (
+        open_store(config, write=True) as store,
+        progress("import-sessions-json", 0, quiet=args.json) as bar,
+    ):
+        imported = store.import_sessions_json(args.path, strict=True, progress=bar.told)
     return _report(args, {"imported": imported}, f"imported {imported} lane(s)")
 
 

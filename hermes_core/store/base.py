@@ -23,6 +23,18 @@ MAINTENANCE_BATCH = 1_000
 steps, and the turns' steps run between them instead of waiting for the whole pass."""
 
 
+class PhaseProgress(Protocol):
+    """Told of a long operation's progress: ``count`` more items of phase ``phase`` done, of
+    ``total`` (0: unknown). A re-key tells ``reading`` rows and ``moving`` batches; an import
+    of sessions.json, ``reading`` entries and ``writing`` them."""
+
+    def __call__(self, phase: str, count: int, *, total: int) -> None: ...
+
+
+def untold(phase: str, count: int, *, total: int) -> None:
+    """A :class:`PhaseProgress` for no progress to show."""
+
+
 class OnWriter(Protocol):
     """A service whose mutating methods run on the store's writer."""
 

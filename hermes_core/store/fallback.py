@@ -19,7 +19,7 @@ from hermes_core.domain.models import SessionEntry
 from hermes_core.plugins.manager import HermesPluginManager
 from hermes_core.store.backend import Maintenance
 from hermes_core.store.backing import Backing
-from hermes_core.store.base import MIRROR_IMPORTED, exclusive
+from hermes_core.store.base import MIRROR_IMPORTED, PhaseProgress, exclusive, untold
 from hermes_core.store.capabilities import BoundBackend
 from hermes_core.store.entries import EntryCache
 from hermes_core.store.mirror import (
@@ -77,25 +77,30 @@ class Fallback:
             logger.warning("imported the routing index from %s", self._mirror.path)
 
     @exclusive
-    def import_sessions_json(self, path: str | Path, *, strict: bool = False) -> int:
+    def import_sessions_json(
+        self, path: str | Path, *, strict: bool = False, progress: PhaseProgress | None = None
+    ) -> int:
         """Import the entries of a sessions.json whose keys the routing table lacks. A file that
         is missing or not a JSON object imports nothing with a warning, or with ``strict`` (a
-        file an operator named) raises :class:`InvalidValueError` before anything is written."""
+        file an operator named) raises :class:`InvalidValueError` before anything is written.
+        ``progress`` is told of each entry ``reading`` (checked and made into rows), then of
+        the entries ``writing`` once their one transaction commits."""
         meta = self._backing.bound.maintenance
         if meta is None:
             raise StoreUnavailableError(
                 self._backing.without("maintenance", "Importing sessions.json")
             )
-        entries = [
-            (
-                entry.to_dict(),
-                session_row_from_entry(entry, parent_session_id=entry.prev_session_id),
-            )
-            for entry in load_mirror(Path(path), self._plugins, strict=strict).entries.values()
-            if self._origin_matches(entry, path)
-        ]
+        told = progress or untold
+        loaded = load_mirror(Path(path), self._plugins, strict=strict).entries
+        entries = []
+        for entry in loaded.values():
+            if self._origin_matches(entry, path):
+                row = session_row_from_entry(entry, parent_session_id=entry.prev_session_id)
+                entries.append((entry.to_dict(), row))
+            told("reading", 1, total=len(loaded))
         with self._backing.canonical:
             imported = meta.import_routes(entries, (MIRROR_IMPORTED, str(time.time())))
+        told("writing", len(entries), total=len(entries))
         if imported:
             self._cache.routing_changed()
             self.flush_mirror(force=True)

@@ -35,12 +35,12 @@ from hermes_core.domain.models import SessionSource
 from hermes_core.plugins.manager import HermesPluginManager
 from hermes_core.store.backend import EntryDict, KeyMoves, StoredKeys
 from hermes_core.store.backing import Backing
-from hermes_core.store.base import KEY_SCHEMA_META, REKEYING, exclusive
+from hermes_core.store.base import KEY_SCHEMA_META, REKEYING, PhaseProgress, exclusive, untold
 from hermes_core.store.counts import RestartCountStore
 from hermes_core.store.entries import EntryCache
 from hermes_core.store.fallback import Fallback
 from hermes_core.store.keyschema import check_forums, general_topic_keys, keys_in_both
-from hermes_core.store.rekey_report import Collision, Forum, RekeyProgress, RekeyReport
+from hermes_core.store.rekey_report import Collision, Forum, RekeyReport
 from hermes_core.store.writer import StoreWriter
 
 logger = logging.getLogger(__name__)
@@ -279,10 +279,6 @@ class _Planner:
         return order
 
 
-def _untold(phase: str, count: int, *, total: int) -> None:
-    """No progress to show."""
-
-
 def _json(text: str | None) -> Any:
     """Parsed JSON text, or None when there is none or it is malformed."""
     try:
@@ -320,7 +316,7 @@ class Rekeying:
         dry_run: bool = False,
         batch_size: int = 500,
         forums: Sequence[Forum] = (),
-        progress: RekeyProgress | None = None,
+        progress: PhaseProgress | None = None,
     ) -> RekeyReport:
         """Move every lane of a v1 store to its v2 key, or with ``forums`` ((platform, chat id)
         pairs) the thread-less lanes of those forums to their General topic, ``batch_size`` keys per
@@ -330,14 +326,14 @@ class Rekeying:
         row read (phase ``reading``, total 0: unknown) and each batch committed (``moving``)."""
         chats = tuple(sorted(set(forums)))
         check_forums(frozenset(chats), self._plugins)
-        told = progress or _untold
+        told = progress or untold
         if dry_run:
             return self._rekey(True, batch_size, chats, told)
         return self._rekey_exclusively(batch_size, chats, told)
 
     @exclusive
     def _rekey_exclusively(
-        self, batch_size: int, forums: tuple[Forum, ...], progress: RekeyProgress
+        self, batch_size: int, forums: tuple[Forum, ...], progress: PhaseProgress
     ) -> RekeyReport:
         return self._rekey(False, batch_size, forums, progress)
 
@@ -352,7 +348,7 @@ class Rekeying:
         )  # fmt: skip
 
     def _rekey(
-        self, dry_run: bool, batch_size: int, forums: tuple[Forum, ...], progress: RekeyProgress
+        self, dry_run: bool, batch_size: int, forums: tuple[Forum, ...], progress: PhaseProgress
     ) -> RekeyReport:
         backing = self._backing
         sql = backing.bound.maintenance

@@ -3,17 +3,10 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
 Forum = tuple[str, str]
 """A forum chat: (platform, chat id)."""
-
-
-class RekeyProgress(Protocol):
-    """Told of a re-key's progress: ``count`` more items of phase ``phase`` (``reading`` rows,
-    ``moving`` batches) done, of ``total`` (0: unknown)."""
-
-    def __call__(self, phase: str, count: int, *, total: int) -> None: ...
 
 
 @dataclass(frozen=True)

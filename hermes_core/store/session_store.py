@@ -32,6 +32,7 @@ from hermes_core.plugins.manager import HermesPluginManager, default_plugin_mana
 from hermes_core.state.files import ensure_private_dir
 from hermes_core.store.backend import DeadLetter, Message, SearchHit, SessionRow
 from hermes_core.store.backing import Backing
+from hermes_core.store.base import PhaseProgress
 from hermes_core.store.counts import RestartCountStore
 from hermes_core.store.entries import EntryCache
 from hermes_core.store.fallback import Fallback
@@ -41,7 +42,7 @@ from hermes_core.store.obligations import Obligations
 from hermes_core.store.pruning import Pruner
 from hermes_core.store.queue_rows import QueueRows
 from hermes_core.store.rekey import Rekeying
-from hermes_core.store.rekey_report import Forum, RekeyProgress, RekeyReport
+from hermes_core.store.rekey_report import Forum, RekeyReport
 from hermes_core.store.routing import RoutingTable
 from hermes_core.store.sessions import Sessions
 from hermes_core.store.transcripts import Transcripts
@@ -354,7 +355,7 @@ class SessionStore:
 
     def rekey(
         self, *, dry_run: bool = False, batch_size: int = 500, forums: Sequence[Forum] = (),
-        progress: RekeyProgress | None = None,
+        progress: PhaseProgress | None = None,
     ) -> RekeyReport:  # fmt: skip
         """Move every lane of a v1 store to its v2 key, or the thread-less lanes of the forum
         chats ``forums`` to their general topic (``hermes-sessions rekey``), ``batch_size`` keys
@@ -363,11 +364,14 @@ class SessionStore:
             dry_run=dry_run, batch_size=batch_size, forums=forums, progress=progress
         )
 
-    def import_sessions_json(self, path: str | Path, *, strict: bool = False) -> int:
+    def import_sessions_json(
+        self, path: str | Path, *, strict: bool = False, progress: PhaseProgress | None = None
+    ) -> int:
         """Import the entries of a sessions.json whose keys the routing table lacks; the
         number imported. ``strict``: a file that is missing or not a JSON object raises
-        :class:`~hermes_core.domain.errors.InvalidValueError` instead of importing nothing."""
-        return self._fallback.import_sessions_json(path, strict=strict)
+        :class:`~hermes_core.domain.errors.InvalidValueError` instead of importing nothing.
+        ``progress`` is told of each entry read and of the entries written."""
+        return self._fallback.import_sessions_json(path, strict=strict, progress=progress)
 
     # -- the writer, health, close -----------------------------------------------------------------
 
