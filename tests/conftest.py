@@ -245,3 +245,25 @@ def settings(request: pytest.FixtureRequest) -> dict[str, Any]:
         request.getfixturevalue("empty_database")
         return {"storage": {"url": POSTGRES_URL}}
     return {}
+
+
+@pytest.fixture
+def open_store(settings: dict[str, Any], tmp_path: Path) -> Iterator[Callable[..., Any]]:
+    """Opens stores over one state directory on each backend (:func:`settings`), the settings
+    it is given over the backend's (``open_store(gateway={...})``); all are closed at the end."""
+    from hermes_core import GatewayConfig
+    from hermes_core.store import SessionStore
+    from hermes_core.testing import fresh_plugin_manager
+
+    home = tmp_path / "home"
+    opened: list[SessionStore] = []
+
+    def open_(**given: Any) -> SessionStore:
+        config = GatewayConfig.from_dict({**settings, **given}, environ={"HERMES_HOME": str(home)})
+        store = SessionStore.open(config, plugins=fresh_plugin_manager(home))
+        opened.append(store)
+        return store
+
+    yield open_
+    for store in opened:
+        store.close()

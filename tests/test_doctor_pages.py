@@ -4,7 +4,6 @@ terminal but not with ``--json``."""
 
 from __future__ import annotations
 
-import io
 import json
 from dataclasses import asdict
 from pathlib import Path
@@ -12,6 +11,7 @@ from typing import Any
 
 import pytest
 from sqlalchemy import create_engine, text
+from support.terminal import Terminal
 
 from hermes_core.cli.doctor import run_checks
 from hermes_core.cli.main import main
@@ -66,11 +66,6 @@ def test_findings_are_the_same_in_one_page_or_many(
     assert found["routing"]["detail"].count("which does not exist") == 2
     if not settings:  # sessions.json is written for SQLite
         assert found["mirror"]["detail"].endswith("disagrees with the routing table on 2 lane(s)")
-
-
-class Terminal(io.StringIO):
-    def isatty(self) -> bool:
-        return True
 
 
 def test_progress_is_drawn_on_a_terminal_and_not_with_json(

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 from support.populate import populate, run
+from support.terminal import Terminal
 
 from hermes_core.cli.common import Progress
 
@@ -101,17 +102,12 @@ def test_an_export_that_fails_leaves_the_file_as_it_was(
     assert [path.name for path in target.parent.iterdir()] == ["export.jsonl"]
 
 
-class _Terminal(io.StringIO):
-    def isatty(self) -> bool:
-        return True
-
-
 def test_progress_is_drawn_on_a_terminal_only_and_at_most_every_interval(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     clock = [0.0]
     monkeypatch.setattr(time, "monotonic", lambda: clock[0])
-    terminal = _Terminal()
+    terminal = Terminal()
     bar = Progress("export", 1000, terminal)
     for _ in range(1000):  # a millisecond per item: a second in all
         bar.advance()

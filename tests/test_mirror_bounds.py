@@ -14,12 +14,10 @@ from typing import Any
 
 import pytest
 
-from conftest import POSTGRES_URL
-from hermes_core import GatewayConfig
 from hermes_core.domain.errors import StoreError
 from hermes_core.store import SessionStore
 from hermes_core.store.mirror import MIRROR_README, MirrorTooLargeError, MirrorWriter
-from hermes_core.testing import fresh_plugin_manager, telegram_dm
+from hermes_core.testing import telegram_dm
 
 Opener = Callable[..., SessionStore]
 
@@ -96,26 +94,9 @@ def test_more_entries_than_allowed_write_nothing(tmp_path: Path) -> None:
 # -- the store -------------------------------------------------------------------------------------
 
 
-@pytest.fixture(params=["sqlite", "postgresql"])
-def open_store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Opener]:
-    """Opens stores over one state directory, the mirror kept; all are closed at the end."""
-    if request.param == "postgresql":
-        request.getfixturevalue("empty_database")
-    opened: list[SessionStore] = []
-
-    def open_(**gateway: Any) -> SessionStore:
-        settings: dict[str, Any] = {"gateway": {"write_sessions_json": True, **gateway}}
-        if request.param == "postgresql":
-            settings["storage"] = {"url": POSTGRES_URL}
-        home = tmp_path / "home"
-        config = GatewayConfig.from_dict(settings, environ={"HERMES_HOME": str(home)})
-        store = SessionStore.open(config, plugins=fresh_plugin_manager(home))
-        opened.append(store)
-        return store
-
-    yield open_
-    for store in opened:
-        store.close()
+def mirrored(**gateway: Any) -> dict[str, Any]:
+    """The gateway settings of a store that keeps the mirror (and ``gateway``)."""
+    return {"write_sessions_json": True, **gateway}
 
 
 # Keys whose order differs between code points ("B" < "_" < "a") and a linguistic collation.
@@ -123,7 +104,7 @@ CHATS = ("b", "B", "a", "_x", "Ä", "10", "9")
 
 
 def test_store_mirror_is_todays_document(open_store: Opener) -> None:
-    store = open_store()
+    store = open_store(gateway=mirrored())
     for chat in CHATS:
         store.get_or_create_session(telegram_dm(chat, chat_name=f"Chat {chat} ✓"))
     store.close()
@@ -135,7 +116,7 @@ def test_store_mirror_is_todays_document(open_store: Opener) -> None:
 def test_past_the_limit_the_mirror_is_removed_with_one_warning(
     open_store: Opener, caplog: pytest.LogCaptureFixture
 ) -> None:
-    store = open_store(sessions_json_max_lanes=3)
+    store = open_store(gateway=mirrored(sessions_json_max_lanes=3))
     mirror = store.sessions_dir / "sessions.json"
     for chat in CHATS[:3]:
         store.get_or_create_session(telegram_dm(chat))
@@ -152,6 +133,6 @@ def test_past_the_limit_the_mirror_is_removed_with_one_warning(
     assert len(warnings) == 1
     assert "more than gateway.sessions_json_max_lanes (3) lanes" in warnings[0]
     assert "removed the outdated" in warnings[0]
-    again = open_store(sessions_json_max_lanes=5)  # raised: written again
+    again = open_store(gateway=mirrored(sessions_json_max_lanes=5))  # raised: written again
     again.close()
     assert len(json.loads(mirror.read_bytes())) == 6

@@ -46,7 +46,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -55,29 +55,12 @@ from test_shared_handoff import LONG, _turn_with_reply
 from test_shared_routing import _one_turn
 from test_shared_takeover import SOURCE, Held, _gateway, _message, _wait
 
-from hermes_core import EchoAgent, GatewayConfig, MessageEvent
+from hermes_core import EchoAgent, MessageEvent
 from hermes_core.store import SessionStore
-from hermes_core.testing import fresh_plugin_manager, telegram_dm
+from hermes_core.testing import telegram_dm
 from hermes_core.turns.ledger import SendResult
 
 Opener = Callable[[], SessionStore]
-
-
-@pytest.fixture
-def open_store(settings: dict[str, Any], tmp_path: Path) -> Iterator[Opener]:
-    """Opens stores (single-process) over one state directory, on each backend."""
-    home = tmp_path / "home"
-    opened: list[SessionStore] = []
-
-    def open_() -> SessionStore:
-        config = GatewayConfig.from_dict(settings, environ={"HERMES_HOME": str(home)})
-        store = SessionStore.open(config, plugins=fresh_plugin_manager(home))
-        opened.append(store)
-        return store
-
-    yield open_
-    for store in opened:
-        store.close()
 
 
 def _counting_reads(monkeypatch: pytest.MonkeyPatch, store: SessionStore) -> list[str]:

@@ -10,7 +10,7 @@ import os
 import stat
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -20,7 +20,6 @@ from sqlalchemy import bindparam, delete, update
 from sqlalchemy.dialects import sqlite
 from support.database import run_sql
 
-from conftest import POSTGRES_URL
 from hermes_core import GatewayConfig, MessageEvent
 from hermes_core.domain.errors import (
     InvalidValueError,
@@ -42,30 +41,10 @@ from hermes_plugins.sql_store.statements import Prepared
 Opener = Callable[..., SessionStore]
 
 
-@pytest.fixture(params=["sqlite", "postgresql"])
-def backend(request: pytest.FixtureRequest) -> str:
-    if request.param == "postgresql":
-        request.getfixturevalue("empty_database")
-    return str(request.param)
-
-
 @pytest.fixture
-def open_store(backend: str, tmp_path: Path) -> Iterator[Opener]:
-    """Opens stores over one state directory; all are closed at the end."""
-    home = tmp_path / "home"
-    opened: list[SessionStore] = []
-
-    def open_(**settings: Any) -> SessionStore:
-        if backend == "postgresql":
-            settings.setdefault("storage", {"url": POSTGRES_URL})
-        config = GatewayConfig.from_dict(settings, environ={"HERMES_HOME": str(home)})
-        store = SessionStore.open(config, plugins=fresh_plugin_manager(home))
-        opened.append(store)
-        return store
-
-    yield open_
-    for store in opened:
-        store.close()
+def backend(settings: dict[str, Any]) -> str:
+    """The backend of the test's stores (:func:`conftest.settings`' parameter)."""
+    return "postgresql" if settings else "sqlite"
 
 
 def sql(store: SessionStore, statement: str, **params: Any) -> list[Any]:

@@ -4,18 +4,16 @@ and message accounted for and nothing moved twice; on SQLite and PostgreSQL."""
 
 from __future__ import annotations
 
-import io
 import os
 import signal
-import subprocess
-import sys
-import textwrap
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 from support.database import run_sql
+from support.killing import dies_after, run_killed
+from support.terminal import Terminal
 
 from hermes_core import GatewayConfig, build_session_key
 from hermes_core.cli import common
@@ -65,16 +63,10 @@ def transcripts(config: GatewayConfig, home: Path, ids: dict[str, str]) -> dict[
         }
 
 
-def killed_child(home: Path, patch: str, command: list[str]) -> int:
-    """Run ``hermes-sessions COMMAND`` in a child process with ``patch`` applied first (it kills
-    the child midway); its exit status."""
-    script = (
-        textwrap.dedent(patch) + f"\nfrom hermes_core.cli.main import main\nmain({command!r})\n"
-    )
-    env = {**os.environ, "HERMES_HOME": str(home)}
-    return subprocess.run(
-        [sys.executable, "-c", script], check=False, env=env, timeout=120
-    ).returncode
+def killed(home: Path, patch: str, command: list[str]) -> int:
+    """``hermes-sessions COMMAND`` on ``home`` in a child process that ``patch`` kills midway;
+    its exit status."""
+    return run_killed(patch, command, {**os.environ, "HERMES_HOME": str(home)})
 
 
 def make_idle(config: GatewayConfig) -> None:
@@ -103,21 +95,11 @@ def test_prune_in_pages_removes_every_idle_lane_and_tells_each_page(
     assert transcripts(config, hermes_home, ids)["4"] == ["hello 4", "bye 4"]
 
 
-PRUNE_KILLED = """
-    import os, signal
-    import hermes_core.store.pruning as pruning
-    from hermes_plugins.sql_store.backend import SqlBackend
-    pruning.MAINTENANCE_BATCH = 3
-    real = SqlBackend.delete_idle_routes
-    done = []
-    def delete_then_die(self, keys, cutoff):
-        removed = real(self, keys, cutoff)
-        done.append(1)
-        if len(done) == 2:
-            os.kill(os.getpid(), signal.SIGKILL)
-        return removed
-    SqlBackend.delete_idle_routes = delete_then_die
-"""
+PRUNE_KILLED = dies_after(
+    "hermes_plugins.sql_store.backend:SqlBackend.delete_idle_routes", 2,
+    setup="import hermes_core.store.pruning as pruning\npruning.MAINTENANCE_BATCH = 3",
+)  # fmt: skip
+"""``prune`` in pages of three lanes, killed once its second page is removed."""
 
 
 def test_a_prune_killed_midway_is_finished_by_running_it_again(
@@ -127,7 +109,7 @@ def test_a_prune_killed_midway_is_finished_by_running_it_again(
     ids = populate(config, hermes_home)
     before = transcripts(config, hermes_home, ids)
     make_idle(config)
-    status = killed_child(hermes_home, PRUNE_KILLED, ["prune", "--days", "1", "--json"])
+    status = killed(hermes_home, PRUNE_KILLED, ["prune", "--days", "1", "--json"])
     assert status == -signal.SIGKILL
     assert census(config) == (LANES - 6, LANES, 2 * LANES)  # two pages of three committed
     with SessionStore.open(config, plugins=fresh_plugin_manager(hermes_home)) as store:
@@ -173,20 +155,12 @@ def test_rekey_in_batches_moves_every_lane_once(
     assert transcripts(v2_config, hermes_home, ids) == before
 
 
-REKEY_KILLED = """
-    import os, signal
-    from hermes_core.store.rekey import RekeyPlan
-    from hermes_plugins.sql_store.rekey import RekeyRows
-    real_batches, real_move = RekeyPlan.batches, RekeyRows.move_keys
-    RekeyPlan.batches = lambda self, size, schema="v2": real_batches(self, 4, schema)
-    done = []
-    def move_then_die(self, moves):
-        real_move(self, moves)
-        done.append(1)
-        if len(done) == 3:
-            os.kill(os.getpid(), signal.SIGKILL)
-    RekeyRows.move_keys = move_then_die
-"""
+REKEY_KILLED = dies_after(
+    "hermes_plugins.sql_store.rekey:RekeyRows.move_keys", 3,
+    setup="from hermes_core.store.rekey import RekeyPlan\nreal_batches = RekeyPlan.batches\n"
+    "RekeyPlan.batches = lambda self, size, schema='v2': real_batches(self, 4, schema)",
+)  # fmt: skip
+"""``rekey`` in batches of four lanes, killed once its third batch is moved."""
 
 
 def test_a_rekey_killed_midway_is_finished_by_running_it_again(
@@ -196,7 +170,7 @@ def test_a_rekey_killed_midway_is_finished_by_running_it_again(
     ids = populate(config, hermes_home)
     before = transcripts(config, hermes_home, ids)
     v2_config = configure(hermes_home, settings, "v2")
-    status = killed_child(hermes_home, REKEY_KILLED, ["rekey", "--to", "v2", "--json"])
+    status = killed(hermes_home, REKEY_KILLED, ["rekey", "--to", "v2", "--json"])
     assert status == -signal.SIGKILL
     with pytest.raises(KeySchemaError, match="was interrupted"):
         SessionStore.open(v2_config, plugins=fresh_plugin_manager(hermes_home))
@@ -214,11 +188,6 @@ def test_a_rekey_killed_midway_is_finished_by_running_it_again(
 
 
 # -- progress on a terminal ------------------------------------------------------------------------
-
-
-class Terminal(io.StringIO):
-    def isatty(self) -> bool:
-        return True
 
 
 def test_progress_redraws_at_most_once_an_interval_and_never_when_quiet(
