@@ -217,22 +217,40 @@ def test_a_rare_word_only_in_the_oldest_messages(pg_store: SessionStore) -> None
     _agrees(pg_store, ["quokka", "kiwi"], session_key=entry.session_key)
 
 
-def test_a_rare_word_takes_two_statements(pg_store: SessionStore) -> None:
+def _searched(store: SessionStore, query: str, seen: Callable[[Any], object]) -> list[object]:
+    """What ``seen`` gives of each connection after each statement of a search that reads the
+    messages, with the search's hits."""
+    statements: list[object] = []
+
+    def record(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
+        if "FROM messages" in statement:
+            statements.append(seen(conn))
+
+    event.listen(Engine, "after_cursor_execute", record)
+    try:
+        assert len(store.search(query)) == 1
+    finally:
+        event.remove(Engine, "after_cursor_execute", record)
+    return statements
+
+
+def test_a_rare_word_takes_three_statements(pg_store: SessionStore) -> None:
     session_id = pg_store.get_or_create_session(telegram_dm("1")).session_id
     _append(pg_store, session_id, ["quokka"] + [FILLER] * 30)
-    statements: list[str] = []
+    statements = _searched(pg_store, "quokka", lambda conn: None)
+    # the newest id, the sample with the newest ids walked, then the GIN index (or, when one
+    # probe covers all, nothing more)
+    assert len(statements) == (2 if postgresql_search.PROBE_ROWS > 31 else 3)
 
-    def count(*args: Any) -> None:
-        if "FROM messages" in args[2]:
-            statements.append(args[2])
 
-    event.listen(Engine, "before_cursor_execute", count)
-    try:
-        assert len(pg_store.search("quokka")) == 1
-    finally:
-        event.remove(Engine, "before_cursor_execute", count)
-    # the first statement, then the GIN index (or, when one probe covers all, nothing more)
-    assert len(statements) == (1 if postgresql_search.PROBE_ROWS > 31 else 2)
+def test_a_search_runs_without_jit(pg_store: SessionStore) -> None:
+    """JIT compilation (0.6 s when the planner misjudges a read's rows) is off for the search's
+    statements after the first."""
+    session_id = pg_store.get_or_create_session(telegram_dm("1")).session_id
+    _append(pg_store, session_id, ["quokka"] + [FILLER] * 30)
+    settings = _searched(pg_store, "quokka", lambda conn: conn.exec_driver_sql("SHOW jit").scalar())
+    assert len(settings) >= 2
+    assert set(settings) == {"off"}
 
 
 def test_windows_grow_while_walking_is_cheaper_than_reading_older_matches() -> None:
