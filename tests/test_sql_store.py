@@ -500,6 +500,26 @@ def test_version_eight_moves_an_owed_streamed_reply_into_its_row(
     assert kept.metadata == {STREAM_METADATA: layout, "topic": "kept"}
 
 
+def test_version_nine_indexes_the_lanes_to_resume(open_store: Opener, backend: str) -> None:
+    """Version 10 reads the lanes marked to resume through a partial index (a gateway's start
+    no longer scans every routing row); the upgrade adds it to a version 9 store."""
+    store = open_store()
+    lanes = [store.get_or_create_session(telegram_dm(str(user))) for user in range(3)]
+    store.mark_resume_pending(lanes[1].session_key, "restart_timeout")
+    store.close()
+    sql(store, "DROP INDEX ix_gateway_routing_resume")
+    sql(store, "UPDATE schema_version SET version = 9")
+    upgraded = open_store()
+    assert sql(upgraded, "SELECT version FROM schema_version")[0][0] == SCHEMA_VERSION
+    assert "ix_gateway_routing_resume" in _indexes(upgraded, backend)
+    marked = upgraded.list_sessions(resume_pending=True)
+    assert [entry.session_key for entry in marked] == [lanes[1].session_key]
+    if backend == "sqlite":
+        plan = sql(upgraded, "EXPLAIN QUERY PLAN SELECT session_key FROM gateway_routing "
+                   "WHERE resume_pending != 0 ORDER BY session_key")  # fmt: skip
+        assert "ix_gateway_routing_resume" in " ".join(str(row) for row in plan)
+
+
 # -- sessions.json mirror ------------------------------------------------------------------------
 
 

@@ -13,7 +13,7 @@ from contextlib import contextmanager
 from dataclasses import replace
 from typing import Any
 
-from sqlalchemy import func, select, true
+from sqlalchemy import func, literal_column, select, true
 
 from hermes_core.domain.errors import LeaseLostError, shown
 from hermes_core.domain.models import SessionEntry
@@ -29,7 +29,7 @@ from hermes_plugins.sql_store.rows import (
     route_params,
     session_values,
 )
-from hermes_plugins.sql_store.schema import gateway_routing
+from hermes_plugins.sql_store.schema import RESUME_MARKED, gateway_routing
 from hermes_plugins.sql_store.statements import Prepared, idle_route
 from hermes_plugins.sql_store.transcripts import TranscriptRows
 
@@ -165,8 +165,9 @@ class RoutingRows:
         return self._routes(where, "reading turn markers")
 
     def routes_to_resume(self) -> list[EntryDict]:
-        """Every entry marked ``resume_pending`` (the column, not the entry's JSON)."""
-        return self._routes(gateway_routing.c.resume_pending != 0, "reading lanes to resume")
+        """Every entry marked ``resume_pending`` (the column, not the entry's JSON), read
+        through the partial index of those lanes (:data:`RESUME_MARKED`)."""
+        return self._routes(literal_column(RESUME_MARKED), "reading lanes to resume")
 
     def count_routes(self) -> int:
         """The number of routing rows."""

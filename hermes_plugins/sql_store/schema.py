@@ -25,6 +25,7 @@ from sqlalchemy import (
     Table,
     Text,
     inspect,
+    literal_column,
     select,
     update,
 )
@@ -96,6 +97,10 @@ messages = Table(
     Index("ix_messages_session_id", "session_id", "id"),
 )
 
+RESUME_MARKED = "resume_pending != 0"
+"""The condition of the partial index of the lanes marked to resume, as the query reading them
+spells it too (with no parameter, the planner can prove the index covers it)."""
+
 gateway_routing = Table(
     "gateway_routing",
     metadata,
@@ -110,6 +115,12 @@ gateway_routing = Table(
     Column("entry_json", Text, nullable=False),
     Index("ix_gateway_routing_session_id", "session_id"),
     Index("ix_gateway_routing_updated", Column("updated_at").desc(), "session_key"),
+    Index(
+        "ix_gateway_routing_resume",
+        "session_key",
+        sqlite_where=literal_column(RESUME_MARKED),
+        postgresql_where=literal_column(RESUME_MARKED),
+    ),
 )
 
 delivery_obligations = Table(
@@ -349,10 +360,20 @@ def _v9_streamed_reply_rows(conn: Connection, dialect: Dialect) -> None:
         )
 
 
+def _v10_lanes_to_resume(conn: Connection, dialect: Dialect) -> None:
+    """Version 10: an index of the lanes marked ``resume_pending`` only (a partial index: no
+    turn writes it), which a gateway reads at its start; without it that read scanned every
+    routing row (0.6 s at a million lanes)."""
+    conn.exec_driver_sql(
+        "CREATE INDEX IF NOT EXISTS ix_gateway_routing_resume ON gateway_routing "
+        f"(session_key) WHERE {RESUME_MARKED}"
+    )
+
+
 MIGRATIONS: tuple[Callable[[Connection, Dialect], None], ...] = (
     _v1_canonical, _v2_search, _v3_redelivery_and_dead_letters, _v4_index_behind_a_watermark,
     _v5_shared_instances, _v6_fewer_pages_per_turn, _v7_lease_waiting, _v8_lanes_by_activity,
-    _v9_streamed_reply_rows,
+    _v9_streamed_reply_rows, _v10_lanes_to_resume,
 )  # fmt: skip
 """Upgrade steps; step ``n`` brings a database from version ``n`` to ``n + 1``."""
 
