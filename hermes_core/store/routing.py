@@ -111,10 +111,8 @@ class RoutingTable:
         entry = self._cache.get(session_key)
         if entry is not None:
             return entry
-        absent: set[str] | None = getattr(self._batch, "absent", None)
-        if absent and session_key in absent:
-            absent.discard(session_key)  # read with the batch's other lanes: no route
-            return None
+        if self._unmark(session_key):
+            return None  # read with the batch's other lanes: no route
         backing = self._backing
         leases, revision = backing.bound.leases, None
         with backing.canonical:
@@ -173,6 +171,15 @@ class RoutingTable:
             yield
         finally:
             self._batch.absent = None
+
+    def _unmark(self, session_key: str) -> bool:
+        """Whether the open batch of the calling thread read ``session_key`` without a live
+        route, with no load or write of it since; either way it is unmarked now."""
+        absent: set[str] | None = getattr(self._batch, "absent", None)
+        if not absent or session_key not in absent:
+            return False
+        absent.discard(session_key)
+        return True
 
     @staticmethod
     def snapshot(entry: SessionEntry) -> SessionEntry:
@@ -238,9 +245,7 @@ class RoutingTable:
         """Cache the key's entry as read or written at ``revision`` (see
         :meth:`EntryCache.put`)."""
         shared = self._backing.bound.leases is not None
-        absent: set[str] | None = getattr(self._batch, "absent", None)
-        if absent:
-            absent.discard(session_key)  # written since the batch read it
+        self._unmark(session_key)  # written since its batch read it
         self._cache.put(session_key, entry, revision, shared=shared)
 
     def remember(self, entry: SessionEntry, revision: int | None = None) -> None:
@@ -249,9 +254,7 @@ class RoutingTable:
 
     def forget(self, session_key: str) -> None:
         """Drop the key's cached entry: the next use reads its row."""
-        absent: set[str] | None = getattr(self._batch, "absent", None)
-        if absent:
-            absent.discard(session_key)
+        self._unmark(session_key)
         self._cache.forget(session_key)
 
     def cached_revision(self, session_key: str) -> int | None:
