@@ -152,9 +152,10 @@ class RoutingTable:
         Only on a single-instance store whose backend declares ``route_batches`` (a shared
         store's lease grant reads a cold lane's route in its own statement already)."""
         bound = self._backing.bound
-        batches, keys = bound.batches, {clean_text(key) for key in session_keys}
-        missing = [key for key in keys if not self._cache.holds(key)] if batches else []
-        if batches is None or bound.leases is not None or not missing:
+        batches = bound.batches if bound.leases is None else None
+        keys = {clean_text(key) for key in session_keys} if batches is not None else ()
+        missing = [key for key in keys if not self._cache.holds(key)]
+        if batches is None or not missing:
             yield
             return
         with self._backing.canonical:
