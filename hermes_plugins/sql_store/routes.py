@@ -40,6 +40,14 @@ ROUTE_BATCH = 1000
 """Rows fetched at a time by a streamed read of the routing index."""
 
 
+def _ended_entry(row: Mapping[str, Any]) -> dict[str, Any]:
+    """A route read with its session's end (:data:`SESSION_ENDED`; NULL: no session row, so
+    not ended) as the entry mapping the store takes."""
+    entry = route_entry(row)
+    entry[SESSION_ENDED] = bool(row[SESSION_ENDED])
+    return entry
+
+
 class RoutingRows:
     """Routing rows; each write is one transaction. A turn's start dequeues through ``queue``
     and stores the user's message through ``transcripts``."""
@@ -116,11 +124,7 @@ class RoutingRows:
         from the same statement), and its row's revision; or None."""
         params = {"session_key": session_key}
         row = self._conn.row(self._sql.select_route, params, "reading a route")
-        if row is None:
-            return None
-        entry = route_entry(row)
-        entry[SESSION_ENDED] = bool(row[SESSION_ENDED])  # NULL: no session row, not ended
-        return entry, int(row["revision"])
+        return None if row is None else (_ended_entry(row), int(row["revision"]))
 
     def get_routes(self, session_keys: Collection[str]) -> dict[str, EntryDict]:
         """The stored entries of ``session_keys`` by key, each with :data:`SESSION_ENDED` (see
@@ -131,9 +135,7 @@ class RoutingRows:
             statement, slots = self._sql.select_routes(len(chunk))
             params = {f"k{index}": chunk[min(index, len(chunk) - 1)] for index in range(slots)}
             for row in self._conn.all_rows(statement, params, "reading routes"):
-                entry = route_entry(row)
-                entry[SESSION_ENDED] = bool(row[SESSION_ENDED])
-                found[row["session_key"]] = entry
+                found[row["session_key"]] = _ended_entry(row)
         return found
 
     def get_route_by_session_id(self, session_id: str) -> EntryDict | None:
