@@ -5,6 +5,7 @@ writes the whole export. Its progress bar is drawn on a terminal only, and not p
 from __future__ import annotations
 
 import io
+import json
 import signal
 import sqlite3
 import subprocess
@@ -12,12 +13,16 @@ import sys
 import time
 from contextlib import closing
 from pathlib import Path
+from typing import Any
 
 import pytest
 from support.populate import populate, run
 from support.terminal import Terminal
 
-from hermes_core.cli.common import Progress
+from hermes_core.cli.common import Progress, open_operator
+from hermes_core.cli.exporting import EXPORT_PAGE, export_jsonl
+from hermes_core.config.schema import GatewayConfig
+from hermes_core.domain.errors import StoreUnavailableError
 
 MESSAGES = 60_000
 """Enough for an export to take a while (many pages) after it wrote its first."""
@@ -121,3 +126,46 @@ def test_progress_is_drawn_on_a_terminal_only_and_at_most_every_interval(
     bar.advance(3)
     bar.close()
     assert piped.getvalue() == ""
+
+
+def test_a_page_read_ahead_keeps_the_order_and_a_failed_read_stops_the_export(
+    tmp_path: Path,
+) -> None:
+    """``export`` reads the next page on a thread while it writes this one: the lines still
+    come in primary-key order, and a read that fails ends the export with that read's error
+    after the pages before it, never with a page skipped."""
+    home = tmp_path / "state"
+    keys = populate(home)
+    _add_messages(home, keys["alice"])
+    config = GatewayConfig(hermes_home=home)
+    backend = open_operator(config, write=False)
+    try:
+        whole = io.StringIO()
+        export_jsonl(backend, whole)
+        ids = [
+            json.loads(line)["row"]["id"]
+            for line in whole.getvalue().splitlines()
+            if line.startswith('{"table": "messages"')
+        ]
+        assert len(ids) > 10 * EXPORT_PAGE
+        assert ids == sorted(ids)
+        reads = 0
+        table_rows = backend.table_rows
+
+        def failing(name: str, after: Any, limit: int) -> list[dict[str, Any]]:
+            nonlocal reads
+            if name == "messages":
+                reads += 1
+                if reads == 4:
+                    raise StoreUnavailableError("the database went away")
+            return table_rows(name, after, limit)
+
+        backend.table_rows = failing  # type: ignore[method-assign]
+        cut = io.StringIO()
+        with pytest.raises(StoreUnavailableError, match="went away"):
+            export_jsonl(backend, cut)
+        lines = cut.getvalue().splitlines()
+        assert sum(line.startswith('{"table": "messages"') for line in lines) == 3 * EXPORT_PAGE
+        assert whole.getvalue().startswith(cut.getvalue())
+    finally:
+        backend.close()

@@ -7,6 +7,7 @@ import argparse
 import contextlib
 import sys
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TextIO
 
 from hermes_core.cli.common import (
@@ -30,11 +31,16 @@ EXPORT_PAGE = 2000
 
 
 def _pages(backend: OperatorBackend, name: str) -> Iterator[list[dict[str, Any]]]:
-    """Every record of a kind, :data:`EXPORT_PAGE` at a time in primary-key order."""
-    after = None
-    while rows := backend.table_rows(name, after, EXPORT_PAGE):
-        yield rows
-        after = backend.primary_key(name, rows[-1])
+    """Every record of a kind, :data:`EXPORT_PAGE` at a time in primary-key order. The next
+    page is read on a thread of its own while the caller writes this one: the database's work
+    and the driver's waiting overlap the encoding instead of adding to it."""
+    with ThreadPoolExecutor(1, thread_name_prefix="export-read") as reader:
+        ahead = reader.submit(backend.table_rows, name, None, EXPORT_PAGE)
+        while rows := ahead.result():
+            ahead = reader.submit(
+                backend.table_rows, name, backend.primary_key(name, rows[-1]), EXPORT_PAGE
+            )
+            yield rows
 
 
 def export_jsonl(backend: OperatorBackend, out: TextIO) -> int:
