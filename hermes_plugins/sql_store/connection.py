@@ -66,6 +66,9 @@ class SqlConnection:
             pooled=config.storage.read_connections + writers + self.shared,
         )  # fmt: skip
         self.driver_error: type[Exception] = self.engine.dialect.loaded_dbapi.Error
+        self.checkpoints = self.dialect.checkpointer(
+            self.url, self.display, config, read_only=read_only
+        )
         self.writers = WriterConnections(
             self.engine, self.dialect, self.display, writers, read_only=read_only,
             shared_lease=config.storage.turn_lease_secs if self.shared else None,
@@ -106,6 +109,13 @@ class SqlConnection:
         directly keeps a one-row transaction close to the cost of raw SQL.
         """
         return Write(self, what, ddl)
+
+    def after_commit(self) -> None:
+        """What follows a commit of the writer: the full-text index's catch-up, then the
+        checkpoint thread told that the log grew."""
+        self.index.after_commit()
+        if self.checkpoints is not None:
+            self.checkpoints.committed()
 
     def writer_connections(self) -> int:
         """Writer connections: ``StorageConfig.writers`` where the dialect has parallel
@@ -251,8 +261,11 @@ class SqlConnection:
 
     def _release(self) -> None:
         """Close the connections (PostgreSQL's writer lock ends with the writers' sessions),
-        then let go of SQLite's lock file."""
+        then let go of SQLite's lock file. The checkpoint thread ends first: the last
+        connection to close then checkpoints what is left."""
         try:
+            if self.checkpoints is not None:
+                self.checkpoints.stop()
             self.writers.release()
         finally:
             self.engine.dispose()

@@ -66,7 +66,7 @@ class Transaction:
                 if slot.depth == 0:
                     slot.owner = None
             if slot.depth == 0:
-                conn.index.after_commit()
+                conn.after_commit()
         finally:
             slot.lock.release()
 
@@ -124,7 +124,7 @@ class Write:
                     self._failed(error)
                     raise
                 self._slot.counters["commits"] += 1
-                self._conn.index.after_commit()
+                self._conn.after_commit()
         finally:
             self._slot.lock.release()
 

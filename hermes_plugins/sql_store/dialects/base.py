@@ -23,6 +23,7 @@ if TYPE_CHECKING:
     from hermes_core.config.schema import GatewayConfig
     from hermes_core.state.instance import LockFile
     from hermes_plugins.sql_store.connection import SqlConnection
+    from hermes_plugins.sql_store.dialects.sqlite_checkpoint import Checkpointer
     from hermes_plugins.sql_store.search import SearchIndex
     from hermes_plugins.sql_store.statements import Statements
 
@@ -80,6 +81,13 @@ class Dialect(ABC):
     @abstractmethod
     def unlock_writer(self, writer: Any, cursor: Any) -> None:
         """Give up a writer connection's hold of the writer lock before it closes."""
+
+    def checkpointer(
+        self, url: URL, display: str, config: GatewayConfig, *, read_only: bool
+    ) -> Checkpointer | None:
+        """The thread that checkpoints the store's log off the writer's path, where the
+        database leaves that to its clients (SQLite); None where the server does it."""
+        return None
 
     @abstractmethod
     def secure_files(self, url: URL) -> None:

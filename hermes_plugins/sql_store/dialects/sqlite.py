@@ -24,6 +24,10 @@ from hermes_core.state.files import create_private_file, ensure_private_dir
 from hermes_plugins.sql_store import exclusive
 from hermes_plugins.sql_store.dialects import sqlite_fts
 from hermes_plugins.sql_store.dialects.base import Dialect, OnConflictInsert
+from hermes_plugins.sql_store.dialects.sqlite_checkpoint import (
+    WRITER_CHECKPOINT_PAGES,
+    Checkpointer,
+)
 from hermes_plugins.sql_store.dialects.sqlite_search import Fts5Index
 
 if TYPE_CHECKING:
@@ -107,6 +111,8 @@ class SqliteDialect(Dialect):
                     logger.warning(
                         "%s: WAL journal refused (mode %s); using it as is", display, mode
                     )
+                # The store's checkpoint thread copies the WAL; this is its backstop.
+                dbapi_connection.execute(f"PRAGMA wal_autocheckpoint={WRITER_CHECKPOINT_PAGES}")
             dbapi_connection.execute(f"PRAGMA synchronous={synchronous}")
             # A page cache for stores of many lanes (the default 2 MB thrashes at 100k lanes).
             dbapi_connection.execute(f"PRAGMA cache_size=-{CACHE_KIB}")
@@ -125,6 +131,19 @@ class SqliteDialect(Dialect):
 
     def unlock_writer(self, writer: Any, cursor: Any) -> None:
         """Nothing: the lock file is let go when the store closes."""
+
+    def checkpointer(
+        self, url: URL, display: str, config: GatewayConfig, *, read_only: bool
+    ) -> Checkpointer | None:
+        """A store opened for writing checkpoints on a thread of its own (see
+        ``sqlite_checkpoint``)."""
+        if read_only:
+            return None
+        storage = config.storage
+        return Checkpointer(
+            database_file(url), storage.sqlite_synchronous.upper(),
+            storage.sqlite_busy_timeout_secs, display,
+        )  # fmt: skip
 
     def secure_files(self, url: URL) -> None:
         """Mode 0600 on the ``-wal``/``-shm``/``-journal`` files, by path, after the first
