@@ -62,10 +62,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import random
 import sqlite3
 import struct
 import tempfile
+import threading
 import time
 from collections import Counter
 from collections.abc import Iterator, Sequence
@@ -160,6 +162,29 @@ class Deliveries:
         return SendResult(ok=True)
 
 
+def thread_cpu(since: dict[str, float] | None = None) -> dict[str, float]:
+    """CPU seconds so far of this process's threads, by thread name (the store's writer
+    threads are ``hermes-store-writer``, the event loop's ``MainThread``); read from Linux's
+    ``/proc``, empty where there is none; with ``since`` (an earlier reading), what they
+    spent since."""
+    names = {thread.native_id: thread.name for thread in threading.enumerate()}
+    found: dict[str, float] = {}
+    try:
+        tasks = os.listdir("/proc/self/task")
+    except OSError:
+        return found
+    tick = os.sysconf("SC_CLK_TCK")
+    for task in tasks:
+        try:
+            with open(f"/proc/self/task/{task}/stat", encoding="ascii") as stat:
+                fields = stat.read().rsplit(")", 1)[1].split()
+        except OSError:  # the thread ended meanwhile
+            continue
+        name = names.get(int(task), "other")
+        found[name] = found.get(name, 0.0) + (int(fields[11]) + int(fields[12])) / tick
+    return {name: spent - (since or {}).get(name, 0.0) for name, spent in found.items()}
+
+
 @dataclass
 class Figure:
     """Turns, seconds, process CPU and store counters accumulated over the rounds of one
@@ -173,6 +198,8 @@ class Figure:
     counters: Counter[str] = field(default_factory=Counter)
     missing: set[str] = field(default_factory=set)
     rounds: list[tuple[int, float]] = field(default_factory=list)
+    threads: dict[str, float] = field(default_factory=dict)
+    """CPU seconds by thread name (:func:`thread_cpu`), over the same spans as ``cpu``."""
 
     @property
     def rate(self) -> float:
@@ -191,13 +218,20 @@ class Figure:
         cpu: float,
         before: dict[str, int],
         after: dict[str, int],
+        threads: dict[str, float] | None = None,
     ) -> None:
         self.add_round(turns, seconds, cpu)
+        for name, spent in (threads or {}).items():
+            self.threads[name] = self.threads.get(name, 0.0) + spent
         for name in COUNTERS:
             if name in before and name in after:
                 self.counters[name] += after[name] - before[name]
             else:
                 self.missing.add(name)
+
+    def thread_us(self, name: str) -> float:
+        """Microseconds of CPU per turn of the threads named ``name``."""
+        return 1e6 * self.threads.get(name, 0.0) / self.turns if self.turns else 0.0
 
     def per_turn(self, name: str) -> str:
         if name in self.missing or not self.turns:
@@ -294,6 +328,7 @@ class Run:
         store = self.gateway.store
         sent = self.adapter.sent
         before = store.stats()
+        threads = thread_cpu()
         cpu = time.process_time()
         start = time.perf_counter()
         if waves:
@@ -302,10 +337,12 @@ class Run:
                 await self.gateway.idle()
             seconds = time.perf_counter() - start
             cpu = time.process_time() - cpu
+            threads = thread_cpu(threads)
         else:
             await self.deliver(events, in_flight)
             seconds = time.perf_counter() - start
             cpu = time.process_time() - cpu
+            threads = thread_cpu(threads)
             await self.gateway.idle()
         after = store.stats()
         replies = self.adapter.sent - sent
@@ -315,7 +352,7 @@ class Run:
                 f"{self.adapter.unexpected[:5]}"
             )
         if figure is not None:
-            figure.add(len(events), seconds, cpu, before, after)
+            figure.add(len(events), seconds, cpu, before, after, threads)
 
 
 class Floor:

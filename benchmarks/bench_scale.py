@@ -19,7 +19,8 @@ For each store (and beside it a store of 1,000 lanes built the same way):
   import does not), the second is every later open;
 - cold turn: ``bench_runtime.cold_lanes`` (turns through the real gateway, 200 in flight, each on
   a lane drawn from all of them, against turns over 1,000 lanes of a store of 1,000 lanes, in
-  alternating rounds): the ratio of the rates;
+  alternating rounds): the ratio of the rates, and the CPU per turn of the store's writer
+  threads and of the event loop's (Linux: from ``/proc``), beside the small store's;
 - search: p50 and p95 of ``store.search`` (limit 20) over 20 queries of a rare term and 20 of
   the common term (each query once after one untimed warm-up);
 - the operator commands, each a real ``hermes-sessions`` child process, wall time and peak RSS
@@ -337,6 +338,11 @@ def measure(
     figures["cold turn / 1,000-lane store"] = f"{many.rate / few.rate:.2f}"
     figures["cold turn / 1,000 warm lanes"] = f"{many.rate / same.rate:.2f}"
     figures["cold turns/s (1,000-lane store)"] = f"{many.rate:,.0f} ({few.rate:,.0f})"
+    writer, loop = "hermes-store-writer", "MainThread"
+    figures["cold turn CPU us: writer / loop"] = (
+        f"{many.thread_us(writer):.0f} / {many.thread_us(loop):.0f} "
+        f"({few.thread_us(writer):.0f} / {few.thread_us(loop):.0f})"
+    )
     figures.update(search_times(store))
     if copy_url.startswith("postgresql"):
         empty_postgres(copy_url)
