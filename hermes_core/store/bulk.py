@@ -90,7 +90,9 @@ def import_lanes(
     A store that records no key schema is given the one the lanes are keyed in (before the
     batch of the first lane that tells it, see :func:`~hermes_core.store.keyschema.lane_schema`;
     when none tells, ``config``'s ``keys.schema`` for a store that was empty), so that its
-    first open finds it recorded instead of reading the routing index to tell it."""
+    first open finds it recorded instead of reading the routing index to tell it. The store is
+    then made ready as after a ``migrate`` (``finish_transfer``: on PostgreSQL the planner's
+    statistics of the rows written)."""
     if batch < 1:
         raise InvalidValueError("batch", f"the batch size {batch} must be at least 1.")
     recorded = target.get_meta(KEY_SCHEMA_META)
@@ -120,6 +122,7 @@ def import_lanes(
         write()
     if recorded is None and empty:
         target.set_meta(KEY_SCHEMA_META, config.keys.key_schema)
+    target.finish_transfer()
     return total
 
 

@@ -181,7 +181,8 @@ class OperatorBackend(Protocol):
         """Set sessions' message counts and last activity to those of ``rows``."""
 
     def finish_transfer(self) -> None:
-        """Make a filled copy ready for use (id sequences, stale-index record)."""
+        """Make a store filled in bulk ready for use (id sequences, the planner's statistics,
+        stale-index record)."""
 
     def rebuild_fts(self) -> bool:
         """Rebuild the full-text index; False when it is unavailable."""

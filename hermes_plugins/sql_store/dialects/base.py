@@ -51,7 +51,8 @@ class Dialect(ABC):
     count_trigger: ClassVar[tuple[str, ...]]
     """The DDL of the trigger that counts a session's messages (schema version 3)."""
     after_copy: ClassVar[tuple[str, ...]]
-    """Statements that make a database filled by ``migrate`` ready for use."""
+    """Statements that make a database filled in bulk (``migrate``, the bulk import) ready for
+    use."""
 
     # -- opening ------------------------------------------------------------------------------
 

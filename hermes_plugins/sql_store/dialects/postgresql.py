@@ -22,6 +22,7 @@ from hermes_core.domain.errors import StoreUnavailableError
 from hermes_plugins.sql_store import exclusive
 from hermes_plugins.sql_store.dialects.base import Dialect, OnConflictInsert
 from hermes_plugins.sql_store.dialects.postgresql_search import TsvectorIndex
+from hermes_plugins.sql_store.schema import metadata
 from hermes_plugins.sql_store.search import SearchIndex
 
 if TYPE_CHECKING:
@@ -76,12 +77,17 @@ class PostgresqlDialect(Dialect):
         "CREATE TRIGGER messages_count AFTER INSERT ON messages FOR EACH ROW "
         "EXECUTE FUNCTION hermes_count_message()",
     )
-    after_copy = tuple(
-        f"SELECT setval(pg_get_serial_sequence('{name}', 'id'), "
-        f"coalesce((SELECT max(id) FROM {name}), 0) + 1, false)"
-        for name in _SEQUENCES
+    after_copy = (
+        *(
+            f"SELECT setval(pg_get_serial_sequence('{name}', 'id'), "
+            f"coalesce((SELECT max(id) FROM {name}), 0) + 1, false)"
+            for name in _SEQUENCES
+        ),
+        "ANALYZE " + ", ".join(table.name for table in metadata.sorted_tables),
     )
-    """The id sequences moved past the copied ids."""
+    """The id sequences moved past the copied ids, and the planner's statistics of every
+    table taken: until autovacuum gets to rows written in bulk, the planner knows nothing of
+    them and misjudges what its queries read (a table of millions planned as empty)."""
 
     def create_engine(
         self, url: URL, display: str, config: GatewayConfig, *, read_only: bool, pooled: int
