@@ -230,8 +230,14 @@ class Figure:
                 self.missing.add(name)
 
     def thread_us(self, name: str) -> float:
-        """Microseconds of CPU per turn of the threads named ``name``."""
-        return 1e6 * self.threads.get(name, 0.0) / self.turns if self.turns else 0.0
+        """Microseconds of CPU per turn of the threads named ``name``, or ``name-N`` (the
+        writer threads of a store with several)."""
+        spent = sum(
+            seconds
+            for thread, seconds in self.threads.items()
+            if thread == name or thread.rpartition("-")[0] == name
+        )
+        return 1e6 * spent / self.turns if self.turns else 0.0
 
     def per_turn(self, name: str) -> str:
         if name in self.missing or not self.turns:
