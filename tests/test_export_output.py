@@ -10,6 +10,7 @@ import signal
 import sqlite3
 import subprocess
 import sys
+import threading
 import time
 from contextlib import closing
 from pathlib import Path
@@ -128,18 +129,38 @@ def test_progress_is_drawn_on_a_terminal_only_and_at_most_every_interval(
     assert piped.getvalue() == ""
 
 
-def test_a_page_read_ahead_keeps_the_order_and_a_failed_read_stops_the_export(
-    tmp_path: Path,
+@pytest.mark.parametrize("ahead", [False, True], ids=["sqlite-default", "read-ahead"])
+def test_pages_keep_their_order_and_a_failed_read_stops_the_export(
+    tmp_path: Path, ahead: bool
 ) -> None:
-    """``export`` reads the next page on a thread while it writes this one: the lines still
-    come in primary-key order, and a read that fails ends the export with that read's error
-    after the pages before it, never with a page skipped."""
+    """``export`` reads its pages one after another on SQLite (``reads_ahead`` False: a reading
+    thread beside the writing one slows both there), or the next on a thread while it writes
+    this one (a server's backend; forced here): either way the lines come in primary-key
+    order, and a read that fails ends the export with that read's error after the pages before
+    it, never with a page skipped."""
     home = tmp_path / "state"
     keys = populate(home)
     _add_messages(home, keys["alice"])
     config = GatewayConfig(hermes_home=home)
     backend = open_operator(config, write=False)
+    assert backend.reads_ahead is False
+    backend.reads_ahead = ahead
     try:
+        readers: set[str] = set()
+        reads = 0
+        table_rows = backend.table_rows
+
+        def failing(name: str, after: Any, limit: int) -> list[dict[str, Any]]:
+            nonlocal reads
+            readers.add(threading.current_thread().name)
+            if name == "messages" and fail:
+                reads += 1
+                if reads == 4:
+                    raise StoreUnavailableError("the database went away")
+            return table_rows(name, after, limit)
+
+        backend.table_rows = failing  # type: ignore[method-assign]
+        fail = False
         whole = io.StringIO()
         export_jsonl(backend, whole)
         ids = [
@@ -149,18 +170,9 @@ def test_a_page_read_ahead_keeps_the_order_and_a_failed_read_stops_the_export(
         ]
         assert len(ids) > 10 * EXPORT_PAGE
         assert ids == sorted(ids)
-        reads = 0
-        table_rows = backend.table_rows
-
-        def failing(name: str, after: Any, limit: int) -> list[dict[str, Any]]:
-            nonlocal reads
-            if name == "messages":
-                reads += 1
-                if reads == 4:
-                    raise StoreUnavailableError("the database went away")
-            return table_rows(name, after, limit)
-
-        backend.table_rows = failing  # type: ignore[method-assign]
+        on_threads = {name.startswith("export-read") for name in readers}
+        assert on_threads == {ahead}
+        fail = True
         cut = io.StringIO()
         with pytest.raises(StoreUnavailableError, match="went away"):
             export_jsonl(backend, cut)

@@ -31,9 +31,16 @@ EXPORT_PAGE = 2000
 
 
 def _pages(backend: OperatorBackend, name: str) -> Iterator[list[dict[str, Any]]]:
-    """Every record of a kind, :data:`EXPORT_PAGE` at a time in primary-key order. The next
-    page is read on a thread of its own while the caller writes this one: the database's work
-    and the driver's waiting overlap the encoding instead of adding to it."""
+    """Every record of a kind, :data:`EXPORT_PAGE` at a time in primary-key order. Where the
+    backend ``reads_ahead``, the next page is read on a thread of its own while the caller
+    writes this one: the server's work and the driver's waiting overlap the encoding instead
+    of adding to it (on SQLite such a thread made the export 1.4 times slower)."""
+    if not backend.reads_ahead:
+        rows = backend.table_rows(name, None, EXPORT_PAGE)
+        while rows:
+            yield rows
+            rows = backend.table_rows(name, backend.primary_key(name, rows[-1]), EXPORT_PAGE)
+        return
     with ThreadPoolExecutor(1, thread_name_prefix="export-read") as reader:
         ahead = reader.submit(backend.table_rows, name, None, EXPORT_PAGE)
         while rows := ahead.result():

@@ -94,6 +94,10 @@ class OperatorBackend(Protocol):
     """Checks, record transfer and dead-letter revival."""
 
     name: str
+    reads_ahead: bool
+    """Whether a walk of many records is faster with its next read on a thread of its own,
+    done while the caller works on the records read (a database server's reads, not an
+    in-process database's)."""
 
     def record_kinds(self) -> RecordKinds:
         """The kinds of record this backend keeps, by what the commands do with them."""

@@ -81,6 +81,7 @@ class SqlBackend:
     def __init__(self, url: str, config: GatewayConfig, *, read_only: bool = False) -> None:
         conn = self._conn = SqlConnection(url, config, read_only=read_only)
         self.name = conn.dialect.name
+        self.reads_ahead = conn.dialect.server_reads
         self._index = conn.index
         self._transcripts = TranscriptRows(conn)
         self._queue = QueueRows(conn)

@@ -43,6 +43,11 @@ class Dialect(ABC):
     one_round_trip: ClassVar[bool]
     """A turn's start and finish, a new session and a queued event each go as one statement
     (``postgresql_turns``): every statement is a round trip to a server."""
+    server_reads: ClassVar[bool]
+    """A read waits on a server process, the driver letting other threads run meanwhile, so a
+    thread reading the next page overlaps a caller's work on this one (``export``). An
+    in-process database reads on the caller's CPU instead, giving up and taking back the
+    interpreter at every row: a reading thread beside a busy one slows both."""
     returning_ids: ClassVar[bool]
     """An insert reports its row's id with ``RETURNING``; otherwise the cursor's
     ``lastrowid`` does."""

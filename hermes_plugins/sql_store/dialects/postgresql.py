@@ -67,6 +67,7 @@ class PostgresqlDialect(Dialect):
     parallel_writers = True
     shared_instances = True
     one_round_trip = True
+    server_reads = True
     returning_ids = True
     without_rowid = False
     count_trigger = (

@@ -55,6 +55,7 @@ class SqliteDialect(Dialect):
     parallel_writers = False
     shared_instances = False
     one_round_trip = False
+    server_reads = False
     returning_ids = False
     without_rowid = True
     count_trigger = (
