@@ -40,10 +40,11 @@ value over the rounds (how much the machine moved it within the run).
    store's entry cache of 10,000 and in the agent and prompt caches, as in a steady state where
    more lanes are active than the caches hold) against ``N`` turns cycling over the 1,000 warmed
    lanes of the same store, and over the 1,000 lanes of a second store of 1,000 lanes (the two
-   gateways run side by side; the three measurements alternate in rounds). Before each round
-   over the 1,000 lanes of the large store an untimed turn on each of them caches them again
-   (the cold turns before it pushed them out of the prompt cache), so that figure is the rate
-   with 1,000 lanes active.
+   gateways run side by side), and against turns on cold lanes of the store of 1,000 lanes (a
+   gateway started afresh on it each round; see ``cold_lanes``); the four measurements
+   alternate in rounds. Before each round over the 1,000 lanes of the large store an untimed
+   turn on each of them caches them again (the cold turns before it pushed them out of the
+   prompt cache), so that figure is the rate with 1,000 lanes active.
 
 On PostgreSQL (``--url postgresql+psycopg://...``; its ``public`` schema is dropped and created
 first) parts 1 and 3 run: the floor is SQLite's by definition and ``populate`` writes SQLite.

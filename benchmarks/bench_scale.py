@@ -357,11 +357,14 @@ def measure(
 
 
 def print_table(stores: Sequence[Store], where: str) -> None:
+    """The figures of ``stores`` side by side, a row per measurement (columns two spaces
+    apart at least, so a table pasted into a document splits on them)."""
+    width = max(len(name) for name in ("measurement", *stores[0].figures)) + 1
     print(f"\n{where}")
-    print(f"{'measurement':34}" + "".join(f" {s.lanes:>22,}" for s in stores))
-    print(f"{'(messages)':34}" + "".join(f" {s.messages:>22,}" for s in stores))
+    print(f"{'measurement':{width}}" + "".join(f" {s.lanes:>22,}" for s in stores))
+    print(f"{'(messages)':{width}}" + "".join(f" {s.messages:>22,}" for s in stores))
     for name in stores[0].figures:
-        print(f"{name:34}" + "".join(f" {s.figures.get(name, '-'):>22}" for s in stores))
+        print(f"{name:{width}}" + "".join(f" {s.figures.get(name, '-'):>22}" for s in stores))
 
 
 def run_all(
