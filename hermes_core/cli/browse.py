@@ -24,7 +24,7 @@ from hermes_core.cli.common import (
     short_time,
     stamp,
 )
-from hermes_core.cli.exporting import export_command
+from hermes_core.cli.exporting import export_command, export_jobs
 from hermes_core.config.schema import GatewayConfig
 from hermes_core.domain.errors import InvalidValueError
 from hermes_core.domain.models import SessionEntry
@@ -86,6 +86,11 @@ def register(commands: Any, parents: list[argparse.ArgumentParser]) -> None:
     )  # fmt: skip
     export.add_argument("--format", choices=["jsonl", "markdown"], default="jsonl")
     export.add_argument("--output", "-o", metavar="FILE", type=Path, help="default: stdout")
+    export.add_argument(
+        "--jobs", type=int, default=export_jobs(), metavar="N",
+        help="processes that read and encode the large tables of a jsonl export (default: "
+        "the CPUs this process may use, at most 4; 1: this process alone)",
+    )  # fmt: skip
     export.set_defaults(handler=export_command)
 
 

@@ -165,9 +165,19 @@ class OperatorBackend(Protocol):
         :attr:`LaneRow.position`): a page costs the same however many lanes are stored."""
 
     def table_rows(
-        self, name: str, after: Sequence[Any] | None, limit: int
+        self,
+        name: str,
+        after: Sequence[Any] | None,
+        limit: int,
+        upto: Sequence[Any] | None = None,
     ) -> list[dict[str, Any]]:
-        """Up to ``limit`` records of a kind in primary-key order after the key ``after``."""
+        """Up to ``limit`` records of a kind in primary-key order after the key ``after`` and,
+        when ``upto`` is given, at most that key."""
+
+    def span_end(self, name: str, after: Sequence[Any] | None, size: int) -> tuple[Any, ...] | None:
+        """The key of the ``size``-th record of a kind after the key ``after`` (from the first
+        when None), found without reading the records themselves; None when fewer follow. The
+        spans between such keys split a walk of :meth:`table_rows` into parts read apart."""
 
     def count_records(self, name: str) -> int:
         """How many records of a kind :meth:`table_rows` yields in all."""

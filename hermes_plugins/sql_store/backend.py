@@ -394,9 +394,16 @@ class SqlBackend:
         return lane_rows(self._conn, lanes, after, limit)
 
     def table_rows(
-        self, name: str, after: Sequence[Any] | None, limit: int
+        self,
+        name: str,
+        after: Sequence[Any] | None,
+        limit: int,
+        upto: Sequence[Any] | None = None,
     ) -> list[dict[str, Any]]:
-        return self._operator.table_rows(name, after, limit)
+        return self._operator.table_rows(name, after, limit, upto)
+
+    def span_end(self, name: str, after: Sequence[Any] | None, size: int) -> tuple[Any, ...] | None:
+        return self._operator.span_end(name, after, size)
 
     def count_records(self, name: str) -> int:
         return self._operator.count_records(name)

@@ -77,6 +77,23 @@ DIGEST_ROWS = 2000
 """Rows per read of :meth:`OperatorRows.table_digest`."""
 
 
+def _key_walk(
+    table: Table, query: Any, after: Sequence[Any] | None, upto: Sequence[Any] | None
+) -> Any:
+    """``query`` over ``table`` in primary-key order, its keys after ``after`` and at most
+    ``upto`` (each None: unbounded), the full-text index's own ``state_meta`` records left
+    out (each database derives them: they are not stored state)."""
+    key = tuple(table.primary_key.columns)
+    query = query.order_by(*key)
+    if table is state_meta:
+        query = query.where(*(state_meta.c.key != name for name in _INDEX_META))
+    if after is not None:
+        query = query.where(tuple_(*key) > tuple_(*after))
+    if upto is not None:
+        query = query.where(tuple_(*key) <= tuple_(*upto))
+    return query
+
+
 class OperatorRows:
     """Checks, transfer and dead-letter revival (each write is one transaction)."""
 
@@ -133,19 +150,28 @@ class OperatorRows:
     # -- transfer -------------------------------------------------------------------------------
 
     def table_rows(
-        self, name: str, after: Sequence[Any] | None, limit: int
+        self,
+        name: str,
+        after: Sequence[Any] | None,
+        limit: int,
+        upto: Sequence[Any] | None = None,
     ) -> list[dict[str, Any]]:
-        """Up to ``limit`` rows of a table in primary-key order, after the key ``after``; the
-        full-text index's own records in ``state_meta`` are not stored state (each database
-        derives them) and are left out."""
+        """Up to ``limit`` rows of a table in primary-key order, after the key ``after`` (and
+        at most ``upto``); the full-text index's own records in ``state_meta`` are not stored
+        state (each database derives them) and are left out."""
+        table = _table(name)
+        query = _key_walk(table, select(table), after, upto).limit(limit)
+        return self._conn.rows(self._conn.prepare(query), f"reading {name}")
+
+    def span_end(self, name: str, after: Sequence[Any] | None, size: int) -> tuple[Any, ...] | None:
+        """The primary key ``size`` rows after ``after`` in the order of :meth:`table_rows`,
+        read from the key's index (``OFFSET``), or None when fewer follow."""
         table = _table(name)
         key = tuple(table.primary_key.columns)
-        query = select(table).order_by(*key).limit(limit)
-        if table is state_meta:
-            query = query.where(*(state_meta.c.key != name for name in _INDEX_META))
-        if after is not None:
-            query = query.where(tuple_(*key) > tuple_(*after))
-        return self._conn.rows(self._conn.prepare(query), f"reading {name}")
+        query = _key_walk(table, select(*key), after, None).offset(size - 1).limit(1)
+        with self._conn.read(f"reading {name}") as conn:
+            found = conn.execute(query).first()
+        return None if found is None else tuple(found)
 
     def count_records(self, name: str) -> int:
         """How many rows :meth:`table_rows` yields in all."""
