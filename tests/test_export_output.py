@@ -96,7 +96,7 @@ def test_an_export_that_fails_leaves_the_file_as_it_was(
     target = tmp_path / "out" / "export.jsonl"
     target.write_text("the previous export\n", encoding="utf-8")
 
-    def fail(*_: object) -> int:
+    def fail(*_: object, **__: object) -> int:
         raise OSError(28, "No space left on device")
 
     monkeypatch.setattr("hermes_core.cli.exporting.export_jsonl", fail)
@@ -150,14 +150,14 @@ def test_pages_keep_their_order_and_a_failed_read_stops_the_export(
         reads = 0
         table_rows = backend.table_rows
 
-        def failing(name: str, after: Any, limit: int) -> list[dict[str, Any]]:
+        def failing(name: str, after: Any, limit: int, upto: Any = None) -> list[dict[str, Any]]:
             nonlocal reads
             readers.add(threading.current_thread().name)
             if name == "messages" and fail:
                 reads += 1
                 if reads == 4:
                     raise StoreUnavailableError("the database went away")
-            return table_rows(name, after, limit)
+            return table_rows(name, after, limit, upto)
 
         backend.table_rows = failing  # type: ignore[method-assign]
         fail = False

@@ -186,6 +186,10 @@ class DeploymentContract(ContractBase):
         ]
         assert operator.table_rows(kinds.routes, operator.primary_key(kinds.routes, routes[0]),
                                    10) == []  # fmt: skip
+        first = operator.primary_key(kinds.routes, routes[0])
+        assert operator.span_end(kinds.routes, None, 1) == first  # spans of export --jobs
+        assert operator.span_end(kinds.routes, None, 2) is None
+        assert operator.table_rows(kinds.routes, None, 10, first) == routes
         sessions = operator.table_rows(kinds.sessions, None, 10)
         assert [(row["id"], row["message_count"]) for row in sessions] == [(entry.session_id, 1)]
         changed = {**routes[0], "session_id": "another"}
