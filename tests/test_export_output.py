@@ -6,10 +6,7 @@ from __future__ import annotations
 
 import io
 import json
-import signal
 import sqlite3
-import subprocess
-import sys
 import threading
 import time
 from contextlib import closing
@@ -17,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from support.killing import killed_when
 from support.populate import populate, run
 from support.terminal import Terminal
 
@@ -47,20 +45,10 @@ def _killed_midway(home: Path, target: Path) -> int:
     """Start an export into ``target``, kill it (SIGKILL) once it has written part of its
     output; the size of that part."""
     partial = target.with_name(f".{target.name}.partial")
-    script = Path(sys.executable).with_name("hermes-sessions")
-    child = subprocess.Popen(
-        [str(script), "export", "--state-dir", str(home), "-o", str(target)],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )  # fmt: skip
-    try:
-        deadline = time.monotonic() + 120
-        while not (partial.exists() and partial.stat().st_size > 0):
-            assert child.poll() is None, "the export ended before it could be killed"
-            assert time.monotonic() < deadline
-            time.sleep(0.002)
-        child.send_signal(signal.SIGKILL)
-    finally:
-        child.wait()
+    killed_when(
+        ["export", "--state-dir", str(home), "-o", str(target)],
+        lambda _: partial.exists() and partial.stat().st_size > 0,
+    )
     return partial.stat().st_size
 
 

@@ -9,8 +9,6 @@ import io
 import os
 import signal
 import subprocess
-import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -18,6 +16,7 @@ from typing import Any
 import psutil
 import pytest
 from sqlalchemy import create_engine
+from support.killing import killed_when
 from support.populate import config_for, populate, where
 
 from hermes_core.cli import exporting
@@ -129,21 +128,13 @@ def test_workers_end_with_an_export_that_was_killed(tmp_path: Path) -> None:
     populate(home)
     _add_messages(home, None, 4 * exporting.EXPORT_SPAN)
     target = tmp_path / "export.jsonl"
-    script = Path(sys.executable).with_name("hermes-sessions")
-    child = subprocess.Popen(
-        [str(script), "export", *where(home, None), "--jobs", "2", "-o", str(target)],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )  # fmt: skip
-    try:
-        parent = psutil.Process(child.pid)
-        deadline = time.monotonic() + 120
-        while len(workers := _workers(parent)) < 2:
-            assert child.poll() is None, "the export ended before its workers started"
-            assert time.monotonic() < deadline
-            time.sleep(0.01)
-        child.send_signal(signal.SIGKILL)
-    finally:
-        child.wait()
+    workers: list[psutil.Process] = []
+
+    def started(child: subprocess.Popen[bytes]) -> bool:
+        workers[:] = _workers(psutil.Process(child.pid))
+        return len(workers) >= 2
+
+    killed_when(["export", *where(home, None), "--jobs", "2", "-o", str(target)], started)
     gone, alive = psutil.wait_procs(workers, timeout=60)
     assert alive == [], f"workers outlived the export: {alive}"
     assert len(gone) == len(workers)

@@ -4,8 +4,12 @@ whatever the machine's load: one timed from outside could come after the work ha
 
 from __future__ import annotations
 
+import signal
 import subprocess
 import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
 
 
 def dies_after(where: str, calls: int, *, when: str = "True", setup: str = "") -> str:
@@ -42,3 +46,21 @@ def run_killed(patch: str, argv: list[str], env: dict[str, str]) -> int:
         [sys.executable, "-c", script], env=env, timeout=120, check=False,
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     ).returncode  # fmt: skip
+
+
+def killed_when(argv: list[str], ready: Callable[[subprocess.Popen[bytes]], bool]) -> None:
+    """Run ``hermes-sessions ARGV`` in a child process and SIGKILL it as soon as ``ready(child)``
+    holds (polled; the child must not end first, and it must hold within 120 s)."""
+    script = Path(sys.executable).with_name("hermes-sessions")
+    child = subprocess.Popen(
+        [str(script), *argv], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while not ready(child):
+            assert child.poll() is None, f"hermes-sessions {argv[0]} ended before the kill"
+            assert time.monotonic() < deadline
+            time.sleep(0.002)
+        child.send_signal(signal.SIGKILL)
+    finally:
+        child.wait()
