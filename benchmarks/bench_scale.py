@@ -28,10 +28,11 @@ For each store (and beside it a store of 1,000 lanes built the same way):
 - search: p50 and p95 of ``store.search`` (limit 20) over 20 queries of a rare term and 20 of
   the common term (each query once after one untimed warm-up);
 - the operator commands, each a real ``hermes-sessions`` child process, wall time and peak RSS
-  (``wait4``'s ``ru_maxrss``): ``ls --limit 20``, ``show`` of a random lane, ``export --output
-  /dev/null`` (messages/s), ``doctor --json``, ``migrate --to`` an empty store (SQLite: a file;
-  PostgreSQL: the database ``<name>_copy``), ``rekey --forum telegram 1`` (walks every lane, moves
-  none) and last ``prune --days 365`` (removes the routing entries of about a tenth of the lanes).
+  (sampled, summed over the command and the worker processes ``export`` starts): ``ls --limit
+  20``, ``show`` of a random lane, ``export --output /dev/null`` (messages/s), ``doctor --json``,
+  ``migrate --to`` an empty store (SQLite: a file; PostgreSQL: the database ``<name>_copy``),
+  ``rekey --forum telegram 1`` (walks every lane, moves none) and last ``prune --days 365``
+  (removes the routing entries of about a tenth of the lanes).
   A command that runs past ``--command-timeout`` (default 900 s) or ``--command-rss-cap``
   (default 6,144 MiB) is killed and shown as ``>T / >RSS``, what it reached by then.
 
@@ -248,11 +249,22 @@ class Child:
     out: bytes
 
 
+def tree_rss(process: psutil.Process) -> int:
+    """The RSS of ``process`` and of every process it started (``export --jobs``' workers),
+    summed; what cannot be read (a process just ended) counts as nothing."""
+    total = 0
+    with contextlib.suppress(psutil.Error):
+        for each in (process, *process.children(recursive=True)):
+            with contextlib.suppress(psutil.Error):
+                total += each.memory_info().rss
+    return total
+
+
 def run_child(argv: Sequence[str], timeout: float, cap_mib: float = math.inf) -> Child:
-    """Run ``argv`` with its output captured in a file: wall time and peak RSS, sampled every
-    20 ms with psutil (``ru_maxrss`` of a child would include this process's own RSS, which a
-    forked child starts with). A child past ``timeout`` seconds or ``cap_mib`` of RSS is
-    killed (``code`` None)."""
+    """Run ``argv`` with its output captured in a file: wall time and peak RSS of it and its
+    children, sampled every 20 ms with psutil (``ru_maxrss`` of a child would include this
+    process's own RSS, which a forked child starts with, and leaves out its children). A child
+    past ``timeout`` seconds or ``cap_mib`` of RSS is killed (``code`` None)."""
     with tempfile.TemporaryFile() as out:
         started = time.perf_counter()
         process = psutil.Popen(argv, stdout=out, stderr=subprocess.DEVNULL)
@@ -262,8 +274,7 @@ def run_child(argv: Sequence[str], timeout: float, cap_mib: float = math.inf) ->
                 process.kill()
                 process.wait()
                 return Child(time.perf_counter() - started, peak / 2**20, None, b"")
-            with contextlib.suppress(psutil.Error):
-                peak = max(peak, process.memory_info().rss)
+            peak = max(peak, tree_rss(process))
             time.sleep(0.02)
         seconds = time.perf_counter() - started
         out.seek(0)

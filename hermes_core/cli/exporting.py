@@ -37,8 +37,10 @@ from hermes_core.store.operator import OperatorBackend
 
 EXPORT_PAGE = 2000
 """The records ``export`` reads in one query."""
-EXPORT_SPAN = 50_000
-"""The records one worker process reads and encodes at a time (see :func:`export_jsonl`)."""
+EXPORT_SPAN = 10_000
+"""The records one worker process reads and encodes at a time (see :func:`export_jsonl`): some
+4 MB of text, of which the command holds two per worker; 50,000 was no faster and held 2.5 times
+the memory."""
 
 
 def export_jobs() -> int:
