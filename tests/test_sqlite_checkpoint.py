@@ -17,7 +17,10 @@ from pathlib import Path
 from hermes_core import GatewayConfig
 from hermes_core.store import SessionStore
 from hermes_core.testing import fresh_plugin_manager, telegram_dm
-from hermes_plugins.sql_store.dialects.sqlite_checkpoint import WRITER_CHECKPOINT_PAGES
+from hermes_plugins.sql_store.dialects.sqlite_checkpoint import (
+    WRITER_CHECKPOINT_PAGES,
+    Checkpointer,
+)
 
 LANES = 200
 
@@ -114,3 +117,39 @@ def test_a_process_killed_while_it_checkpoints_keeps_every_commit(tmp_path: Path
     finally:
         store.close()
     assert expected <= keys
+
+
+class _StopDuringTheWait(threading.Event):
+    """The checkpoint thread's ``_stopping``: its wait between a commit and the checkpoint lets
+    ``stop`` run to its join, then ends as if its time had run out just before the stop."""
+
+    def __init__(self, checkpointer: Checkpointer) -> None:
+        super().__init__()
+        self.checkpointer = checkpointer
+        self.stopper: threading.Thread | None = None
+
+    def wait(self, timeout: float | None = None) -> bool:
+        if self.stopper is not None:
+            return super().wait(timeout)
+        self.stopper = threading.Thread(target=self.checkpointer.stop, name="stopper")
+        self.stopper.start()
+        deadline = time.monotonic() + 10
+        while not (self.is_set() and self.checkpointer._due.is_set()):  # stop set both
+            assert time.monotonic() < deadline, "stop() did not run"
+            time.sleep(0.001)
+        return False
+
+
+def test_a_stop_during_the_wait_before_a_checkpoint_ends_the_thread(tmp_path: Path) -> None:
+    """A stop that comes while the thread waits to gather commits is not lost: the thread
+    checkpoints once more and ends, and ``stop`` returns."""
+    checkpointer = Checkpointer(tmp_path / "state.db", "NORMAL", 5.0, "state.db")
+    stopping = checkpointer._stopping = _StopDuringTheWait(checkpointer)
+    checkpointer.committed()
+    deadline = time.monotonic() + 10
+    while stopping.stopper is None:
+        assert time.monotonic() < deadline, "the checkpoint thread never waited"
+        time.sleep(0.001)
+    stopping.stopper.join(timeout=10)
+    assert not stopping.stopper.is_alive(), "stop() never returned: the thread missed the stop"
+    assert _checkpoint_threads() == 0

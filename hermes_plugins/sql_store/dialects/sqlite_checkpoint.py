@@ -85,9 +85,14 @@ class Checkpointer:
         try:
             while True:
                 self._due.wait()
+                if self._stopping.is_set():
+                    return
+                # Cleared before the wait, never after: a commit or a stop that sets it from
+                # here on is seen at the next turn of the loop (cleared after, a stop that came
+                # during the wait was lost, and ``stop`` joined this thread for good).
+                self._due.clear()
                 if self._stopping.wait(CHECKPOINT_EVERY_SECS):
                     return
-                self._due.clear()
                 self._checkpoint(conn)
         finally:
             conn.close()
