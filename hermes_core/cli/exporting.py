@@ -39,8 +39,8 @@ EXPORT_PAGE = 2000
 """The records ``export`` reads in one query."""
 EXPORT_SPAN = 10_000
 """The records one worker process reads and encodes at a time (see :func:`export_jsonl`): some
-4 MB of text, of which the command holds two per worker; 50,000 was no faster and held 2.5 times
-the memory."""
+4 MB of text, of which the command holds two per worker; 50,000 was no faster and held 1.7 times
+the memory (the command and its workers together)."""
 
 
 def export_jobs() -> int:
