@@ -25,6 +25,8 @@ For each store (and beside it a store of 1,000 lanes built the same way):
   and prompt in memory, which a cold lane's first turn builds whatever the store's size), and
   the CPU per turn of the store's writer threads and of the event loop's (Linux: from
   ``/proc``), beside the small store's cold turn's;
+- gateway start: a gateway started on the store after those turns' clean stop, twice (what
+  start-up reads: the lanes with a turn marker or marked to resume, the ledger's owed rows);
 - search: p50 and p95 of ``store.search`` (limit 20) over 20 queries of a rare term and 20 of
   the common term (each query once after one untimed warm-up);
 - the operator commands, each a real ``hermes-sessions`` child process, wall time and peak RSS
@@ -68,7 +70,7 @@ from pathlib import Path
 import psutil
 from sqlalchemy import create_engine, make_url
 
-from benchmarks.bench_runtime import SMALL_SESSIONS, _config, cold_lanes, empty_postgres
+from benchmarks.bench_runtime import SMALL_SESSIONS, Run, _config, cold_lanes, empty_postgres
 from benchmarks.bench_store import _source, lane_key, populated_session_id
 from hermes_core.cli.common import open_operator
 from hermes_core.domain.models import SessionEntry
@@ -331,6 +333,18 @@ def command_figures(store: Store, copy_url: str, timeout: float, cap: float) -> 
     return figures
 
 
+async def gateway_starts(store: Store, times: int = 2) -> list[float]:
+    """Seconds a gateway takes to start on ``store``, each start after a clean stop."""
+    seconds = []
+    for _ in range(times):
+        run = Run(store.home, store.url)
+        started = time.perf_counter()
+        await run.gateway.start()
+        seconds.append(time.perf_counter() - started)
+        await run.gateway.stop()
+    return seconds
+
+
 def measure(
     store: Store, small: Store, copy_url: str, turns: int, timeout: float, cap: float
 ) -> None:
@@ -361,6 +375,8 @@ def measure(
         f"{many.thread_us(writer):.0f} / {many.thread_us(loop):.0f} "
         f"({fresh.thread_us(writer):.0f} / {fresh.thread_us(loop):.0f})"
     )
+    starts = asyncio.run(gateway_starts(store))
+    figures["gateway start s (twice)"] = " / ".join(f"{secs:.2f}" for secs in starts)
     figures.update(search_times(store))
     if copy_url.startswith("postgresql"):
         empty_postgres(copy_url)

@@ -412,8 +412,8 @@ def test_version_five_database_upgrades_in_place(open_store: Opener, backend: st
     upgraded = open_store()
     assert sql(upgraded, "SELECT version FROM schema_version")[0][0] == SCHEMA_VERSION
     left = _indexes(upgraded, backend) & set(_V5_INDEXES)
-    if backend == "sqlite":
-        assert left == set()
+    if backend == "sqlite":  # the marker's index, dropped at version 6, is back since 11
+        assert left == {"ix_gateway_routing_marker"}
         for table in ("delivery_obligations", "seen_messages"):
             ddl = sql(upgraded, "SELECT sql FROM sqlite_master WHERE name = :t", t=table)[0][0]
             assert ddl.rstrip().endswith("WITHOUT ROWID")
@@ -518,6 +518,57 @@ def test_version_nine_indexes_the_lanes_to_resume(open_store: Opener, backend: s
         plan = sql(upgraded, "EXPLAIN QUERY PLAN SELECT session_key FROM gateway_routing "
                    "WHERE resume_pending != 0 ORDER BY session_key")  # fmt: skip
         assert "ix_gateway_routing_resume" in " ".join(str(row) for row in plan)
+
+
+_V10_COUNT_TRIGGER = {
+    "sqlite": (
+        "DROP TRIGGER messages_count",
+        "CREATE TRIGGER messages_count AFTER INSERT ON messages BEGIN UPDATE sessions SET "
+        "message_count = message_count + 1, last_activity_at = new.timestamp "
+        "WHERE id = new.session_id; END",
+    ),
+    "postgresql": (
+        "CREATE OR REPLACE FUNCTION hermes_count_message() RETURNS trigger LANGUAGE plpgsql "
+        "AS $$ BEGIN UPDATE sessions SET message_count = message_count + 1, "
+        "last_activity_at = NEW.timestamp WHERE id = NEW.session_id; RETURN NULL; END $$",
+    ),
+}
+"""The message-count trigger of schema version 10, which counted a copy's messages too."""
+_COUNT_TRIGGER_TEXT = {
+    "sqlite": "SELECT sql FROM sqlite_master WHERE name = 'messages_count'",
+    "postgresql": "SELECT prosrc FROM pg_proc WHERE proname = 'hermes_count_message'",
+}
+
+
+def test_version_ten_indexes_the_lanes_with_a_turn_marker(open_store: Opener, backend: str) -> None:
+    """Version 11 reads the lanes with a turn marker through a partial index on SQLite too (a
+    gateway's start no longer scans every routing row), and its message-count trigger skips
+    ``migrate``'s copies; the upgrade brings both to a version 10 store, whose markers it
+    finds as set and whose messages it counts as before."""
+    store = open_store()
+    lanes = [store.get_or_create_session(telegram_dm(str(user))) for user in range(3)]
+    token = store.mark_turn_active(lanes[2].session_key)
+    store.close()
+    sql(store, "DROP INDEX ix_gateway_routing_marker")
+    for statement in _V10_COUNT_TRIGGER[backend]:
+        sql(store, statement)
+    assert "copying" not in sql(store, _COUNT_TRIGGER_TEXT[backend])[0][0]
+    sql(store, "UPDATE schema_version SET version = 10")
+    upgraded = open_store()
+    assert sql(upgraded, "SELECT version FROM schema_version")[0][0] == SCHEMA_VERSION
+    assert "ix_gateway_routing_marker" in _indexes(upgraded, backend)
+    marked = upgraded._turns.entries_with_fresh_markers(0, lanes=None)
+    assert [(entry.session_key, entry.active_turn_token) for entry in marked] == [
+        (lanes[2].session_key, token)
+    ]
+    assert "copying" in sql(upgraded, _COUNT_TRIGGER_TEXT[backend])[0][0]
+    upgraded.append_to_transcript(lanes[0].session_id, {"role": "user", "content": "hi"})
+    counted = "SELECT message_count FROM sessions WHERE id = :id"
+    assert sql(upgraded, counted, id=lanes[0].session_id) == [(1,)]
+    if backend == "sqlite":
+        plan = sql(upgraded, "EXPLAIN QUERY PLAN SELECT session_key FROM gateway_routing "
+                   "WHERE active_turn_token IS NOT NULL ORDER BY session_key")  # fmt: skip
+        assert "ix_gateway_routing_marker" in " ".join(str(row) for row in plan)
 
 
 # -- sessions.json mirror ------------------------------------------------------------------------

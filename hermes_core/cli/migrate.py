@@ -141,10 +141,6 @@ def copy_tables(
                 inserted[name] += now
                 after = source.primary_key(name, rows[-1])
                 bar.advance(now)
-    after = None
-    while sessions := source.table_rows(kinds.sessions, after, BATCH_ROWS):
-        target.set_session_counts(sessions)  # the count trigger moved them during the copy
-        after = source.primary_key(kinds.sessions, sessions[-1])
     target.finish_transfer()
     target.rebuild_fts()
     return inserted

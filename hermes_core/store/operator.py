@@ -186,13 +186,12 @@ class OperatorBackend(Protocol):
         """The primary key of a record of the kind."""
 
     def insert_missing(self, name: str, rows: Sequence[Mapping[str, Any]]) -> int:
-        """Insert the records the kind lacks (by primary key), in one transaction."""
+        """Insert the records the kind lacks (by primary key), in one transaction that
+        changes no other record (the copied sessions keep the message counts they came
+        with)."""
 
     def held_rows(self, name: str, rows: Sequence[Mapping[str, Any]]) -> Held:
         """How the kind holds ``rows`` (another store's records of it)."""
-
-    def set_session_counts(self, rows: Sequence[Mapping[str, Any]]) -> None:
-        """Set sessions' message counts and last activity to those of ``rows``."""
 
     def finish_transfer(self) -> None:
         """Make a store filled in bulk ready for use (id sequences, the planner's statistics,

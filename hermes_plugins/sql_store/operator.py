@@ -9,7 +9,7 @@ import hashlib
 from collections.abc import Mapping, Sequence
 from typing import Any, cast
 
-from sqlalchemy import Float, Table, bindparam, func, select, tuple_, update
+from sqlalchemy import Float, Table, func, select, tuple_, update
 
 from hermes_core.store.operator import Held, RecordKinds, TableDigest
 from hermes_plugins.sql_store.connection import SqlConnection
@@ -18,7 +18,6 @@ from hermes_plugins.sql_store.schema import (
     metadata,
     queued_events,
     session_turn_leases,
-    sessions,
     state_meta,
 )
 from hermes_plugins.sql_store.search import STALE
@@ -38,8 +37,6 @@ RECORD_KINDS = RecordKinds(
 )
 _INDEX_META = (STALE, WATERMARK)
 """``state_meta`` records of the full-text index: derived, never copied or compared."""
-_RECOUNTED = ("message_count", "last_activity_at")
-"""Session columns the message-count trigger moves while messages are copied; set afterwards."""
 
 
 def _table(name: str) -> Table:
@@ -63,16 +60,10 @@ _FLOATS = {
     for name, table in metadata.tables.items()
 }
 """Each table's float columns."""
-_COMPARED = {
-    name: tuple(
-        column.name
-        for column in table.columns
-        if not (table is sessions and column.name in _RECOUNTED)
-    )
-    for name, table in metadata.tables.items()
+_COLUMNS = {
+    name: tuple(column.name for column in table.columns) for name, table in metadata.tables.items()
 }
-"""Each table's columns as :meth:`OperatorRows.held_rows` compares a copied row: all but the
-session columns a copy sets only at its end."""
+"""Each table's columns, as :meth:`OperatorRows.held_rows` compares a copied row."""
 DIGEST_ROWS = 2000
 """Rows per read of :meth:`OperatorRows.table_digest`."""
 
@@ -189,7 +180,9 @@ class OperatorRows:
     def insert_missing(self, name: str, rows: Sequence[Mapping[str, Any]]) -> int:
         """Insert the rows whose primary key the table lacks, in one transaction and one
         ``executemany`` (``ON CONFLICT (key) DO NOTHING``: a batch copied before is skipped
-        by the database, so copying it again is harmless); how many were inserted."""
+        by the database, so copying it again is harmless); how many were inserted. The
+        transaction opens and closes with the dialect's ``copy_begin`` and ``copy_end``, so
+        the message-count trigger leaves the copied sessions' counts as they came."""
         if not rows:
             return 0
         statement = self._inserts.get(name)
@@ -199,12 +192,18 @@ class OperatorRows:
                 index_elements=list(table.primary_key.columns)
             )
             statement = self._inserts[name] = self._conn.prepare(skipping)
+        dialect = self._conn.dialect
         with self._conn.write(f"copying {name}") as cursor:
-            return int(statement.run_many(cursor, rows).rowcount)
+            for opening in dialect.copy_begin:
+                cursor.execute(opening)
+            inserted = int(statement.run_many(cursor, rows).rowcount)
+            for closing in dialect.copy_end:
+                cursor.execute(closing)
+        return inserted
 
     def held_rows(self, name: str, rows: Sequence[Mapping[str, Any]]) -> Held:
         """How this table holds ``rows`` (another store's rows of table ``name``), read by
-        their keys and compared as tuples of :data:`_COMPARED` (an integral float equals its
+        their keys and compared as tuples of :data:`_COLUMNS` (an integral float equals its
         int, as SQLite may return one): all ``same`` when they are part of a copy of this
         store."""
         if not rows:
@@ -212,7 +211,7 @@ class OperatorRows:
         table = _table(name)
         key = tuple(table.primary_key.columns)
         key_of = _picker(tuple(column.name for column in key))
-        compared = _picker(_COMPARED[name])
+        compared = _picker(_COLUMNS[name])
         keys = [key_of(row) for row in rows]
         query = select(table).where(tuple_(*key).in_(keys))
         with self._conn.read(f"reading {name}") as conn:
@@ -220,19 +219,6 @@ class OperatorRows:
         mine = {key_of(row): compared(row) for row in found}
         same = sum(mine.get(k) == compared(row) for k, row in zip(keys, rows, strict=True))
         return Held(same, len(mine) - same)
-
-    def set_session_counts(self, rows: Sequence[Mapping[str, Any]]) -> None:
-        """Give sessions the message counts and last activity of ``rows`` (the copy's source),
-        which the message-count trigger changed while their messages were inserted."""
-        statement = self._conn.prepare(
-            update(sessions)
-            .where(sessions.c.id == bindparam("row_id"))
-            .values({column: bindparam(column) for column in _RECOUNTED})
-        )
-        params = [{"row_id": row["id"], **{column: row[column] for column in _RECOUNTED}}
-                  for row in rows]  # fmt: skip
-        with self._conn.write("restoring session counts") as cursor:
-            statement.run_many(cursor, params)
 
     def finish_transfer(self) -> None:
         """After a copy: the dialect's statements that make the database ready (PostgreSQL's

@@ -29,7 +29,7 @@ from hermes_plugins.sql_store.rows import (
     route_params,
     session_values,
 )
-from hermes_plugins.sql_store.schema import RESUME_MARKED, gateway_routing
+from hermes_plugins.sql_store.schema import RESUME_MARKED, TURN_MARKED, gateway_routing
 from hermes_plugins.sql_store.statements import Prepared, idle_route
 from hermes_plugins.sql_store.transcripts import TranscriptRows
 
@@ -162,9 +162,9 @@ class RoutingRows:
         return self._routes(where, "reading the routing index", limit=limit)
 
     def routes_with_markers(self) -> list[EntryDict]:
-        """Every entry whose turn marker is set."""
-        where = gateway_routing.c.active_turn_token.is_not(None)
-        return self._routes(where, "reading turn markers")
+        """Every entry whose turn marker is set, read through the partial index of those
+        lanes (:data:`TURN_MARKED`)."""
+        return self._routes(literal_column(TURN_MARKED), "reading turn markers")
 
     def routes_to_resume(self) -> list[EntryDict]:
         """Every entry marked ``resume_pending`` (the column, not the entry's JSON), read

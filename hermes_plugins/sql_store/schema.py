@@ -101,6 +101,10 @@ RESUME_MARKED = "resume_pending != 0"
 """The condition of the partial index of the lanes marked to resume, as the query reading them
 spells it too (with no parameter, the planner can prove the index covers it)."""
 
+TURN_MARKED = "active_turn_token IS NOT NULL"
+"""The condition of the partial index of the lanes with a turn marker (see
+:data:`RESUME_MARKED`)."""
+
 gateway_routing = Table(
     "gateway_routing",
     metadata,
@@ -275,7 +279,7 @@ def _v5_shared_instances(conn: Connection, dialect: Dialect) -> None:
         "CREATE UNIQUE INDEX IF NOT EXISTS ux_sessions_open_key ON sessions (session_key) "
         "WHERE end_reason IS NULL AND expiry_finalized = 0",
         "CREATE INDEX IF NOT EXISTS ix_gateway_routing_marker ON gateway_routing "
-        "(session_key) WHERE active_turn_token IS NOT NULL",
+        f"(session_key) WHERE {TURN_MARKED}",
         "CREATE INDEX IF NOT EXISTS ix_session_turn_leases_expires ON session_turn_leases "
         "(expires_at)",
     ):
@@ -370,10 +374,24 @@ def _v10_lanes_to_resume(conn: Connection, dialect: Dialect) -> None:
     )
 
 
+def _v11_marked_lanes_and_copied_counts(conn: Connection, dialect: Dialect) -> None:
+    """Version 11: SQLite indexes the lanes with a turn marker again (a partial index, as
+    PostgreSQL has since version 5), which every gateway start reads; version 6 dropped it to
+    save a page per turn, and the start then scanned every routing row (1.2 s at a million
+    lanes). The message-count trigger leaves the sessions alone inside a transaction of
+    ``migrate``'s copy (``Dialect.copy_begin``), whose session rows come with their counts."""
+    conn.exec_driver_sql(
+        "CREATE INDEX IF NOT EXISTS ix_gateway_routing_marker ON gateway_routing "
+        f"(session_key) WHERE {TURN_MARKED}"
+    )
+    for statement in dialect.count_trigger:
+        conn.exec_driver_sql(statement)
+
+
 MIGRATIONS: tuple[Callable[[Connection, Dialect], None], ...] = (
     _v1_canonical, _v2_search, _v3_redelivery_and_dead_letters, _v4_index_behind_a_watermark,
     _v5_shared_instances, _v6_fewer_pages_per_turn, _v7_lease_waiting, _v8_lanes_by_activity,
-    _v9_streamed_reply_rows, _v10_lanes_to_resume,
+    _v9_streamed_reply_rows, _v10_lanes_to_resume, _v11_marked_lanes_and_copied_counts,
 )  # fmt: skip
 """Upgrade steps; step ``n`` brings a database from version ``n`` to ``n + 1``."""
 

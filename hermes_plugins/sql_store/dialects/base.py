@@ -54,7 +54,13 @@ class Dialect(ABC):
     without_rowid: ClassVar[bool]
     """Tables keyed by text can drop the row id (schema version 6 rebuilds them so)."""
     count_trigger: ClassVar[tuple[str, ...]]
-    """The DDL of the trigger that counts a session's messages (schema version 3)."""
+    """The DDL of the trigger that counts a session's messages (schema version 3; since
+    version 11 it leaves them alone inside a copy's transaction, see :attr:`copy_begin`)."""
+    copy_begin: ClassVar[tuple[str, ...]]
+    """Statements that open a transaction of ``migrate``'s copy: until it ends, the message
+    count trigger leaves the sessions as copied (their counts come with them)."""
+    copy_end: ClassVar[tuple[str, ...]]
+    """Statements that close such a transaction, before its commit."""
     after_copy: ClassVar[tuple[str, ...]]
     """Statements that make a database filled in bulk (``migrate``, the bulk import) ready for
     use."""

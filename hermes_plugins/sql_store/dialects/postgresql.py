@@ -50,6 +50,9 @@ _SEARCH = (
     "CREATE INDEX IF NOT EXISTS ix_messages_search ON messages USING gin (search_tsv)",
 )
 _SEQUENCES = ("messages", "queued_events")
+COPYING_SETTING = "hermes.copying"
+"""A setting of the transaction (any role may set one of a dotted name) that the message-count
+trigger's function reads: ``on`` inside a transaction of ``migrate``'s copy."""
 
 
 def shared_writer_timeouts(turn_lease_secs: float) -> dict[str, str]:
@@ -72,12 +75,15 @@ class PostgresqlDialect(Dialect):
     without_rowid = False
     count_trigger = (
         "CREATE OR REPLACE FUNCTION hermes_count_message() RETURNS trigger LANGUAGE plpgsql AS $$ "
-        "BEGIN UPDATE sessions SET message_count = message_count + 1, "
+        f"BEGIN IF current_setting('{COPYING_SETTING}', true) = 'on' THEN RETURN NULL; END IF; "
+        "UPDATE sessions SET message_count = message_count + 1, "
         "last_activity_at = NEW.timestamp WHERE id = NEW.session_id; RETURN NULL; END $$",
         "DROP TRIGGER IF EXISTS messages_count ON messages",
         "CREATE TRIGGER messages_count AFTER INSERT ON messages FOR EACH ROW "
         "EXECUTE FUNCTION hermes_count_message()",
     )
+    copy_begin = (f"SET LOCAL {COPYING_SETTING} = 'on'",)
+    copy_end = ()  # the setting ends with the transaction
     after_copy = (
         *(
             f"SELECT setval(pg_get_serial_sequence('{name}', 'id'), "

@@ -41,6 +41,9 @@ logger = logging.getLogger(__name__)
 CACHE_KIB = 65_536
 """Page cache per SQLite connection, in KiB."""
 _SIDECARS = ("-wal", "-shm", "-journal")
+COPYING_META = "copying"
+"""The ``state_meta`` key a transaction of ``migrate``'s copy holds from its first statement to
+its last (so no other transaction ever sees it), which the message-count trigger checks."""
 
 
 def database_file(url: URL) -> Path:
@@ -59,10 +62,14 @@ class SqliteDialect(Dialect):
     returning_ids = False
     without_rowid = True
     count_trigger = (
-        "CREATE TRIGGER IF NOT EXISTS messages_count AFTER INSERT ON messages BEGIN "
+        "DROP TRIGGER IF EXISTS messages_count",
+        "CREATE TRIGGER messages_count AFTER INSERT ON messages "
+        f"WHEN NOT EXISTS (SELECT 1 FROM state_meta WHERE key = '{COPYING_META}') BEGIN "
         "UPDATE sessions SET message_count = message_count + 1, last_activity_at = new.timestamp "
         "WHERE id = new.session_id; END",
     )
+    copy_begin = (f"INSERT INTO state_meta (key, value) VALUES ('{COPYING_META}', '1')",)
+    copy_end = (f"DELETE FROM state_meta WHERE key = '{COPYING_META}'",)
     after_copy = ()
 
     def create_engine(
