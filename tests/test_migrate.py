@@ -152,8 +152,10 @@ def test_a_resumed_migration_reads_each_message_once_and_takes_what_the_source_g
     source, target = ["--state-dir", str(home)], targets + "killed.db"
     assert killed_midway([*source, "--to", target]) == 500
     with SessionStore.open(config_for(home)) as store:  # the gateway ran again meanwhile
+        copied_before = store.list_sessions()[-1]  # a session the killed run copied
         entry = store.get_or_create_session(telegram_dm("new"))
-        store.append_to_transcript(entry.session_id, {"role": "user", "content": "since"})
+        for session_id in (entry.session_id, copied_before.session_id):
+            store.append_to_transcript(session_id, {"role": "user", "content": "since"})
     read: Counter[str] = Counter()
     table_rows = SqlBackend.table_rows
 
@@ -166,9 +168,9 @@ def test_a_resumed_migration_reads_each_message_once_and_takes_what_the_source_g
     report = migrated(capsys, *source, "--to", target)
     monkeypatch.undo()
 
-    assert report["verified"]["messages"] == 1213
-    assert report["copied"]["messages"] == 713
-    assert read["messages"] == 1213  # the 500 copied compared, the rest copied: each read once
+    assert report["verified"]["messages"] == 1214  # the copied session's count set again
+    assert report["copied"]["messages"] == 714
+    assert read["messages"] == 1214  # the 500 copied compared, the rest copied: each read once
     assert (report["copied"]["sessions"], report["copied"]["gateway_routing"]) == (1, 4)
     assert export(capsys, "--url", target) == export(capsys, *source)
     with sqlite3.connect(home / "state.db") as raw:  # a copied row changed in the source

@@ -141,6 +141,11 @@ def copy_tables(
                 inserted[name] += now
                 after = source.primary_key(name, rows[-1])
                 bar.advance(now)
+    if copied[kinds.sessions].records:  # copied by an earlier run: appended to since, perhaps
+        after = None
+        while sessions := source.table_rows(kinds.sessions, after, BATCH_ROWS):
+            target.set_session_counts(sessions)
+            after = source.primary_key(kinds.sessions, sessions[-1])
     target.finish_transfer()
     target.rebuild_fts()
     return inserted

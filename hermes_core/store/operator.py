@@ -193,6 +193,10 @@ class OperatorBackend(Protocol):
     def held_rows(self, name: str, rows: Sequence[Mapping[str, Any]]) -> Held:
         """How the kind holds ``rows`` (another store's records of it)."""
 
+    def set_session_counts(self, rows: Sequence[Mapping[str, Any]]) -> None:
+        """Set sessions' message counts and last activity to those of ``rows`` where they
+        differ."""
+
     def finish_transfer(self) -> None:
         """Make a store filled in bulk ready for use (id sequences, the planner's statistics,
         stale-index record)."""

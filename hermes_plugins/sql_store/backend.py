@@ -417,6 +417,9 @@ class SqlBackend:
     def held_rows(self, name: str, rows: Sequence[Mapping[str, Any]]) -> Held:
         return self._operator.held_rows(name, rows)
 
+    def set_session_counts(self, rows: Sequence[Mapping[str, Any]]) -> None:
+        self._operator.set_session_counts(rows)
+
     def finish_transfer(self) -> None:
         self._operator.finish_transfer()
 

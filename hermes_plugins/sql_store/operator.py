@@ -9,7 +9,7 @@ import hashlib
 from collections.abc import Mapping, Sequence
 from typing import Any, cast
 
-from sqlalchemy import Float, Table, func, select, tuple_, update
+from sqlalchemy import Float, Table, bindparam, func, or_, select, tuple_, update
 
 from hermes_core.store.operator import Held, RecordKinds, TableDigest
 from hermes_plugins.sql_store.connection import SqlConnection
@@ -18,6 +18,7 @@ from hermes_plugins.sql_store.schema import (
     metadata,
     queued_events,
     session_turn_leases,
+    sessions,
     state_meta,
 )
 from hermes_plugins.sql_store.search import STALE
@@ -37,6 +38,9 @@ RECORD_KINDS = RecordKinds(
 )
 _INDEX_META = (STALE, WATERMARK)
 """``state_meta`` records of the full-text index: derived, never copied or compared."""
+_RECOUNTED = ("message_count", "last_activity_at")
+"""Session columns a session copied by an interrupted run may have moved in since (the gateway
+appended to it); a resumed run sets them again."""
 
 
 def _table(name: str) -> Table:
@@ -60,10 +64,16 @@ _FLOATS = {
     for name, table in metadata.tables.items()
 }
 """Each table's float columns."""
-_COLUMNS = {
-    name: tuple(column.name for column in table.columns) for name, table in metadata.tables.items()
+_COMPARED = {
+    name: tuple(
+        column.name
+        for column in table.columns
+        if not (table is sessions and column.name in _RECOUNTED)
+    )
+    for name, table in metadata.tables.items()
 }
-"""Each table's columns, as :meth:`OperatorRows.held_rows` compares a copied row."""
+"""Each table's columns as :meth:`OperatorRows.held_rows` compares a copied row: all but the
+session columns a resumed copy sets again."""
 DIGEST_ROWS = 2000
 """Rows per read of :meth:`OperatorRows.table_digest`."""
 
@@ -203,7 +213,7 @@ class OperatorRows:
 
     def held_rows(self, name: str, rows: Sequence[Mapping[str, Any]]) -> Held:
         """How this table holds ``rows`` (another store's rows of table ``name``), read by
-        their keys and compared as tuples of :data:`_COLUMNS` (an integral float equals its
+        their keys and compared as tuples of :data:`_COMPARED` (an integral float equals its
         int, as SQLite may return one): all ``same`` when they are part of a copy of this
         store."""
         if not rows:
@@ -211,7 +221,7 @@ class OperatorRows:
         table = _table(name)
         key = tuple(table.primary_key.columns)
         key_of = _picker(tuple(column.name for column in key))
-        compared = _picker(_COLUMNS[name])
+        compared = _picker(_COMPARED[name])
         keys = [key_of(row) for row in rows]
         query = select(table).where(tuple_(*key).in_(keys))
         with self._conn.read(f"reading {name}") as conn:
@@ -219,6 +229,23 @@ class OperatorRows:
         mine = {key_of(row): compared(row) for row in found}
         same = sum(mine.get(k) == compared(row) for k, row in zip(keys, rows, strict=True))
         return Held(same, len(mine) - same)
+
+    def set_session_counts(self, rows: Sequence[Mapping[str, Any]]) -> None:
+        """Give sessions the message counts and last activity of ``rows`` (the copy's source),
+        writing only the rows that differ."""
+        column = sessions.c
+        statement = self._conn.prepare(
+            update(sessions)
+            .where(
+                column.id == bindparam("row_id"),
+                or_(*(column[name].is_distinct_from(bindparam(name)) for name in _RECOUNTED)),
+            )
+            .values({name: bindparam(name) for name in _RECOUNTED})
+        )
+        params = [{"row_id": row["id"], **{name: row[name] for name in _RECOUNTED}}
+                  for row in rows]  # fmt: skip
+        with self._conn.write("restoring session counts") as cursor:
+            statement.run_many(cursor, params)
 
     def finish_transfer(self) -> None:
         """After a copy: the dialect's statements that make the database ready (PostgreSQL's
