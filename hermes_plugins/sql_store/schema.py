@@ -105,6 +105,12 @@ TURN_MARKED = "active_turn_token IS NOT NULL"
 """The condition of the partial index of the lanes with a turn marker (see
 :data:`RESUME_MARKED`)."""
 
+_MARKER_INDEX = (
+    "CREATE INDEX IF NOT EXISTS ix_gateway_routing_marker ON gateway_routing "
+    f"(session_key) WHERE {TURN_MARKED}"
+)
+"""The partial index of the lanes with a turn marker (versions 5 and 11)."""
+
 gateway_routing = Table(
     "gateway_routing",
     metadata,
@@ -278,8 +284,7 @@ def _v5_shared_instances(conn: Connection, dialect: Dialect) -> None:
     for statement in (
         "CREATE UNIQUE INDEX IF NOT EXISTS ux_sessions_open_key ON sessions (session_key) "
         "WHERE end_reason IS NULL AND expiry_finalized = 0",
-        "CREATE INDEX IF NOT EXISTS ix_gateway_routing_marker ON gateway_routing "
-        f"(session_key) WHERE {TURN_MARKED}",
+        _MARKER_INDEX,
         "CREATE INDEX IF NOT EXISTS ix_session_turn_leases_expires ON session_turn_leases "
         "(expires_at)",
     ):
@@ -380,10 +385,7 @@ def _v11_marked_lanes_and_copied_counts(conn: Connection, dialect: Dialect) -> N
     save a page per turn, and the start then scanned every routing row (1.2 s at a million
     lanes). The message-count trigger leaves the sessions alone inside a transaction of
     ``migrate``'s copy (``Dialect.copy_begin``), whose session rows come with their counts."""
-    conn.exec_driver_sql(
-        "CREATE INDEX IF NOT EXISTS ix_gateway_routing_marker ON gateway_routing "
-        f"(session_key) WHERE {TURN_MARKED}"
-    )
+    conn.exec_driver_sql(_MARKER_INDEX)
     for statement in dialect.count_trigger:
         conn.exec_driver_sql(statement)
 
