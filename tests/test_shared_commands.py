@@ -106,13 +106,19 @@ def test_the_lane_goes_on_after_a_command_carried_out_for_another_gateway(
     assert asyncio.run(scenario()) == [STOPPED, "echo: again"]
 
 
+_LISTENING = "FROM pg_stat_activity WHERE datname = current_database() AND query LIKE 'LISTEN %'"
+"""The connections that wait for lane wake-ups."""
+
+
+def _listeners(url: str) -> int:
+    """How many connections wait for lane wake-ups."""
+    [(listening,)] = run_sql(url, f"SELECT count(*) {_LISTENING}")
+    return int(listening)
+
+
 def _terminate_listeners(url: str) -> int:
     """End every connection that waits for lane wake-ups (as a server restart would)."""
-    [(ended,)] = run_sql(
-        url,
-        "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
-        "WHERE datname = current_database() AND query LIKE 'LISTEN %'",
-    )
+    [(ended,)] = run_sql(url, f"SELECT count(pg_terminate_backend(pid)) {_LISTENING}")
     return int(ended)
 
 
@@ -125,6 +131,8 @@ def test_the_holder_listens_again_after_its_listening_connection_was_cut(
         other, _ = _gateway(tmp_path, "other", empty_database, EchoAgent, 10)
         await holder.start()
         await other.start()
+        # Each gateway listens on a thread of its own, which may connect after start returns.
+        await _wait(lambda: _listeners(empty_database) == 2, "both gateways to listen")
         assert await asyncio.to_thread(_terminate_listeners, empty_database) == 2
         await holder.handle_message(MessageEvent(text="think", source=SOURCE, message_id="m1"))
         await started.wait()
